@@ -1,0 +1,64 @@
+# gradsync: `make demo` trains a model over 4 local ranks; `make test` runs
+# every test. Both install what they need into the Python they run with.
+
+PYTHON ?= python3
+NP_LIST ?= 1 2 3 4
+TEST_TIMEOUT ?= 900
+SCRIPTS_DIR := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_path('scripts'))" 2>/dev/null)
+# mpiexec of the MPI we build with: next to $MPICC, else on PATH, else the wheel's.
+MPIEXEC ?= $(or $(if $(MPICC),$(wildcard $(dir $(MPICC))mpiexec)),$(shell command -v mpiexec 2>/dev/null),$(SCRIPTS_DIR)/mpiexec)
+MPICC_RESOLVED = $(or $(MPICC),$(shell command -v mpicc 2>/dev/null),$(SCRIPTS_DIR)/mpicc)
+export PYTHONPATH := $(CURDIR)/pyx$(if $(PYTHONPATH),:$(PYTHONPATH))
+export PYTHON
+
+LIB := pyx/gradsync/libgradsync.so
+C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
+C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
+PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
+
+.PHONY: all deps build test c-tests py-tests demo bench check-memory clean
+
+all: build
+
+deps:
+	@sh scripts/install_deps.sh
+
+build: deps
+	$(PYTHON) setup.py -q build_ext --inplace
+	@$(PYTHON) -c "import gradsync" || { echo "gradsync: the built package does not import"; exit 1; }
+
+tests/c/bin/%: tests/c/%.c $(LIB) tests/c/gs_test.h
+	@mkdir -p tests/c/bin
+	$(MPICC_RESOLVED) -O2 -g -std=gnu11 -Wall -Wextra -Iinclude -Itests/c -o $@ $< \
+	    -Lpyx/gradsync -lgradsync -Wl,-rpath,$(CURDIR)/pyx/gradsync -lm
+
+c-tests: build $(C_TESTS) $(C_EXAMPLES)
+	@for n in $(NP_LIST); do for t in $(C_TESTS) $(C_EXAMPLES); do \
+	    echo "== $$t at $$n ranks"; \
+	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $$t || exit 1; \
+	done; done
+
+py-tests: build
+	@for n in $(NP_LIST); do \
+	    echo "== pytest at $$n ranks"; \
+	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python || exit 1; \
+	done
+
+test: c-tests py-tests
+
+demo: build
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(PYTHON) scripts/demo.py
+
+bench: build
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench -b 64 -e 64M -f 4 --baseline mpi4py
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench --shapes resnet50 --baseline mpi4py
+
+# The C tests under valgrind (memcheck, leaks included) at 2 ranks.
+check-memory: build $(C_TESTS)
+	@for t in $(C_TESTS); do echo "== valgrind $$t"; \
+	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 valgrind -q --error-exitcode=3 \
+	        --leak-check=full --errors-for-leak-kinds=definite \
+	        --suppressions=tests/c/valgrind.supp $$t || exit 1; done
+
+clean:
+	rm -rf build tests/c/bin pyx/gradsync/*.so pyx/gradsync/_core.c pyx/*.egg-info *.egg-info

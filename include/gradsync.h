@@ -1,0 +1,16 @@
+/* gradsync: collective communication for distributed training.
+ *
+ * Umbrella header: include this one. Link with -lgradsync and compile with
+ * the MPI compiler wrapper (mpicc) of the MPI gradsync was built against. */
+#ifndef GRADSYNC_H
+#define GRADSYNC_H
+
+#include "gs_export.h"
+#include "gs_status.h"
+#include "gs_types.h"
+#include "gs_comm.h"
+#include "gs_collectives.h"
+#include "gs_shard.h"
+#include "gs_info.h"
+
+#endif

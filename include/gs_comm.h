@@ -1,0 +1,81 @@
+/* gradsync: communicators.
+ *
+ * A gs_comm_t owns a duplicate of an MPI communicator, its fusion buffer and
+ * its validation state. gradsync never calls MPI_Init or MPI_Finalize: the
+ * application (or mpi4py) owns MPI. */
+#ifndef GRADSYNC_COMM_H
+#define GRADSYNC_COMM_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "gs_export.h"
+#include "gs_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gs_comm *gs_comm_t;
+
+/* Options for gs_comm_create. Fields are only ever appended; `size` tells the
+ * library which fields the caller knows about. Negative values mean "take the
+ * environment variable, else the default" (see gs_env.h for both). */
+typedef struct gs_config {
+  size_t size;                /* sizeof(gs_config_t), set by the initializer */
+  int64_t fusion_threshold;   /* bytes per fused message; GRADSYNC_FUSION_THRESHOLD */
+  int check;                  /* cross-rank validation 0/1; GRADSYNC_CHECK */
+  double stall_seconds;       /* 0 disables the stall warning; GRADSYNC_STALL_SECONDS */
+} gs_config_t;
+
+#define GS_CONFIG_INITIALIZER {sizeof(gs_config_t), -1, -1, -1.0}
+
+/* Duplicates `mpi_comm` (collective over it). `config` may be NULL. */
+GS_API gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config,
+                                  gs_comm_t *comm);
+
+/* Frees the communicator and its buffers; sets *comm to NULL. Safe on NULL.
+ * Frees the duplicated MPI communicator only while MPI is still initialized. */
+GS_API gs_status_t gs_comm_free(gs_comm_t *comm);
+
+/* Collective: ranks with the same color form a new communicator, ordered by
+ * (key, rank). color < 0 means "not in any": *out is set to NULL. The new
+ * communicator inherits the parent's configuration. */
+GS_API gs_status_t gs_comm_split(gs_comm_t comm, int color, int key,
+                                 gs_comm_t *out);
+
+GS_API gs_status_t gs_comm_rank(gs_comm_t comm, int *rank);
+GS_API gs_status_t gs_comm_size(gs_comm_t comm, int *size);
+/* Rank and size among the ranks that share this node's memory. */
+GS_API gs_status_t gs_comm_local_rank(gs_comm_t comm, int *rank);
+GS_API gs_status_t gs_comm_local_size(gs_comm_t comm, int *size);
+/* The duplicated MPI communicator gradsync communicates on. */
+GS_API gs_status_t gs_comm_mpi(gs_comm_t comm, MPI_Comm *mpi_comm);
+
+GS_API gs_status_t gs_comm_fusion_threshold(gs_comm_t comm, int64_t *bytes);
+/* Local setting; every rank must use the same value (validation checks it). */
+GS_API gs_status_t gs_comm_set_fusion_threshold(gs_comm_t comm, int64_t bytes);
+GS_API gs_status_t gs_comm_check_enabled(gs_comm_t comm, int *enabled);
+
+/* For bindings: this rank cannot make the collective the other ranks are
+ * making (its arguments failed a check the binding does itself). Takes part
+ * in the cross-rank check in its place, so the other ranks fail with
+ * GS_ERR_MISMATCH naming this rank and `reason` instead of waiting. Returns
+ * `status` with gs_last_error() set to `reason`. Collective when validation is
+ * on; with validation off it only records the error. */
+GS_API gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reason);
+
+/* Collective barrier that takes part in validation and the stall warning. */
+GS_API gs_status_t gs_barrier(gs_comm_t comm);
+
+/* The MPI library's version string as the library gradsync linked sees it,
+ * and the path of the shared object that provides MPI (empty if unknown). */
+GS_API const char *gs_mpi_library_version(void);
+GS_API const char *gs_mpi_library_path(void);
+/* The thread level MPI was initialized with (MPI_THREAD_*), or -1 before init. */
+GS_API int gs_mpi_thread_level(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,39 @@
+/* gradsync: status codes and error reporting.
+ *
+ * Every public function returns a gs_status_t. The detailed message of the
+ * most recent failure on the calling thread is kept by gs_last_error(). */
+#ifndef GRADSYNC_STATUS_H
+#define GRADSYNC_STATUS_H
+
+#include "gs_export.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Explicit values, append-only: bindings and saved logs rely on them. */
+typedef enum gs_status {
+  GS_SUCCESS = 0,
+  GS_ERR_INVALID_ARGUMENT = 1, /* a bad value, pointer, count or layout   */
+  GS_ERR_TYPE = 2,             /* unsupported dtype, or op for that dtype */
+  GS_ERR_MISMATCH = 3,         /* ranks disagree on the call              */
+  GS_ERR_MPI = 4,              /* the MPI library reported an error       */
+  GS_ERR_NO_MEMORY = 5,
+  GS_ERR_UNSUPPORTED = 6,      /* valid, but not available in this build  */
+  GS_ERR_INTERNAL = 7,         /* a bug in gradsync: please report it     */
+  GS_ERR_CLOSED = 8,           /* the communicator was freed              */
+  GS_ERR_CUDA = 9,
+  GS_ERR_NCCL = 10,
+  GS_ERR_TIMEOUT = 11
+} gs_status_t;
+
+/* A short sentence for a status, saying what to do next. Never NULL. */
+GS_API const char *gs_status_string(gs_status_t status);
+
+/* The detailed message of the last failing call on this thread ("" if none). */
+GS_API const char *gs_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

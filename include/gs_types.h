@@ -1,0 +1,72 @@
+/* gradsync: element types, reduction ops and the tensor descriptor. */
+#ifndef GRADSYNC_TYPES_H
+#define GRADSYNC_TYPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gs_export.h"
+#include "gs_status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Explicit values, append-only. */
+typedef enum gs_dtype {
+  GS_FLOAT16 = 0,
+  GS_BFLOAT16 = 1,
+  GS_FLOAT32 = 2,
+  GS_FLOAT64 = 3,
+  GS_INT8 = 4,
+  GS_UINT8 = 5,
+  GS_INT32 = 6,
+  GS_INT64 = 7
+} gs_dtype_t;
+#define GS_NUM_DTYPES 8
+
+typedef enum gs_op {
+  GS_OP_SUM = 0,
+  GS_OP_AVERAGE = 1, /* sum, then one multiply by postscale / size */
+  GS_OP_MIN = 2,
+  GS_OP_MAX = 3,
+  GS_OP_PROD = 4,
+  GS_OP_ADASUM = 5   /* allreduce only, floating dtypes only */
+} gs_op_t;
+#define GS_NUM_OPS 6
+
+/* Device kinds use DLPack's numbering so descriptors convert directly. */
+typedef enum gs_device_kind {
+  GS_DEVICE_CPU = 1,
+  GS_DEVICE_CUDA = 2,
+  GS_DEVICE_CUDA_HOST = 3 /* pinned host memory: treated as host memory */
+} gs_device_kind_t;
+
+typedef struct gs_device {
+  gs_device_kind_t kind;
+  int32_t id;
+} gs_device_t;
+
+/* One tensor: a C-contiguous run of `count` elements of `dtype` at `data`. */
+typedef struct gs_tensor {
+  void *data;
+  int64_t count;
+  gs_dtype_t dtype;
+  gs_device_t device;
+} gs_tensor_t;
+
+/* Convenience constructor for host tensors. */
+#define GS_HOST_TENSOR(ptr, n, dt) \
+  ((gs_tensor_t){(void *)(ptr), (int64_t)(n), (dt), {GS_DEVICE_CPU, 0}})
+
+/* Bytes per element of a dtype, or 0 for an unknown dtype. */
+GS_API size_t gs_dtype_size(gs_dtype_t dtype);
+/* "float16", "bfloat16", ... or "unknown". */
+GS_API const char *gs_dtype_name(gs_dtype_t dtype);
+/* "sum", "average", "min", "max", "prod", "adasum" or "unknown". */
+GS_API const char *gs_op_name(gs_op_t op);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

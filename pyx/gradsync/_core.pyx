@@ -1,0 +1,278 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+"""gradsync._core: the low-level binding. It mirrors the C API: it converts
+and checks arguments, calls C with the GIL released, and turns status codes
+into exceptions. gradsync/__init__.py builds the friendly classes on it."""
+
+from libc.stdint cimport int64_t, uintptr_t
+from cpython.mem cimport PyMem_Malloc, PyMem_Free
+cimport numpy as cnp
+import numpy as np
+
+from gradsync.gs_status cimport *
+from gradsync.gs_types cimport *
+from gradsync.gs_comm cimport *
+from gradsync.gs_collectives cimport *
+from gradsync.gs_shard cimport *
+from gradsync.gs_info cimport *
+
+cnp.import_array()
+
+include "_errors.pxi"
+include "_tensors.pxi"
+
+OPS = {"sum": GS_OP_SUM, "average": GS_OP_AVERAGE, "min": GS_OP_MIN,
+       "max": GS_OP_MAX, "prod": GS_OP_PROD, "adasum": GS_OP_ADASUM}
+_OP_CODES = dict(OPS)
+_OP_CODES.update({v: v for v in OPS.values()})
+
+
+cdef gs_op_t parse_op(op) except *:
+    code = _OP_CODES.get(op)
+    if code is None:
+        if isinstance(op, str):
+            code = _OP_CODES.get(op.lower())
+        if code is None:
+            raise ArgumentError(f"op must be one of {', '.join(OPS)} (or gradsync.Op), "
+                                f"got {op!r}", GS_ERR_INVALID_ARGUMENT)
+    return <gs_op_t><int>code
+
+
+def version():
+    return gs_version().decode()
+
+
+def build_info_c():
+    """What the compiled library reports about itself."""
+    return {
+        "version": gs_version().decode(),
+        "mpi_library_version": gs_mpi_library_version().decode(errors="replace").strip(),
+        "mpi_library_path": gs_mpi_library_path().decode(errors="replace"),
+        "mpi_thread_level": gs_mpi_thread_level(),
+        "simd": gs_simd_level().decode(),
+        "cuda_version": gs_cuda_version(),
+        "nccl_version": gs_nccl_version(),
+        "default_fusion_threshold": gs_default_fusion_threshold(),
+    }
+
+
+def shard_layout(numels, int size):
+    """(total, padded, rank_count, offsets, owners) of ONNX Runtime's layout."""
+    cdef Py_ssize_t i, n = len(numels)
+    cdef int64_t[::1] counts = np.asarray(numels, dtype=np.int64).reshape(-1).copy()
+    cdef int64_t[::1] offsets = np.zeros(max(n, 1), dtype=np.int64)
+    cdef int[::1] owners = np.zeros(max(n, 1), dtype=np.intc)
+    cdef gs_shard_layout_t lay
+    if counts.shape[0] != n:
+        raise ArgumentError("numels must be a flat sequence of element counts",
+                            GS_ERR_INVALID_ARGUMENT)
+    CHKERR(gs_shard_layout(&counts[0] if n else NULL, n, size, &lay, &offsets[0], &owners[0]))
+    return (lay.total, lay.padded, lay.rank_count,
+            tuple(int(offsets[i]) for i in range(n)), tuple(int(owners[i]) for i in range(n)))
+
+
+def block_range(int64_t rows, int size, int rank):
+    """(first_row, nrows) of rank's block in reduce_scatter's balanced split."""
+    cdef int64_t first, count
+    CHKERR(gs_block_range(rows, 1, size, rank, &first, &count))
+    return first, count
+
+
+cdef class Comm:
+    """Handle of a C gs_comm_t. Collective methods take lists of arrays."""
+    cdef gs_comm_t handle
+    cdef public object mpi_comm
+
+    def __cinit__(self):
+        self.handle = NULL
+
+    def __dealloc__(self):
+        # gs_comm_free only frees the MPI communicator while MPI is alive;
+        # it never waits on other ranks.
+        if self.handle != NULL:
+            gs_comm_free(&self.handle)
+
+    @staticmethod
+    def create(mpi_comm, int64_t fusion_threshold=-1, int check=-1, double stall_seconds=-1):
+        from mpi4py import MPI
+        cdef Comm c = Comm.__new__(Comm)
+        cdef gs_config_t cfg
+        cdef uintptr_t addr = MPI._addressof(mpi_comm)
+        cfg.size = sizeof(gs_config_t)
+        cfg.fusion_threshold = fusion_threshold
+        cfg.check = check
+        cfg.stall_seconds = stall_seconds
+        with nogil:
+            CHKERR(gs_comm_create((<MPI_Comm *>addr)[0], &cfg, &c.handle))
+        c.mpi_comm = mpi_comm
+        return c
+
+    cdef inline gs_comm_t live(self) except NULL:
+        if self.handle == NULL:
+            raise ClosedError("the communicator is closed", GS_ERR_CLOSED)
+        return self.handle
+
+    def close(self):
+        if self.handle != NULL:
+            CHKERR(gs_comm_free(&self.handle))
+
+    @property
+    def closed(self):
+        return self.handle == NULL
+
+    def info(self):
+        """(rank, size, local_rank, local_size, fusion_threshold, check)."""
+        cdef int r, s, lr, ls, chk
+        cdef int64_t thr
+        cdef gs_comm_t h = self.live()
+        CHKERR(gs_comm_rank(h, &r))
+        CHKERR(gs_comm_size(h, &s))
+        CHKERR(gs_comm_local_rank(h, &lr))
+        CHKERR(gs_comm_local_size(h, &ls))
+        CHKERR(gs_comm_fusion_threshold(h, &thr))
+        CHKERR(gs_comm_check_enabled(h, &chk))
+        return r, s, lr, ls, thr, bool(chk)
+
+    def set_fusion_threshold(self, int64_t nbytes):
+        CHKERR(gs_comm_set_fusion_threshold(self.live(), nbytes))
+
+    def split(self, int color, int key):
+        cdef gs_comm_t h = self.live()
+        cdef Comm c = Comm.__new__(Comm)
+        with nogil:
+            CHKERR(gs_comm_split(h, color, key, &c.handle))
+        if c.handle == NULL:
+            return None
+        return c
+
+    def barrier(self):
+        cdef gs_comm_t h = self.live()
+        with nogil:
+            CHKERR(gs_barrier(h))
+
+    cdef int abandon(self, exc) except -1:
+        """Meet the other ranks' check on behalf of a call that failed here."""
+        cdef bytes reason = str(exc).encode("utf-8", "replace")
+        gs_comm_abandon(self.handle, status_of(exc), reason)
+        return 0
+
+    cdef TensorList tensors(self, list objs, str name, bint indexed, bint writable):
+        cdef TensorList tl = TensorList()
+        try:
+            tl.load(objs, name, indexed, writable)
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
+        return tl
+
+    def allreduce(self, list inputs, list outputs, op, double prescale, double postscale,
+                  str name, bint indexed):
+        """outputs None: in place."""
+        cdef gs_comm_t h = self.live()
+        cdef gs_op_t cop
+        cdef TensorList tin, tout = None
+        try:
+            cop = parse_op(op)
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
+        tin = self.tensors(inputs, name, indexed, outputs is None)
+        if outputs is not None:
+            tout = self.tensors(outputs, "out", indexed, True)
+        cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
+        with nogil:
+            CHKERR(gs_allreduce(h, tin.t, po, tin.n, cop, prescale, postscale))
+
+    def broadcast(self, list tensors, int root, str name, bint indexed):
+        cdef gs_comm_t h = self.live()
+        cdef TensorList tl = self.tensors(tensors, name, indexed, True)
+        with nogil:
+            CHKERR(gs_broadcast(h, tl.t, tl.n, root))
+
+    def allgather(self, list inputs, str name, bint indexed):
+        """New arrays: each input concatenated over ranks along dim 0."""
+        cdef gs_comm_t h = self.live()
+        cdef TensorList tin = self.tensors(inputs, name, indexed, False)
+        cdef Py_ssize_t i, r, n = tin.n
+        cdef int size = self.info()[1]
+        cdef int64_t[::1] rows_elems = np.ones(max(n, 1), dtype=np.int64)
+        cdef int64_t[::1] counts = np.zeros(max(n * size, 1), dtype=np.int64)
+        try:
+            for i in range(n):
+                a = tin.arrays[i]
+                if a.ndim == 0:
+                    raise ArgumentError(f"{name}[{i}] is 0-d; allgather concatenates along "
+                                        "dim 0 and needs at least one dimension"
+                                        if indexed else f"{name} is 0-d; allgather "
+                                        "concatenates along dim 0 and needs at least one "
+                                        "dimension", GS_ERR_INVALID_ARGUMENT)
+                rows_elems[i] = max(1, int(np.prod(a.shape[1:], dtype=np.int64)))
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
+        with nogil:
+            CHKERR(gs_allgather_counts(h, tin.t, n, &rows_elems[0], &counts[0]))
+        outs = []
+        try:
+            for i in range(n):
+                a = tin.arrays[i]
+                total = 0
+                for r in range(size):
+                    total += counts[r * n + i]
+                outs.append(np.empty((total // rows_elems[i],) + a.shape[1:], dtype=a.dtype)
+                            if a.size or total else np.empty((0,) + a.shape[1:], dtype=a.dtype))
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
+        cdef TensorList tout = self.tensors(outs, "out", True, True)
+        with nogil:
+            CHKERR(gs_allgatherv(h, tin.t, tout.t, n, &counts[0]))
+        return outs
+
+    def reduce_scatter(self, list inputs, op, double prescale, double postscale,
+                       str name, bint indexed):
+        """New arrays: this rank's block of dim 0 of each reduced input."""
+        cdef gs_comm_t h = self.live()
+        cdef gs_op_t cop
+        cdef int rank, size
+        cdef Py_ssize_t i, n
+        cdef TensorList tin = self.tensors(inputs, name, indexed, False)
+        n = tin.n
+        cdef int64_t[::1] rows = np.zeros(max(n, 1), dtype=np.int64)
+        rank, size = self.info()[:2]
+        outs = []
+        try:
+            cop = parse_op(op)
+            for i in range(n):
+                a = tin.arrays[i]
+                if a.ndim == 0:
+                    raise ArgumentError(f"{name} is 0-d; reduce_scatter splits dim 0 and "
+                                        "needs at least one dimension", GS_ERR_INVALID_ARGUMENT)
+                rows[i] = a.shape[0]
+                first, nrows = block_range(a.shape[0], size, rank)
+                outs.append(np.empty((nrows,) + a.shape[1:], dtype=a.dtype))
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
+        cdef TensorList tout = self.tensors(outs, "out", True, True)
+        with nogil:
+            CHKERR(gs_reduce_scatter(h, tin.t, tout.t, n, &rows[0], cop, prescale, postscale))
+        return outs
+
+    def allgather_shards(self, list tensors, str name, bint indexed):
+        cdef gs_comm_t h = self.live()
+        cdef TensorList tl = self.tensors(tensors, name, indexed, True)
+        with nogil:
+            CHKERR(gs_allgather_shards(h, tl.t, tl.n))
+
+    def reduce_scatter_shards(self, list tensors, op, double prescale, double postscale,
+                              str name, bint indexed):
+        cdef gs_comm_t h = self.live()
+        cdef gs_op_t cop
+        try:
+            cop = parse_op(op)
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
+        cdef TensorList tl = self.tensors(tensors, name, indexed, True)
+        with nogil:
+            CHKERR(gs_reduce_scatter_shards(h, tl.t, tl.n, cop, prescale, postscale))

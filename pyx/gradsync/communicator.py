@@ -1,0 +1,148 @@
+"""The Communicator: fused collectives over lists of arrays."""
+import numpy as np
+
+from gradsync import _core
+
+_ALL = object()
+
+
+def _as_list(tensors):
+    """(list, was_a_sequence): one array or a sequence of arrays."""
+    if isinstance(tensors, (list, tuple)):
+        return list(tensors), True
+    return [tensors], False
+
+
+def _answer(results, was_list):
+    return results if was_list else results[0]
+
+
+class Communicator:
+    """A group of ranks that run collectives together.
+
+    ``Communicator()`` duplicates mpi4py's COMM_WORLD; ``Communicator(comm)``
+    duplicates any mpi4py intracommunicator. ``fusion_threshold`` (bytes)
+    caps one fused message (default: GRADSYNC_FUSION_THRESHOLD, else 128 MiB).
+    Close it with ``close()`` or a ``with`` block; closing twice is harmless.
+    """
+
+    def __init__(self, mpi_comm=None, *, fusion_threshold=None, _handle=None):
+        from gradsync import MPI
+
+        if _handle is None:
+            mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+            if not isinstance(mpi_comm, MPI.Intracomm):
+                raise TypeError("mpi_comm must be an mpi4py intracommunicator, got "
+                                f"{type(mpi_comm).__name__}")
+            threshold = -1 if fusion_threshold is None else int(fusion_threshold)
+            if fusion_threshold is not None and threshold <= 0:
+                raise ValueError(f"fusion_threshold must be positive, got {fusion_threshold}")
+            _handle = _core.Comm.create(mpi_comm, threshold)
+        self.handle = _handle
+        (self.rank, self.size, self.local_rank, self.local_size, _,
+         self.check) = self.handle.info()
+
+    # ---- life cycle -------------------------------------------------------
+    def close(self):
+        """Frees the communicator and its buffers. Later calls raise gs.Error."""
+        self.handle.close()
+
+    @property
+    def closed(self):
+        return self.handle.closed
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else f"rank {self.rank} of {self.size}"
+        return f"<gradsync.Communicator {state}>"
+
+    @property
+    def fusion_threshold(self):
+        """Bytes per fused message; every rank must use the same value."""
+        return self.handle.info()[4]
+
+    @fusion_threshold.setter
+    def fusion_threshold(self, nbytes):
+        self.handle.set_fusion_threshold(int(nbytes))
+
+    def split(self, color, key=0):
+        """Ranks with equal color form a new Communicator, ordered by (key, rank).
+        A negative color returns None on that rank."""
+        handle = self.handle.split(int(color), int(key))
+        return None if handle is None else Communicator(_handle=handle)
+
+    def barrier(self):
+        """Waits for every rank (validated like a collective)."""
+        self.handle.barrier()
+
+    # ---- collectives ------------------------------------------------------
+    def allreduce_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
+        """Reduces in place over ranks; returns what it was given."""
+        arrays, was_list = _as_list(tensors)
+        self.handle.allreduce(arrays, None, op, prescale, postscale, "tensors", was_list)
+        return tensors
+
+    def allreduce(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
+        """Reduces over ranks into new arrays; the inputs are not changed."""
+        arrays, was_list = _as_list(tensors)
+        outs = [np.empty_like(np.asarray(a)) if isinstance(a, np.ndarray) else None
+                for a in arrays]
+        if any(o is None for o in outs):
+            outs = [np.empty_like(_host_view(a)) for a in arrays]
+        self.handle.allreduce(arrays, outs, op, prescale, postscale, "tensors", was_list)
+        return _answer(outs, was_list)
+
+    def broadcast_(self, tensors, root=0):
+        """Every rank's tensors take root's values, in place."""
+        arrays, was_list = _as_list(tensors)
+        self.handle.broadcast(arrays, int(root), "tensors", was_list)
+        return tensors
+
+    def broadcast(self, tensors, root=0):
+        """New arrays holding root's values (inputs unchanged)."""
+        arrays, was_list = _as_list(tensors)
+        outs = [np.array(_host_view(a), copy=True) for a in arrays]
+        self.handle.broadcast(outs, int(root), "tensors", was_list)
+        return _answer(outs, was_list)
+
+    def allgather(self, tensors):
+        """Concatenation over ranks along dim 0 (dim 0 may differ by rank);
+        each array of a list is gathered on its own."""
+        arrays, was_list = _as_list(tensors)
+        return _answer(self.handle.allgather(arrays, "tensors", was_list), was_list)
+
+    def reduce_scatter(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
+        """Block `rank` of dim 0 of the reduction, with the balanced split
+        n // size + (rank < n % size) rows."""
+        arrays, was_list = _as_list(tensors)
+        outs = self.handle.reduce_scatter(arrays, op, prescale, postscale, "tensors", was_list)
+        return _answer(outs, was_list)
+
+    def allgather_shards_(self, tensors):
+        """ZeRO allgather: every tensor takes its owner's values (ShardLayout)."""
+        arrays, was_list = _as_list(tensors)
+        self.handle.allgather_shards(arrays, "tensors", was_list)
+        return tensors
+
+    def reduce_scatter_shards_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
+        """ZeRO reduce_scatter: tensors this rank owns become the reduction;
+        the others are left exactly as they were."""
+        arrays, was_list = _as_list(tensors)
+        self.handle.reduce_scatter_shards(arrays, op, prescale, postscale, "tensors", was_list)
+        return tensors
+
+
+def _host_view(a):
+    if isinstance(a, np.ndarray):
+        return a
+    if hasattr(a, "__dlpack__"):
+        try:
+            return np.from_dlpack(a)
+        except Exception:  # the binding raises the precise error
+            return np.empty(0)
+    return np.asarray(a)

@@ -1,0 +1,38 @@
+# Mirrors include/gs_comm.h.
+from libc.stdint cimport int64_t
+from gradsync.gs_status cimport gs_status_t
+
+cdef extern from "mpi.h" nogil:
+    # Opaque here: only ever passed through by address.
+    ctypedef struct _gs_opaque_mpi_comm:
+        pass
+    ctypedef _gs_opaque_mpi_comm *MPI_Comm "MPI_Comm"
+
+cdef extern from "gs_comm.h" nogil:
+    ctypedef struct gs_comm:
+        pass
+    ctypedef gs_comm *gs_comm_t
+
+    ctypedef struct gs_config_t:
+        size_t size
+        int64_t fusion_threshold
+        int check
+        double stall_seconds
+
+
+    gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config, gs_comm_t *comm)
+    gs_status_t gs_comm_free(gs_comm_t *comm)
+    gs_status_t gs_comm_split(gs_comm_t comm, int color, int key, gs_comm_t *out)
+    gs_status_t gs_comm_rank(gs_comm_t comm, int *rank)
+    gs_status_t gs_comm_size(gs_comm_t comm, int *size)
+    gs_status_t gs_comm_local_rank(gs_comm_t comm, int *rank)
+    gs_status_t gs_comm_local_size(gs_comm_t comm, int *size)
+    gs_status_t gs_comm_mpi(gs_comm_t comm, MPI_Comm *mpi_comm)
+    gs_status_t gs_comm_fusion_threshold(gs_comm_t comm, int64_t *bytes)
+    gs_status_t gs_comm_set_fusion_threshold(gs_comm_t comm, int64_t bytes)
+    gs_status_t gs_comm_check_enabled(gs_comm_t comm, int *enabled)
+    gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reason)
+    gs_status_t gs_barrier(gs_comm_t comm)
+    const char *gs_mpi_library_version()
+    const char *gs_mpi_library_path()
+    int gs_mpi_thread_level()

@@ -1,0 +1,40 @@
+# Mirrors include/gs_types.h.
+from libc.stdint cimport int32_t, int64_t
+
+cdef extern from "gs_types.h" nogil:
+    ctypedef enum gs_dtype_t:
+        GS_FLOAT16
+        GS_BFLOAT16
+        GS_FLOAT32
+        GS_FLOAT64
+        GS_INT8
+        GS_UINT8
+        GS_INT32
+        GS_INT64
+
+    ctypedef enum gs_op_t:
+        GS_OP_SUM
+        GS_OP_AVERAGE
+        GS_OP_MIN
+        GS_OP_MAX
+        GS_OP_PROD
+        GS_OP_ADASUM
+
+    ctypedef enum gs_device_kind_t:
+        GS_DEVICE_CPU
+        GS_DEVICE_CUDA
+        GS_DEVICE_CUDA_HOST
+
+    ctypedef struct gs_device_t:
+        gs_device_kind_t kind
+        int32_t id
+
+    ctypedef struct gs_tensor_t:
+        void *data
+        int64_t count
+        gs_dtype_t dtype
+        gs_device_t device
+
+    size_t gs_dtype_size(gs_dtype_t dtype)
+    const char *gs_dtype_name(gs_dtype_t dtype)
+    const char *gs_op_name(gs_op_t op)

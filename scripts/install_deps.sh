@@ -1,0 +1,26 @@
+#!/bin/sh
+# Installs what gradsync builds and tests with into the running Python:
+# MPI (the `mpich` wheel unless MPICC names a system MPI), mpi4py built for that
+# MPI, and the Python packages. Fast when everything is already there.
+set -eu
+PY=${PYTHON:-python3}
+pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
+
+"$PY" -c "import numpy, Cython, pytest, pytest_mpi, ml_dtypes, setuptools" 2>/dev/null ||
+  pip_install "numpy>=1.24" "cython>=3.0" pytest pytest-mpi "ml_dtypes>=0.3" setuptools
+
+scripts=$("$PY" -c "import sysconfig; print(sysconfig.get_path('scripts'))")
+if [ -n "${MPICC:-}" ]; then
+  # A system MPI: mpi4py must be compiled against it, or the two would load
+  # different MPI libraries into one process.
+  if ! "$PY" -c "import mpi4py" 2>/dev/null; then
+    echo "gradsync: building mpi4py against $MPICC"
+    MPICC="$MPICC" pip_install --no-binary=mpi4py --no-cache-dir "mpi4py>=3.1"
+  fi
+else
+  if ! command -v mpicc >/dev/null 2>&1 && [ ! -x "$scripts/mpicc" ]; then
+    echo "gradsync: no mpicc found: installing MPICH from PyPI (the mpich wheel)"
+    pip_install mpich
+  fi
+  "$PY" -c "import mpi4py" 2>/dev/null || pip_install "mpi4py>=4.0"
+fi

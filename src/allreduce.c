@@ -1,0 +1,78 @@
+/* Fused allreduce. */
+#include <stdlib.h>
+
+#include "gs_internal.h"
+
+/* Plans a list for a call: counts and dtypes straight from the tensors. */
+gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
+                            int64_t threshold) {
+  int64_t *counts = malloc((size_t)n * sizeof *counts + 1);
+  gs_dtype_t *dtypes = malloc((size_t)n * sizeof *dtypes + 1);
+  gs_status_t s = GS_SUCCESS;
+  if (!counts || !dtypes) s = gs_fail(GS_ERR_NO_MEMORY, "fusion plan: out of memory");
+  for (int64_t i = 0; s == GS_SUCCESS && i < n; i++) {
+    counts[i] = t[i].count;
+    dtypes[i] = t[i].dtype;
+  }
+  if (s == GS_SUCCESS) s = gs_plan_build(plan, counts, dtypes, n, threshold);
+  free(counts);
+  free(dtypes);
+  return s;
+}
+
+/* One message. Memory that is already laid out like the message is reduced
+ * where it is; otherwise the message goes through the fusion buffer. */
+static gs_status_t reduce_message(gs_comm_t c, const gs_plan_t *plan, const gs_message_t *m,
+                                  const gs_tensor_t *in, const gs_tensor_t *out,
+                                  gs_op_t op, double pre, double post) {
+  const gs_transport_t *tr = &gs_mpi_transport;
+  void *ibase = NULL, *obase = NULL, *buf = NULL;
+  int icontig = gs_plan_contiguous(plan, m, in, &ibase);
+  int ocontig = out ? gs_plan_contiguous(plan, m, out, &obase) : icontig;
+  if (!out) obase = ibase;
+
+  if (ocontig) {
+    if (out && icontig && pre == 1.0 && ibase != obase) {
+      GS_CHECK(tr->allreduce(c, ibase, obase, m->count, m->dtype, op));
+    } else {
+      if (out || pre != 1.0) gs_pack(plan, m, in, obase, pre); /* into place */
+      GS_CHECK(tr->allreduce(c, NULL, obase, m->count, m->dtype, op));
+    }
+    gs_cpu_scale_copy(m->dtype, obase, obase, post == 1.0 ? 0 : m->count, post);
+    return GS_SUCCESS;
+  }
+  GS_CHECK(gs_fusion_reserve(c, (size_t)m->count * gs_dtype_size(m->dtype), &buf));
+  if (icontig && pre == 1.0) {
+    GS_CHECK(tr->allreduce(c, ibase, buf, m->count, m->dtype, op));
+  } else {
+    gs_pack(plan, m, in, buf, pre);
+    GS_CHECK(tr->allreduce(c, NULL, buf, m->count, m->dtype, op));
+  }
+  gs_unpack(plan, m, buf, out ? out : in, post);
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
+                         int64_t n, gs_op_t op, double prescale, double postscale) {
+  static const char fn[] = "gs_allreduce";
+  GS_CHECK(gs_comm_valid(c, fn));
+  gs_clear_error();
+  if (out == in) out = NULL;
+  gs_status_t local = gs_check_tensors(fn, "in", in, n);
+  if (local == GS_SUCCESS && out) local = gs_check_tensors(fn, "out", out, n);
+  if (local == GS_SUCCESS && out) local = gs_check_outputs(fn, in, out, n);
+  if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale);
+  gs_call_t call = {GS_CALL_ALLREDUCE, op, 0, n, in, NULL, NULL, 0};
+  GS_CHECK(gs_begin_call(c, &call, local));
+  if (n == 0) return GS_SUCCESS;
+
+  gs_plan_t plan;
+  GS_CHECK(gs_plan_tensors(&plan, in, n, c->fusion_threshold));
+  double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
+  gs_status_t s = GS_SUCCESS;
+  for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
+    if (plan.msgs[k].count > 0)
+      s = reduce_message(c, &plan, &plan.msgs[k], in, out, op, prescale, post);
+  gs_plan_free(&plan);
+  return s;
+}

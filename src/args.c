@@ -1,0 +1,70 @@
+/* Argument checks shared by the collectives. Messages name the call, the
+ * argument and the index, so the Python layer can pass them on unchanged. */
+#include <stdint.h>
+
+#include "gs_internal.h"
+
+gs_status_t gs_check_tensors(const char *op_name, const char *name,
+                             const gs_tensor_t *t, int64_t n) {
+  if (n < 0)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: n (number of tensors) is negative: %lld",
+                   op_name, (long long)n);
+  if (n > 0 && !t) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s is NULL", op_name, name);
+  for (int64_t i = 0; i < n; i++) {
+    if (!gs_dtype_valid(t[i].dtype))
+      return gs_fail(GS_ERR_TYPE, "%s: %s[%lld] has unknown dtype %d", op_name, name,
+                     (long long)i, (int)t[i].dtype);
+    int64_t es = (int64_t)gs_dtype_size(t[i].dtype);
+    if (t[i].count < 0 || t[i].count > INT64_MAX / 4 / es)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld] has invalid element count %lld",
+                     op_name, name, (long long)i, (long long)t[i].count);
+    if (t[i].count > 0 && !t[i].data)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld].data is NULL", op_name, name,
+                     (long long)i);
+    if (t[i].device.kind == GS_DEVICE_CUDA)
+      return gs_fail(GS_ERR_UNSUPPORTED,
+                     "%s: %s[%lld] is CUDA device memory; this build of gradsync has no GPU "
+                     "support (build with nvcc present)", op_name, name, (long long)i);
+    if (t[i].device.kind != GS_DEVICE_CPU && t[i].device.kind != GS_DEVICE_CUDA_HOST)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld] has unknown device kind %d",
+                     op_name, name, (long long)i, (int)t[i].device.kind);
+  }
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_check_op(const char *op_name, gs_op_t op, const gs_tensor_t *t,
+                        int64_t n, double prescale, double postscale) {
+  if ((unsigned)op >= GS_NUM_OPS)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: op %d is not a gradsync op", op_name, (int)op);
+  if (op == GS_OP_ADASUM)
+    return gs_fail(GS_ERR_UNSUPPORTED, "%s: op adasum is not available in this build", op_name);
+  int scaled = op == GS_OP_AVERAGE || prescale != 1.0 || postscale != 1.0;
+  if (!scaled) return GS_SUCCESS;
+  for (int64_t i = 0; i < n; i++)
+    if (!gs_dtype_is_float(t[i].dtype))
+      return gs_fail(GS_ERR_TYPE, "%s: %s needs floating dtypes, but tensor %lld is %s",
+                     op_name, op == GS_OP_AVERAGE ? "op average" : "prescale/postscale",
+                     (long long)i, gs_dtype_name(t[i].dtype));
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_check_outputs(const char *op_name, const gs_tensor_t *in,
+                             const gs_tensor_t *out, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    if (out[i].dtype != in[i].dtype)
+      return gs_fail(GS_ERR_TYPE, "%s: out[%lld] is %s but in[%lld] is %s", op_name,
+                     (long long)i, gs_dtype_name(out[i].dtype), (long long)i,
+                     gs_dtype_name(in[i].dtype));
+    if (out[i].count != in[i].count)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] has %lld elements, in[%lld] has %lld",
+                     op_name, (long long)i, (long long)out[i].count, (long long)i,
+                     (long long)in[i].count);
+    size_t bytes = (size_t)in[i].count * gs_dtype_size(in[i].dtype);
+    const char *a = in[i].data, *b = out[i].data;
+    if (a != b && bytes && a < b + bytes && b < a + bytes)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: out[%lld] partly overlaps in[%lld]; pass the same memory for an "
+                     "in-place call or disjoint memory", op_name, (long long)i, (long long)i);
+  }
+  return GS_SUCCESS;
+}

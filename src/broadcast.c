@@ -1,0 +1,35 @@
+/* Fused broadcast. */
+#include "gs_internal.h"
+
+gs_status_t gs_broadcast(gs_comm_t c, const gs_tensor_t *t, int64_t n, int root) {
+  static const char fn[] = "gs_broadcast";
+  GS_CHECK(gs_comm_valid(c, fn));
+  gs_clear_error();
+  gs_status_t local = gs_check_tensors(fn, "tensors", t, n);
+  if (local == GS_SUCCESS && (root < 0 || root >= c->size))
+    local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank of a communicator of size %d",
+                    fn, root, c->size);
+  gs_call_t call = {GS_CALL_BROADCAST, GS_OP_SUM, root, n, t, NULL, NULL, 0};
+  GS_CHECK(gs_begin_call(c, &call, local));
+  if (n == 0) return GS_SUCCESS;
+
+  gs_plan_t plan;
+  GS_CHECK(gs_plan_tensors(&plan, t, n, c->fusion_threshold));
+  gs_status_t s = GS_SUCCESS;
+  for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++) {
+    const gs_message_t *m = &plan.msgs[k];
+    if (m->count == 0) continue;
+    void *base = NULL;
+    if (gs_plan_contiguous(&plan, m, t, &base)) {
+      s = gs_mpi_transport.broadcast(c, base, m->count, m->dtype, root);
+      continue;
+    }
+    s = gs_fusion_reserve(c, (size_t)m->count * gs_dtype_size(m->dtype), &base);
+    if (s != GS_SUCCESS) break;
+    if (c->rank == root) gs_pack(&plan, m, t, base, 1.0);
+    s = gs_mpi_transport.broadcast(c, base, m->count, m->dtype, root);
+    if (s == GS_SUCCESS && c->rank != root) gs_unpack(&plan, m, base, t, 1.0);
+  }
+  gs_plan_free(&plan);
+  return s;
+}

@@ -1,0 +1,214 @@
+/* Communicator life cycle and accessors. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gs_internal.h"
+
+gs_status_t gs_comm_valid(gs_comm_t comm, const char *where) {
+  if (!comm) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: comm is NULL", where);
+  if (comm->magic != GS_COMM_MAGIC)
+    return gs_fail(GS_ERR_CLOSED, "%s: comm was freed or is not a gradsync communicator", where);
+  return GS_SUCCESS;
+}
+
+static gs_status_t mpi_ready(const char *where) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (!init || fin)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "%s: MPI is %s; initialize it first (import mpi4py.MPI, or MPI_Init)",
+                   where, fin ? "already finalized" : "not initialized");
+  return GS_SUCCESS;
+}
+
+/* Takes ownership of `mine` (already a private communicator). */
+static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *out) {
+  gs_status_t s = GS_SUCCESS;
+  MPI_Comm node = MPI_COMM_NULL;
+  struct gs_comm *c = calloc(1, sizeof *c);
+  if (!c) { MPI_Comm_free(&mine); return gs_fail(GS_ERR_NO_MEMORY, "gs_comm_create: out of memory"); }
+  c->mpi = mine;
+  c->notice = MPI_COMM_NULL;
+  int e = MPI_Comm_dup(mine, &c->notice);
+  if (e == MPI_SUCCESS) e = MPI_Comm_rank(mine, &c->rank);
+  if (e == MPI_SUCCESS) e = MPI_Comm_size(mine, &c->size);
+  if (e == MPI_SUCCESS) e = MPI_Comm_split_type(mine, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  if (e == MPI_SUCCESS) e = MPI_Comm_rank(node, &c->local_rank);
+  if (e == MPI_SUCCESS) e = MPI_Comm_size(node, &c->local_size);
+  if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
+  if (e != MPI_SUCCESS) {
+    s = gs_mpi_fail(e, "gs_comm_create");
+    if (c->notice != MPI_COMM_NULL) MPI_Comm_free(&c->notice);
+    MPI_Comm_free(&c->mpi);
+    free(c);
+    return s;
+  }
+  /* Errors come back as codes so gradsync can turn them into statuses. */
+  MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(c->notice, MPI_ERRORS_RETURN);
+  int know_check = cfg && cfg->size >= offsetof(gs_config_t, check) + sizeof cfg->check;
+  int know_stall = cfg && cfg->size >= offsetof(gs_config_t, stall_seconds) + sizeof cfg->stall_seconds;
+  c->fusion_threshold = (cfg && cfg->fusion_threshold > 0) ? cfg->fusion_threshold
+                                                           : gs_env_fusion_threshold();
+  c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
+  c->stall_seconds = (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds
+                                                             : gs_env_stall_seconds();
+  c->magic = GS_COMM_MAGIC;
+  *out = c;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config, gs_comm_t *comm) {
+  if (!comm) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_create: comm (the output) is NULL");
+  *comm = NULL;
+  GS_CHECK(mpi_ready("gs_comm_create"));
+  if (mpi_comm == MPI_COMM_NULL)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_create: mpi_comm is MPI_COMM_NULL");
+  int inter = 0;
+  GS_MPI_CHECK(MPI_Comm_test_inter(mpi_comm, &inter), "gs_comm_create: MPI_Comm_test_inter");
+  if (inter)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_create: mpi_comm is an intercommunicator; pass an intracommunicator");
+  MPI_Comm mine;
+  GS_MPI_CHECK(MPI_Comm_dup(mpi_comm, &mine), "gs_comm_create: MPI_Comm_dup");
+  return comm_adopt(mine, config, comm);
+}
+
+/* Notices of stalls that nobody read are dropped here, so they don't linger
+ * in MPI's unexpected-message queue. */
+static void drain_notices(MPI_Comm notice) {
+  for (;;) {
+    int flag = 0;
+    MPI_Status st;
+    if (MPI_Iprobe(MPI_ANY_SOURCE, MPI_ANY_TAG, notice, &flag, &st) != MPI_SUCCESS || !flag) return;
+    uint64_t junk[2];
+    MPI_Recv(junk, 2, MPI_UINT64_T, st.MPI_SOURCE, st.MPI_TAG, notice, MPI_STATUS_IGNORE);
+  }
+}
+
+gs_status_t gs_comm_free(gs_comm_t *comm) {
+  if (!comm || !*comm) return GS_SUCCESS;
+  gs_comm_t c = *comm;
+  GS_CHECK(gs_comm_valid(c, "gs_comm_free"));
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) {
+    drain_notices(c->notice);
+    MPI_Comm_free(&c->notice);
+    MPI_Comm_free(&c->mpi);
+  }
+  free(c->fusion);
+  c->magic = 0;
+  free(c);
+  *comm = NULL;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_comm_split(gs_comm_t comm, int color, int key, gs_comm_t *out) {
+  if (!out) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_split: out is NULL");
+  *out = NULL;
+  GS_CHECK(gs_comm_valid(comm, "gs_comm_split"));
+  MPI_Comm sub;
+  GS_MPI_CHECK(MPI_Comm_split(comm->mpi, color < 0 ? MPI_UNDEFINED : color, key, &sub),
+               "gs_comm_split: MPI_Comm_split");
+  if (sub == MPI_COMM_NULL) return GS_SUCCESS;
+  gs_config_t cfg = GS_CONFIG_INITIALIZER;
+  cfg.fusion_threshold = comm->fusion_threshold;
+  cfg.check = comm->check;
+  cfg.stall_seconds = comm->stall_seconds;
+  return comm_adopt(sub, &cfg, out);
+}
+
+#define GETTER(fn, field)                                 \
+  gs_status_t fn(gs_comm_t comm, int *v) {                \
+    GS_CHECK(gs_comm_valid(comm, #fn));                   \
+    if (!v) return gs_fail(GS_ERR_INVALID_ARGUMENT, #fn ": output pointer is NULL"); \
+    *v = comm->field;                                     \
+    return GS_SUCCESS;                                    \
+  }
+GETTER(gs_comm_rank, rank)
+GETTER(gs_comm_size, size)
+GETTER(gs_comm_local_rank, local_rank)
+GETTER(gs_comm_local_size, local_size)
+GETTER(gs_comm_check_enabled, check)
+#undef GETTER
+
+gs_status_t gs_comm_mpi(gs_comm_t comm, MPI_Comm *mpi_comm) {
+  GS_CHECK(gs_comm_valid(comm, "gs_comm_mpi"));
+  if (!mpi_comm) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_mpi: mpi_comm is NULL");
+  *mpi_comm = comm->mpi;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_comm_fusion_threshold(gs_comm_t comm, int64_t *bytes) {
+  GS_CHECK(gs_comm_valid(comm, "gs_comm_fusion_threshold"));
+  if (!bytes) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_fusion_threshold: bytes is NULL");
+  *bytes = comm->fusion_threshold;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_comm_set_fusion_threshold(gs_comm_t comm, int64_t bytes) {
+  GS_CHECK(gs_comm_valid(comm, "gs_comm_set_fusion_threshold"));
+  if (bytes <= 0)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "gs_comm_set_fusion_threshold: bytes must be positive, got %lld", (long long)bytes);
+  comm->fusion_threshold = bytes;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_fusion_reserve(gs_comm_t comm, size_t bytes, void **buf) {
+  if (bytes > comm->fusion_bytes) {
+    /* Grow geometrically so a slowly growing workload reallocates rarely. */
+    size_t want = comm->fusion_bytes * 2 > bytes ? comm->fusion_bytes * 2 : bytes;
+    want = (want + 63) & ~(size_t)63;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, want) != 0)
+      return gs_fail(GS_ERR_NO_MEMORY, "fusion buffer: cannot allocate %zu bytes", want);
+    free(comm->fusion);
+    comm->fusion = p;
+    comm->fusion_bytes = want;
+  }
+  *buf = comm->fusion;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_barrier(gs_comm_t comm) {
+  GS_CHECK(gs_comm_valid(comm, "gs_barrier"));
+  gs_clear_error();
+  gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
+  if (comm->check) return gs_check_call(comm, &call, GS_SUCCESS);
+  GS_MPI_CHECK(MPI_Barrier(comm->mpi), "gs_barrier: MPI_Barrier");
+  return GS_SUCCESS;
+}
+
+const char *gs_mpi_library_version(void) {
+  static char version[MPI_MAX_LIBRARY_VERSION_STRING + 1];
+  int len = 0;
+  if (MPI_Get_library_version(version, &len) != MPI_SUCCESS) len = 0;
+  version[len] = '\0';
+  return version;
+}
+
+const char *gs_mpi_library_path(void) {
+  Dl_info info;
+  if (dladdr((void *)&MPI_Comm_rank, &info) && info.dli_fname) return info.dli_fname;
+  return "";
+}
+
+int gs_mpi_thread_level(void) {
+  int init = 0, level = -1;
+  MPI_Initialized(&init);
+  if (init) MPI_Query_thread(&level);
+  return level;
+}
+
+gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reason) {
+  GS_CHECK(gs_comm_valid(comm, "gs_comm_abandon"));
+  if (status == GS_SUCCESS) status = GS_ERR_INVALID_ARGUMENT;
+  gs_fail(status, "%s", reason ? reason : "invalid arguments");
+  gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
+  return gs_begin_call(comm, &call, status);
+}

@@ -1,0 +1,36 @@
+/* The environment knobs, read in one place. Each reader falls back to its
+ * default when the variable is unset or unparsable. */
+#include <stdlib.h>
+
+#include "gs_internal.h"
+
+static int env_int64(const char *name, int64_t *out) {
+  const char *s = getenv(name);
+  if (!s || !*s) return 0;
+  char *end = NULL;
+  long long v = strtoll(s, &end, 10);
+  if (*end != '\0') return 0;
+  *out = v;
+  return 1;
+}
+
+int64_t gs_env_fusion_threshold(void) {
+  int64_t v;
+  return (env_int64("GRADSYNC_FUSION_THRESHOLD", &v) && v > 0)
+             ? v : GS_DEFAULT_FUSION_THRESHOLD;
+}
+
+int gs_env_check(void) {
+  int64_t v;
+  return env_int64("GRADSYNC_CHECK", &v) ? (v != 0) : 1;
+}
+
+double gs_env_stall_seconds(void) {
+  const char *s = getenv("GRADSYNC_STALL_SECONDS");
+  if (!s || !*s) return GS_DEFAULT_STALL_SECONDS;
+  char *end = NULL;
+  double v = strtod(s, &end);
+  return (*end == '\0' && v >= 0) ? v : GS_DEFAULT_STALL_SECONDS;
+}
+
+long long gs_default_fusion_threshold(void) { return gs_env_fusion_threshold(); }

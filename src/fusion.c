@@ -1,0 +1,90 @@
+/* The fusion engine: one offset table per call, shared by packing,
+ * unpacking and (later) Adasum's per-tensor boundaries. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gs_internal.h"
+
+void gs_plan_free(gs_plan_t *plan) {
+  free(plan->slots);
+  free(plan->msgs);
+  memset(plan, 0, sizeof *plan);
+}
+
+gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts,
+                          const gs_dtype_t *dtypes, int64_t n, int64_t threshold) {
+  memset(plan, 0, sizeof *plan);
+  if (n == 0) return GS_SUCCESS;
+  plan->slots = malloc((size_t)n * sizeof *plan->slots);
+  plan->msgs = malloc((size_t)n * sizeof *plan->msgs);
+  if (!plan->slots || !plan->msgs) {
+    gs_plan_free(plan);
+    return gs_fail(GS_ERR_NO_MEMORY, "fusion plan: out of memory for %lld tensors", (long long)n);
+  }
+  /* dtype groups in order of first appearance */
+  gs_dtype_t order[GS_NUM_DTYPES];
+  int ngroups = 0, seen[GS_NUM_DTYPES] = {0};
+  for (int64_t i = 0; i < n && ngroups < GS_NUM_DTYPES; i++)
+    if (!seen[dtypes[i]]) { seen[dtypes[i]] = 1; order[ngroups++] = dtypes[i]; }
+
+  for (int g = 0; g < ngroups; g++) {
+    gs_dtype_t d = order[g];
+    int64_t es = (int64_t)gs_dtype_size(d);
+    gs_message_t *open = NULL; /* message still taking tensors */
+    for (int64_t i = 0; i < n; i++) {
+      if (dtypes[i] != d) continue;
+      int64_t bytes = counts[i] * es;
+      int alone = bytes > threshold;
+      if (alone || !open || (open->count * es + bytes > threshold && open->count > 0)) {
+        open = &plan->msgs[plan->nmsgs++];
+        open->dtype = d;
+        open->first = plan->nslots;
+        open->nslots = 0;
+        open->count = 0;
+      }
+      gs_slot_t *s = &plan->slots[plan->nslots++];
+      s->tensor = i;
+      s->offset = open->count;
+      s->count = counts[i];
+      open->nslots++;
+      open->count += counts[i];
+      if (alone) open = NULL;
+    }
+  }
+  return GS_SUCCESS;
+}
+
+int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m,
+                       const gs_tensor_t *t, void **base) {
+  size_t es = gs_dtype_size(m->dtype);
+  char *b = NULL;
+  for (int64_t k = m->first; k < m->first + m->nslots; k++) {
+    const gs_slot_t *s = &plan->slots[k];
+    if (s->count == 0) continue;
+    char *p = (char *)t[s->tensor].data;
+    if (!b) b = p - (size_t)s->offset * es;
+    else if (p != b + (size_t)s->offset * es) return 0;
+  }
+  *base = b;
+  return 1;
+}
+
+void gs_pack(const gs_plan_t *plan, const gs_message_t *m, const gs_tensor_t *t,
+             void *buf, double scale) {
+  size_t es = gs_dtype_size(m->dtype);
+  for (int64_t k = m->first; k < m->first + m->nslots; k++) {
+    const gs_slot_t *s = &plan->slots[k];
+    gs_cpu_scale_copy(m->dtype, t[s->tensor].data, (char *)buf + (size_t)s->offset * es,
+                      s->count, scale);
+  }
+}
+
+void gs_unpack(const gs_plan_t *plan, const gs_message_t *m, const void *buf,
+               const gs_tensor_t *t, double scale) {
+  size_t es = gs_dtype_size(m->dtype);
+  for (int64_t k = m->first; k < m->first + m->nslots; k++) {
+    const gs_slot_t *s = &plan->slots[k];
+    gs_cpu_scale_copy(m->dtype, (const char *)buf + (size_t)s->offset * es,
+                      t[s->tensor].data, s->count, scale);
+  }
+}

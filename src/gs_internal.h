@@ -1,0 +1,207 @@
+/* gradsync private declarations shared by the files of src/. Not installed. */
+#ifndef GRADSYNC_INTERNAL_H
+#define GRADSYNC_INTERNAL_H
+
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gradsync.h"
+
+/* ---- errors (status.c) ------------------------------------------------- */
+
+/* Records a formatted message as this thread's last error; returns status. */
+gs_status_t gs_fail(gs_status_t status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Clears the last error (start of a successful public call). */
+void gs_clear_error(void);
+
+#define GS_CHECK(call)                   \
+  do {                                   \
+    gs_status_t gs_check_s_ = (call);    \
+    if (gs_check_s_ != GS_SUCCESS)       \
+      return gs_check_s_;                \
+  } while (0)
+
+#define GS_CHECK_GOTO(call, status_var, label) \
+  do {                                         \
+    (status_var) = (call);                     \
+    if ((status_var) != GS_SUCCESS) goto label;\
+  } while (0)
+
+/* Turns an MPI error code into GS_ERR_MPI with MPI's own message. */
+gs_status_t gs_mpi_fail(int mpi_err, const char *what);
+#define GS_MPI_CHECK(call, what)                           \
+  do {                                                     \
+    int gs_mpi_e_ = (call);                                \
+    if (gs_mpi_e_ != MPI_SUCCESS) return gs_mpi_fail(gs_mpi_e_, (what)); \
+  } while (0)
+
+/* ---- environment knobs (env.c): the one place that reads them ------------ */
+
+#define GS_DEFAULT_FUSION_THRESHOLD ((int64_t)134217728) /* 128 MiB */
+#define GS_DEFAULT_STALL_SECONDS 60.0
+int64_t gs_env_fusion_threshold(void); /* GRADSYNC_FUSION_THRESHOLD */
+int gs_env_check(void);                /* GRADSYNC_CHECK */
+double gs_env_stall_seconds(void);     /* GRADSYNC_STALL_SECONDS */
+
+/* ---- dtypes and element conversions (dtype.c, half.h) ------------------- */
+
+int gs_dtype_valid(gs_dtype_t dtype);
+int gs_dtype_is_float(gs_dtype_t dtype);
+
+/* ---- communicator (comm.c) --------------------------------------------- */
+
+struct gs_comm {
+  uint32_t magic;          /* GS_COMM_MAGIC while alive: catches stale handles */
+  MPI_Comm mpi;            /* our duplicate: all collectives go here */
+  MPI_Comm notice;         /* second duplicate: stall notices, point to point */
+  int rank, size, local_rank, local_size;
+  int64_t fusion_threshold;
+  int check;
+  double stall_seconds;
+  uint64_t seq;            /* checked calls made so far: names a call in notices */
+  void *fusion;            /* persistent fusion buffer, grows on demand */
+  size_t fusion_bytes;
+};
+#define GS_COMM_MAGIC 0x67736331u /* "gsc1" */
+
+/* Validates a handle at an API entry point. */
+gs_status_t gs_comm_valid(gs_comm_t comm, const char *where);
+/* Makes the fusion buffer at least `bytes` long; *buf receives it. */
+gs_status_t gs_fusion_reserve(gs_comm_t comm, size_t bytes, void **buf);
+
+/* ---- the MPI transport (mpi_transport.c) ---------------------------------
+ * Every call takes 64-bit counts and splits them into chunks MPI's int counts
+ * can carry. `op` here is a reduction (sum, min, max, prod): average and the
+ * scales are applied by the fusion engine. */
+
+gs_status_t gs_mpi_datatype(gs_dtype_t dtype, MPI_Datatype *out);
+gs_status_t gs_mpi_op(gs_dtype_t dtype, gs_op_t op, MPI_Op *out);
+
+typedef struct gs_transport {
+  const char *name;
+  /* send == NULL: in place on recv. */
+  gs_status_t (*allreduce)(gs_comm_t, const void *send, void *recv,
+                           int64_t count, gs_dtype_t, gs_op_t);
+  gs_status_t (*broadcast)(gs_comm_t, void *buf, int64_t count, gs_dtype_t,
+                           int root);
+  /* recv holds size blocks: block r has counts[r] elements at displs[r].
+   * This rank's block is already in place in recv. */
+  gs_status_t (*allgatherv)(gs_comm_t, void *recv, const int64_t *counts,
+                            const int64_t *displs, gs_dtype_t);
+  /* send holds size blocks (counts[r] elements each, back to back); recv
+   * gets this rank's block reduced. */
+  gs_status_t (*reduce_scatter)(gs_comm_t, const void *send, void *recv,
+                                const int64_t *counts, gs_dtype_t, gs_op_t);
+} gs_transport_t;
+
+extern const gs_transport_t gs_mpi_transport;
+
+/* ---- cross-rank validation (check.c) ------------------------------------ */
+
+typedef enum gs_call_kind {
+  GS_CALL_BARRIER = 1,
+  GS_CALL_ALLREDUCE = 2,
+  GS_CALL_BROADCAST = 3,
+  GS_CALL_ALLGATHER_COUNTS = 4,
+  GS_CALL_ALLGATHERV = 5,
+  GS_CALL_REDUCE_SCATTER = 6,
+  GS_CALL_ALLGATHER_SHARDS = 7,
+  GS_CALL_REDUCE_SCATTER_SHARDS = 8
+} gs_call_kind_t;
+
+const char *gs_call_name(gs_call_kind_t kind);
+
+/* What a rank is about to do. `extra` (n values, may be NULL) is one more
+ * per-tensor number the ranks must agree on (row size for allgather, rows for
+ * reduce_scatter). */
+typedef struct gs_call {
+  gs_call_kind_t kind;
+  gs_op_t op;
+  int root;
+  int64_t n;
+  const gs_tensor_t *tensors;
+  const int64_t *extra;
+  const char *extra_name;
+  int counts_vary;         /* element counts may differ by rank (allgather) */
+} gs_call_t;
+
+/* Meets the other ranks and compares calls. `local` is GS_SUCCESS or the
+ * argument error this rank found (with gs_last_error() set): the rank still
+ * takes part so nobody waits, and gets its own error back. Returns
+ * GS_ERR_MISMATCH with a message naming what differs and which ranks. */
+gs_status_t gs_check_call(gs_comm_t comm, const gs_call_t *call,
+                          gs_status_t local);
+
+/* gs_check_call when validation is on; otherwise just returns `local`. */
+gs_status_t gs_begin_call(gs_comm_t comm, const gs_call_t *call, gs_status_t local);
+
+/* ---- fusion engine (fusion.c) ------------------------------------------ */
+
+/* One call's offset table. Tensors are grouped by dtype (groups in order of
+ * first appearance, tensors in list order inside a group); slot k places
+ * tensor `slots[k].tensor` at element `slots[k].offset` of its message. */
+typedef struct gs_slot {
+  int64_t tensor;
+  int64_t offset; /* elements from the start of the message */
+  int64_t count;  /* elements this slot occupies in the message */
+} gs_slot_t;
+
+typedef struct gs_message {
+  gs_dtype_t dtype;
+  int64_t first; /* first slot */
+  int64_t nslots;
+  int64_t count; /* elements in the message */
+} gs_message_t;
+
+typedef struct gs_plan {
+  gs_slot_t *slots;
+  gs_message_t *msgs;
+  int64_t nslots, nmsgs;
+} gs_plan_t;
+
+/* Builds the table for tensors whose sizes are `counts` (n values) and
+ * dtypes `dtypes`: a tensor over `threshold` bytes gets its own message;
+ * others are packed until the next would pass the threshold. */
+gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts,
+                          const gs_dtype_t *dtypes, int64_t n,
+                          int64_t threshold);
+void gs_plan_free(gs_plan_t *plan);
+/* gs_plan_build over the counts and dtypes of a tensor list. */
+gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
+                            int64_t threshold);
+
+/* Whether message m's tensors sit back to back in `t`'s memory, in slot
+ * order; *base receives the first element's address. */
+int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m,
+                       const gs_tensor_t *t, void **base);
+
+/* Copies message m's tensors from `t` into buf, times `scale` (1.0: plain
+ * copy), rounded once to the dtype. */
+void gs_pack(const gs_plan_t *plan, const gs_message_t *m,
+             const gs_tensor_t *t, void *buf, double scale);
+/* Copies buf back out into `t`, times `scale`. */
+void gs_unpack(const gs_plan_t *plan, const gs_message_t *m, const void *buf,
+               const gs_tensor_t *t, double scale);
+
+/* ---- host element kernels (cpu_scale.c) --------------------------------- */
+
+/* dst[i] = src[i] * scale, in float32 (float64 for float64), rounded once to
+ * dtype. scale == 1 copies bits. src may equal dst. */
+void gs_cpu_scale_copy(gs_dtype_t dtype, const void *src, void *dst,
+                       int64_t count, double scale);
+
+/* ---- argument checks shared by the collectives (args.c) ----------------- */
+
+/* Checks a tensor list for one call; `name` names it in messages ("in",
+ * "tensors"). Floating scales/ops need floating dtypes. */
+gs_status_t gs_check_tensors(const char *op_name, const char *name,
+                             const gs_tensor_t *t, int64_t n);
+gs_status_t gs_check_op(const char *op_name, gs_op_t op, const gs_tensor_t *t,
+                        int64_t n, double prescale, double postscale);
+/* out[i] must match in[i] in count and dtype. */
+gs_status_t gs_check_outputs(const char *op_name, const gs_tensor_t *in,
+                             const gs_tensor_t *out, int64_t n);
+
+#endif

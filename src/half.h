@@ -1,0 +1,56 @@
+/* float16 and bfloat16 conversions, round to nearest even, subnormals kept.
+ * Portable bit manipulation: results are identical to F16C's. */
+#ifndef GRADSYNC_HALF_H
+#define GRADSYNC_HALF_H
+
+#include <stdint.h>
+#include <string.h>
+
+static inline float gs_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t gs_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+
+static inline float gs_half_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu;
+  if (exp == 0x1f) /* inf or nan: keep the payload */
+    return gs_bits_to_float(sign | 0x7f800000u | (man << 13));
+  if (exp == 0) {
+    /* zero or subnormal: man * 2^-24, exact in float */
+    float f = (float)man * 5.9604644775390625e-08f;
+    return sign ? -f : f;
+  }
+  return gs_bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
+}
+
+static inline uint16_t gs_float_to_half(float f) {
+  uint32_t u = gs_float_to_bits(f);
+  uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
+  uint32_t a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) /* inf or nan (keep nan quiet and non-zero) */
+    return sign | (a > 0x7f800000u ? (uint16_t)(0x7e00u | ((a >> 13) & 0x3ffu)) : 0x7c00u);
+  if (a >= 0x477ff000u) /* rounds to >= 65520: overflow to inf */
+    return sign | 0x7c00u;
+  if (a < 0x38800000u) {
+    /* result is subnormal or zero: scale so the float adder rounds (RNE) */
+    float r = gs_bits_to_float(a) + 0.5f; /* 0.5 = 2^-1: ulp becomes 2^-24 */
+    return sign | (uint16_t)(gs_float_to_bits(r) - 0x3f000000u);
+  }
+  uint32_t man_odd = (a >> 13) & 1u;
+  a += 0xc8000fffu + man_odd; /* rebias exponent (-112 << 23) and round */
+  return sign | (uint16_t)(a >> 13);
+}
+
+static inline float gs_bf16_to_float(uint16_t b) {
+  return gs_bits_to_float((uint32_t)b << 16);
+}
+
+static inline uint16_t gs_float_to_bf16(float f) {
+  uint32_t u = gs_float_to_bits(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) /* nan: keep it quiet */
+    return (uint16_t)((u >> 16) | 0x0040u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return (uint16_t)(u >> 16);
+}
+
+#endif

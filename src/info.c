@@ -1,0 +1,15 @@
+/* What this build contains. */
+#include "gs_internal.h"
+
+const char *gs_version(void) { return GS_VERSION_STRING; }
+
+const char *gs_simd_level(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return "avx2";
+#endif
+  return "portable";
+}
+
+int gs_cuda_version(void) { return 0; }
+int gs_nccl_version(void) { return 0; }

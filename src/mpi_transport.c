@@ -1,0 +1,205 @@
+/* The MPI transport: dtype and op mapping, float16/bfloat16 reductions as
+ * user-defined ops accumulating in float32, and 64-bit counts split into
+ * chunks that MPI's int counts can carry. */
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "gs_internal.h"
+#include "half.h"
+
+/* Elements per MPI call. A power of two well below INT_MAX keeps every chunk
+ * and byte offset of 8-byte types inside int. */
+#define GS_MPI_CHUNK ((int64_t)1 << 30)
+
+/* ---- float16 / bfloat16 reductions -------------------------------------- */
+
+#define DEFINE_HALF_OP(name, to_f, from_f, expr)                              \
+  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {       \
+    (void)dt;                                                                 \
+    const uint16_t *a = in;                                                   \
+    uint16_t *b = inout;                                                      \
+    for (int i = 0; i < *len; i++) {                                          \
+      float x = to_f(a[i]), y = to_f(b[i]);                                   \
+      b[i] = from_f(expr);                                                    \
+    }                                                                         \
+  }
+
+/* NaN propagates through min/max as it does through sum: a non-finite
+ * gradient must not be hidden by the reduction. */
+static inline float fmin_nan(float x, float y) { return (x != x || y != y) ? x + y : (x < y ? x : y); }
+static inline float fmax_nan(float x, float y) { return (x != x || y != y) ? x + y : (x > y ? x : y); }
+
+DEFINE_HALF_OP(half_sum, gs_half_to_float, gs_float_to_half, x + y)
+DEFINE_HALF_OP(half_prod, gs_half_to_float, gs_float_to_half, x * y)
+DEFINE_HALF_OP(half_min, gs_half_to_float, gs_float_to_half, fmin_nan(x, y))
+DEFINE_HALF_OP(half_max, gs_half_to_float, gs_float_to_half, fmax_nan(x, y))
+DEFINE_HALF_OP(bf16_sum, gs_bf16_to_float, gs_float_to_bf16, x + y)
+DEFINE_HALF_OP(bf16_prod, gs_bf16_to_float, gs_float_to_bf16, x * y)
+DEFINE_HALF_OP(bf16_min, gs_bf16_to_float, gs_float_to_bf16, fmin_nan(x, y))
+DEFINE_HALF_OP(bf16_max, gs_bf16_to_float, gs_float_to_bf16, fmax_nan(x, y))
+
+/* [0] float16, [1] bfloat16; indexed by op (sum, -, min, max, prod). */
+static MPI_User_function *const half_fns[2][GS_NUM_OPS] = {
+    {half_sum, NULL, half_min, half_max, half_prod, NULL},
+    {bf16_sum, NULL, bf16_min, bf16_max, bf16_prod, NULL},
+};
+static MPI_Op half_ops[2][GS_NUM_OPS];
+static int half_ops_ready;
+static int cleanup_keyval = MPI_KEYVAL_INVALID;
+static pthread_mutex_t half_ops_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Runs inside MPI_Finalize (attribute on MPI_COMM_SELF): frees the ops while
+ * MPI can still free them. */
+static int free_half_ops(MPI_Comm comm, int keyval, void *attr, void *extra) {
+  (void)comm; (void)attr; (void)extra;
+  for (int t = 0; t < 2; t++)
+    for (int o = 0; o < GS_NUM_OPS; o++)
+      if (half_fns[t][o]) MPI_Op_free(&half_ops[t][o]);
+  half_ops_ready = 0;
+  MPI_Comm_free_keyval(&keyval);
+  cleanup_keyval = MPI_KEYVAL_INVALID;
+  return MPI_SUCCESS;
+}
+
+static gs_status_t ensure_half_ops(void) {
+  if (__atomic_load_n(&half_ops_ready, __ATOMIC_ACQUIRE)) return GS_SUCCESS;
+  pthread_mutex_lock(&half_ops_lock);
+  int e = MPI_SUCCESS;
+  if (!half_ops_ready) {
+    for (int t = 0; t < 2 && e == MPI_SUCCESS; t++)
+      for (int o = 0; o < GS_NUM_OPS && e == MPI_SUCCESS; o++)
+        if (half_fns[t][o]) e = MPI_Op_create(half_fns[t][o], 1, &half_ops[t][o]);
+    if (e == MPI_SUCCESS)
+      e = MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_half_ops, &cleanup_keyval, NULL);
+    if (e == MPI_SUCCESS) e = MPI_Comm_set_attr(MPI_COMM_SELF, cleanup_keyval, NULL);
+    if (e == MPI_SUCCESS) __atomic_store_n(&half_ops_ready, 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&half_ops_lock);
+  return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "creating float16/bfloat16 reduction ops");
+}
+
+gs_status_t gs_mpi_datatype(gs_dtype_t dtype, MPI_Datatype *out) {
+  switch (dtype) {
+    case GS_FLOAT16:
+    case GS_BFLOAT16: *out = MPI_UINT16_T; return GS_SUCCESS; /* bits; math in user ops */
+    case GS_FLOAT32: *out = MPI_FLOAT; return GS_SUCCESS;
+    case GS_FLOAT64: *out = MPI_DOUBLE; return GS_SUCCESS;
+    case GS_INT8: *out = MPI_INT8_T; return GS_SUCCESS;
+    case GS_UINT8: *out = MPI_UINT8_T; return GS_SUCCESS;
+    case GS_INT32: *out = MPI_INT32_T; return GS_SUCCESS;
+    case GS_INT64: *out = MPI_INT64_T; return GS_SUCCESS;
+  }
+  return gs_fail(GS_ERR_TYPE, "unknown dtype %d", (int)dtype);
+}
+
+gs_status_t gs_mpi_op(gs_dtype_t dtype, gs_op_t op, MPI_Op *out) {
+  if (op == GS_OP_AVERAGE) op = GS_OP_SUM;
+  if (dtype == GS_FLOAT16 || dtype == GS_BFLOAT16) {
+    if ((unsigned)op >= GS_NUM_OPS || !half_fns[0][op])
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "op %s has no MPI reduction", gs_op_name(op));
+    GS_CHECK(ensure_half_ops());
+    *out = half_ops[dtype == GS_BFLOAT16][op];
+    return GS_SUCCESS;
+  }
+  switch (op) {
+    case GS_OP_SUM: *out = MPI_SUM; return GS_SUCCESS;
+    case GS_OP_MIN: *out = MPI_MIN; return GS_SUCCESS;
+    case GS_OP_MAX: *out = MPI_MAX; return GS_SUCCESS;
+    case GS_OP_PROD: *out = MPI_PROD; return GS_SUCCESS;
+    default: break;
+  }
+  return gs_fail(GS_ERR_INVALID_ARGUMENT, "op %s has no MPI reduction", gs_op_name(op));
+}
+
+/* ---- chunked collectives ------------------------------------------------ */
+
+static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv,
+                                 int64_t count, gs_dtype_t dtype, gs_op_t op) {
+  MPI_Datatype dt = MPI_DATATYPE_NULL;
+  MPI_Op mop = MPI_OP_NULL;
+  GS_CHECK(gs_mpi_datatype(dtype, &dt));
+  GS_CHECK(gs_mpi_op(dtype, op, &mop));
+  size_t es = gs_dtype_size(dtype);
+  for (int64_t off = 0; off < count; off += GS_MPI_CHUNK) {
+    int n = (int)(count - off < GS_MPI_CHUNK ? count - off : GS_MPI_CHUNK);
+    char *r = (char *)recv + (size_t)off * es;
+    const void *s = send ? (const char *)send + (size_t)off * es : MPI_IN_PLACE;
+    GS_MPI_CHECK(MPI_Allreduce(s, r, n, dt, mop, c->mpi), "MPI_Allreduce");
+  }
+  return GS_SUCCESS;
+}
+
+static gs_status_t mpi_broadcast(gs_comm_t c, void *buf, int64_t count,
+                                 gs_dtype_t dtype, int root) {
+  MPI_Datatype dt = MPI_DATATYPE_NULL;
+  GS_CHECK(gs_mpi_datatype(dtype, &dt));
+  size_t es = gs_dtype_size(dtype);
+  for (int64_t off = 0; off < count; off += GS_MPI_CHUNK) {
+    int n = (int)(count - off < GS_MPI_CHUNK ? count - off : GS_MPI_CHUNK);
+    GS_MPI_CHECK(MPI_Bcast((char *)buf + (size_t)off * es, n, dt, root, c->mpi), "MPI_Bcast");
+  }
+  return GS_SUCCESS;
+}
+
+static int fits_int(const int64_t *v, int n) {
+  for (int i = 0; i < n; i++)
+    if (v[i] > INT_MAX) return 0;
+  return 1;
+}
+
+static gs_status_t mpi_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
+                                  const int64_t *displs, gs_dtype_t dtype) {
+  MPI_Datatype dt = MPI_DATATYPE_NULL;
+  GS_CHECK(gs_mpi_datatype(dtype, &dt));
+  size_t es = gs_dtype_size(dtype);
+  int p = c->size;
+  if (fits_int(counts, p) && fits_int(displs, p)) {
+    int *ic = malloc(2 * (size_t)p * sizeof(int));
+    if (!ic) return gs_fail(GS_ERR_NO_MEMORY, "allgather: out of memory");
+    for (int r = 0; r < p; r++) { ic[r] = (int)counts[r]; ic[p + r] = (int)displs[r]; }
+    int e = MPI_Allgatherv(MPI_IN_PLACE, 0, dt, recv, ic, ic + p, dt, c->mpi);
+    free(ic);
+    return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "MPI_Allgatherv");
+  }
+  /* Too large for int displacements: every rank broadcasts its own block. */
+  for (int r = 0; r < p; r++)
+    GS_CHECK(mpi_broadcast(c, (char *)recv + (size_t)displs[r] * es, counts[r], dtype, r));
+  return GS_SUCCESS;
+}
+
+static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
+                                      const int64_t *counts, gs_dtype_t dtype, gs_op_t op) {
+  MPI_Datatype dt = MPI_DATATYPE_NULL;
+  MPI_Op mop = MPI_OP_NULL;
+  GS_CHECK(gs_mpi_datatype(dtype, &dt));
+  GS_CHECK(gs_mpi_op(dtype, op, &mop));
+  size_t es = gs_dtype_size(dtype);
+  int p = c->size;
+  int64_t total = 0;
+  for (int r = 0; r < p; r++) total += counts[r];
+  if (fits_int(counts, p) && total <= INT_MAX) {
+    int *ic = malloc((size_t)p * sizeof(int));
+    if (!ic) return gs_fail(GS_ERR_NO_MEMORY, "reduce_scatter: out of memory");
+    for (int r = 0; r < p; r++) ic[r] = (int)counts[r];
+    int e = MPI_Reduce_scatter(send, recv, ic, dt, mop, c->mpi);
+    free(ic);
+    return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "MPI_Reduce_scatter");
+  }
+  /* Large: reduce each rank's block to that rank, chunk by chunk. */
+  int64_t displ = 0;
+  for (int r = 0; r < p; r++) {
+    for (int64_t off = 0; off < counts[r]; off += GS_MPI_CHUNK) {
+      int n = (int)(counts[r] - off < GS_MPI_CHUNK ? counts[r] - off : GS_MPI_CHUNK);
+      const char *s = (const char *)send + (size_t)(displ + off) * es;
+      void *d = r == c->rank ? (char *)recv + (size_t)off * es : NULL;
+      GS_MPI_CHECK(MPI_Reduce(s, d, n, dt, mop, r, c->mpi), "MPI_Reduce");
+    }
+    displ += counts[r];
+  }
+  return GS_SUCCESS;
+}
+
+const gs_transport_t gs_mpi_transport = {
+    "mpi", mpi_allreduce, mpi_broadcast, mpi_allgatherv, mpi_reduce_scatter,
+};

@@ -1,0 +1,46 @@
+/* Status strings and the per-thread last-error message. */
+#include <mpi.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gs_internal.h"
+
+static _Thread_local char last_error[2048];
+
+const char *gs_status_string(gs_status_t status) {
+  switch (status) {
+    case GS_SUCCESS: return "success";
+    case GS_ERR_INVALID_ARGUMENT: return "invalid argument: check the value named in gs_last_error()";
+    case GS_ERR_TYPE: return "unsupported dtype or op for this dtype";
+    case GS_ERR_MISMATCH: return "ranks made different calls: gs_last_error() says what differs and where";
+    case GS_ERR_MPI: return "the MPI library reported an error";
+    case GS_ERR_NO_MEMORY: return "out of host memory";
+    case GS_ERR_UNSUPPORTED: return "not available in this build of gradsync";
+    case GS_ERR_INTERNAL: return "internal error in gradsync: please report it with gs_last_error()";
+    case GS_ERR_CLOSED: return "the communicator was freed";
+    case GS_ERR_CUDA: return "the CUDA runtime reported an error";
+    case GS_ERR_NCCL: return "NCCL reported an error";
+    case GS_ERR_TIMEOUT: return "a collective took longer than GRADSYNC_TIMEOUT_SECONDS";
+  }
+  return "unknown status";
+}
+
+const char *gs_last_error(void) { return last_error; }
+
+void gs_clear_error(void) { last_error[0] = '\0'; }
+
+gs_status_t gs_fail(gs_status_t status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(last_error, sizeof last_error, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+gs_status_t gs_mpi_fail(int mpi_err, const char *what) {
+  char msg[MPI_MAX_ERROR_STRING + 1];
+  int len = 0;
+  if (MPI_Error_string(mpi_err, msg, &len) != MPI_SUCCESS) len = 0;
+  msg[len] = '\0';
+  return gs_fail(GS_ERR_MPI, "%s failed: %s", what, len ? msg : "unknown MPI error");
+}
