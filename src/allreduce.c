@@ -52,6 +52,39 @@ static gs_status_t reduce_message(gs_comm_t c, const gs_plan_t *plan, const gs_m
   return GS_SUCCESS;
 }
 
+/* Whether a call is small enough to travel inside the validation message.
+ * Depends only on what the ranks validate (count, dtypes, sizes, op,
+ * threshold), so ranks that agree on the call also agree on this. */
+static int rides_in_check(const gs_tensor_t *t, int64_t n, gs_op_t op, int64_t threshold) {
+  if (n < 1 || op == GS_OP_ADASUM) return 0;
+  int64_t bytes = 0, limit = threshold < GS_CHECK_PAYLOAD_BYTES ? threshold : GS_CHECK_PAYLOAD_BYTES;
+  for (int64_t i = 0; i < n; i++) {
+    if (t[i].dtype != t[0].dtype) return 0;
+    bytes += t[i].count * (int64_t)gs_dtype_size(t[i].dtype);
+    if (bytes > limit) return 0;
+  }
+  return 1;
+}
+
+/* Validates and reduces in one collective; the call is known to ride. */
+static gs_status_t small_allreduce(gs_comm_t c, const gs_call_t *call, const gs_tensor_t *in,
+                                   const gs_tensor_t *out, gs_op_t op, double pre,
+                                   double postscale) {
+  gs_plan_t plan;
+  GS_CHECK(gs_plan_tensors(&plan, in, call->n, c->fusion_threshold));
+  const gs_message_t *m = &plan.msgs[0];
+  uint64_t staging[GS_CHECK_PAYLOAD_BYTES / 8];
+  gs_pack(&plan, m, in, staging, pre);
+  gs_payload_t payload = {staging, m->count, m->dtype, op};
+  gs_status_t s = gs_check_call(c, call, GS_SUCCESS, &payload);
+  if (s == GS_SUCCESS) {
+    double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
+    gs_unpack(&plan, m, staging, out ? out : in, post);
+  }
+  gs_plan_free(&plan);
+  return s;
+}
+
 gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
                          int64_t n, gs_op_t op, double prescale, double postscale) {
   static const char fn[] = "gs_allreduce";
@@ -63,6 +96,8 @@ gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *
   if (local == GS_SUCCESS && out) local = gs_check_outputs(fn, in, out, n);
   if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale);
   gs_call_t call = {GS_CALL_ALLREDUCE, op, 0, n, in, NULL, NULL, 0};
+  if (c->check && local == GS_SUCCESS && rides_in_check(in, n, op, c->fusion_threshold))
+    return small_allreduce(c, &call, in, out, op, prescale, postscale);
   GS_CHECK(gs_begin_call(c, &call, local));
   if (n == 0) return GS_SUCCESS;
 

@@ -12,9 +12,42 @@
 
 #include "gs_internal.h"
 
-enum { F_KIND, F_OP, F_ROOT, F_N, F_HASH, F_THRESHOLD, F_ERROR, NFIELDS };
+enum { F_KIND, F_OP, F_ROOT, F_N, F_HASH, F_THRESHOLD, F_ERROR, F_PAYLOAD, NFIELDS };
 #define REASON_LEN 200
 #define NOTICE_TAG 7
+
+/* What every rank contributes: its signature (each field, then each field
+ * negated, so a MAX merge yields max and min at once) and, for small calls,
+ * the data itself. Fixed size, so ranks that disagree still make matching
+ * MPI calls. */
+typedef struct check_msg {
+  int64_t sig[2 * NFIELDS];
+  int64_t payload_count;
+  int32_t payload_dtype, payload_op;
+  unsigned char payload[GS_CHECK_PAYLOAD_BYTES] __attribute__((aligned(16)));
+} check_msg_t;
+
+size_t gs_check_message_bytes(void) { return sizeof(check_msg_t); }
+
+static int consistent(const int64_t *sig) {
+  for (int f = 0; f < NFIELDS; f++)
+    if (sig[f] != -sig[NFIELDS + f]) return 0;
+  return 1;
+}
+
+void gs_check_combine(void *in, void *inout, int *len, MPI_Datatype *dt) {
+  (void)dt;
+  check_msg_t *a = in, *b = inout;
+  for (int k = 0; k < *len; k++, a++, b++) {
+    int reduce = b->sig[F_PAYLOAD] && consistent(a->sig) && consistent(b->sig) &&
+                 !b->sig[F_ERROR] && memcmp(a->sig, b->sig, sizeof a->sig) == 0;
+    for (int f = 0; f < 2 * NFIELDS; f++)
+      if (a->sig[f] > b->sig[f]) b->sig[f] = a->sig[f];
+    if (reduce)
+      gs_cpu_reduce((gs_dtype_t)b->payload_dtype, (gs_op_t)b->payload_op, a->payload,
+                    b->payload, b->payload_count);
+  }
+}
 
 typedef struct record {
   int64_t f[NFIELDS];
@@ -126,15 +159,17 @@ static void stall_warning(gs_comm_t c, const gs_call_t *call, MPI_Request *req,
   fflush(stderr);
 }
 
-/* Completes the signature allreduce, watching for stalls. */
-static gs_status_t agree(gs_comm_t c, const gs_call_t *call, int64_t *v, int count) {
+/* Completes the validation allreduce, watching for stalls. */
+static gs_status_t agree(gs_comm_t c, const gs_call_t *call, check_msg_t *msg) {
+  MPI_Datatype type;
+  MPI_Op op;
+  GS_CHECK(gs_check_mpi_objects(&type, &op));
   if (c->stall_seconds <= 0) {
-    GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, v, count, MPI_INT64_T, MPI_MAX, c->mpi),
-                 "validation MPI_Allreduce");
+    GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, msg, 1, type, op, c->mpi), "validation MPI_Allreduce");
     return GS_SUCCESS;
   }
   MPI_Request req;
-  GS_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, v, count, MPI_INT64_T, MPI_MAX, c->mpi, &req),
+  GS_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, msg, 1, type, op, c->mpi, &req),
                "validation MPI_Iallreduce");
   double t0 = 0;
   int done = 0, warned = 0;
@@ -202,6 +237,7 @@ static gs_status_t explain(gs_comm_t c, const gs_call_t *call, gs_status_t local
   mine.f[F_HASH] = local == GS_SUCCESS ? (int64_t)tensor_hash(call) : 0;
   mine.f[F_THRESHOLD] = c->fusion_threshold;
   mine.f[F_ERROR] = local != GS_SUCCESS;
+  mine.f[F_PAYLOAD] = 0; /* derived from the fields above; never the first difference */
   if (local != GS_SUCCESS) snprintf(mine.reason, REASON_LEN, "%s", gs_last_error());
   int e = MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all, sizeof mine, MPI_BYTE, c->mpi);
   if (e != MPI_SUCCESS) { free(all); return gs_mpi_fail(e, "validation MPI_Allgather"); }
@@ -296,9 +332,12 @@ static gs_status_t explain(gs_comm_t c, const gs_call_t *call, gs_status_t local
   return status;
 }
 
-gs_status_t gs_check_call(gs_comm_t c, const gs_call_t *call, gs_status_t local) {
+gs_status_t gs_check_call(gs_comm_t c, const gs_call_t *call, gs_status_t local,
+                          gs_payload_t *payload) {
   c->seq++;
-  int64_t v[2 * NFIELDS];
+  check_msg_t msg;
+  memset(&msg, 0, sizeof msg);
+  int64_t *v = msg.sig;
   v[F_KIND] = call->kind;
   v[F_OP] = call->op;
   v[F_ROOT] = call->root;
@@ -306,20 +345,29 @@ gs_status_t gs_check_call(gs_comm_t c, const gs_call_t *call, gs_status_t local)
   v[F_HASH] = local == GS_SUCCESS ? (int64_t)tensor_hash(call) : 0;
   v[F_THRESHOLD] = c->fusion_threshold;
   v[F_ERROR] = local != GS_SUCCESS;
+  v[F_PAYLOAD] = payload != NULL;
   for (int f = 0; f < NFIELDS; f++) v[NFIELDS + f] = -v[f];
+  size_t payload_bytes = 0;
+  if (payload) {
+    payload_bytes = (size_t)payload->count * gs_dtype_size(payload->dtype);
+    msg.payload_count = payload->count;
+    msg.payload_dtype = (int32_t)payload->dtype;
+    msg.payload_op = (int32_t)payload->op;
+    memcpy(msg.payload, payload->data, payload_bytes);
+  }
   char saved[REASON_LEN] = "";
   if (local != GS_SUCCESS) snprintf(saved, sizeof saved, "%s", gs_last_error());
-  GS_CHECK(agree(c, call, v, 2 * NFIELDS));
-  int same = 1;
-  for (int f = 0; f < NFIELDS; f++)
-    if (v[f] != -v[NFIELDS + f]) same = 0;
-  if (same && v[F_ERROR] == 0) return GS_SUCCESS;
-  if (same) return gs_fail(local, "%s", saved); /* every rank failed its own checks */
+  GS_CHECK(agree(c, call, &msg));
+  if (consistent(v) && v[F_ERROR] == 0) {
+    if (payload) memcpy(payload->data, msg.payload, payload_bytes);
+    return GS_SUCCESS;
+  }
+  if (consistent(v)) return gs_fail(local, "%s", saved); /* every rank failed its own checks */
   if (local != GS_SUCCESS) gs_fail(local, "%s", saved);
   return explain(c, call, local);
 }
 
 gs_status_t gs_begin_call(gs_comm_t c, const gs_call_t *call, gs_status_t local) {
-  if (c->check) return gs_check_call(c, call, local);
+  if (c->check) return gs_check_call(c, call, local, NULL);
   return local;
 }

@@ -179,7 +179,7 @@ gs_status_t gs_barrier(gs_comm_t comm) {
   GS_CHECK(gs_comm_valid(comm, "gs_barrier"));
   gs_clear_error();
   gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
-  if (comm->check) return gs_check_call(comm, &call, GS_SUCCESS);
+  if (comm->check) return gs_check_call(comm, &call, GS_SUCCESS, NULL);
   GS_MPI_CHECK(MPI_Barrier(comm->mpi), "gs_barrier: MPI_Barrier");
   return GS_SUCCESS;
 }

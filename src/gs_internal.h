@@ -113,6 +113,26 @@ typedef enum gs_call_kind {
 
 const char *gs_call_name(gs_call_kind_t kind);
 
+/* Calls whose whole data fits here travel inside the validation message: one
+ * collective validates and reduces them (small allreduces, latency bound). */
+#define GS_CHECK_PAYLOAD_BYTES 512
+
+/* The validation message's reduction: merges signatures and, where both
+ * sides agree and carry a payload, reduces the payloads (check.c). */
+void gs_check_combine(void *in, void *inout, int *len, MPI_Datatype *dt);
+size_t gs_check_message_bytes(void);
+/* The committed datatype and op for the validation message (mpi_transport.c). */
+gs_status_t gs_check_mpi_objects(MPI_Datatype *type, MPI_Op *op);
+
+/* A small allreduce riding in the validation message: `data` holds the packed
+ * input (count elements of dtype); on success it holds the reduction. */
+typedef struct gs_payload {
+  void *data;
+  int64_t count;
+  gs_dtype_t dtype;
+  gs_op_t op;
+} gs_payload_t;
+
 /* What a rank is about to do. `extra` (n values, may be NULL) is one more
  * per-tensor number the ranks must agree on (row size for allgather, rows for
  * reduce_scatter). */
@@ -132,7 +152,7 @@ typedef struct gs_call {
  * takes part so nobody waits, and gets its own error back. Returns
  * GS_ERR_MISMATCH with a message naming what differs and which ranks. */
 gs_status_t gs_check_call(gs_comm_t comm, const gs_call_t *call,
-                          gs_status_t local);
+                          gs_status_t local, gs_payload_t *payload);
 
 /* gs_check_call when validation is on; otherwise just returns `local`. */
 gs_status_t gs_begin_call(gs_comm_t comm, const gs_call_t *call, gs_status_t local);
@@ -191,6 +211,10 @@ void gs_unpack(const gs_plan_t *plan, const gs_message_t *m, const void *buf,
  * dtype. scale == 1 copies bits. src may equal dst. */
 void gs_cpu_scale_copy(gs_dtype_t dtype, const void *src, void *dst,
                        int64_t count, double scale);
+
+/* inout[i] = op(in[i], inout[i]) for sum, min, max, prod (average: sum);
+ * float16/bfloat16 combine in float32 and round once. */
+void gs_cpu_reduce(gs_dtype_t dtype, gs_op_t op, const void *in, void *inout, int64_t count);
 
 /* ---- argument checks shared by the collectives (args.c) ----------------- */
 

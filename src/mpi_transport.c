@@ -6,38 +6,28 @@
 #include <stdlib.h>
 
 #include "gs_internal.h"
-#include "half.h"
 
 /* Elements per MPI call. A power of two well below INT_MAX keeps every chunk
  * and byte offset of 8-byte types inside int. */
 #define GS_MPI_CHUNK ((int64_t)1 << 30)
 
-/* ---- float16 / bfloat16 reductions -------------------------------------- */
+/* ---- MPI objects gradsync creates: float16/bfloat16 reductions and the
+ * validation message's type and op. Created on first use, freed inside
+ * MPI_Finalize through an attribute on MPI_COMM_SELF. */
 
-#define DEFINE_HALF_OP(name, to_f, from_f, expr)                              \
-  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {       \
-    (void)dt;                                                                 \
-    const uint16_t *a = in;                                                   \
-    uint16_t *b = inout;                                                      \
-    for (int i = 0; i < *len; i++) {                                          \
-      float x = to_f(a[i]), y = to_f(b[i]);                                   \
-      b[i] = from_f(expr);                                                    \
-    }                                                                         \
+#define HALF_OP(name, dtype, op)                                         \
+  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {  \
+    (void)dt;                                                            \
+    gs_cpu_reduce(dtype, op, in, inout, *len);                           \
   }
-
-/* NaN propagates through min/max as it does through sum: a non-finite
- * gradient must not be hidden by the reduction. */
-static inline float fmin_nan(float x, float y) { return (x != x || y != y) ? x + y : (x < y ? x : y); }
-static inline float fmax_nan(float x, float y) { return (x != x || y != y) ? x + y : (x > y ? x : y); }
-
-DEFINE_HALF_OP(half_sum, gs_half_to_float, gs_float_to_half, x + y)
-DEFINE_HALF_OP(half_prod, gs_half_to_float, gs_float_to_half, x * y)
-DEFINE_HALF_OP(half_min, gs_half_to_float, gs_float_to_half, fmin_nan(x, y))
-DEFINE_HALF_OP(half_max, gs_half_to_float, gs_float_to_half, fmax_nan(x, y))
-DEFINE_HALF_OP(bf16_sum, gs_bf16_to_float, gs_float_to_bf16, x + y)
-DEFINE_HALF_OP(bf16_prod, gs_bf16_to_float, gs_float_to_bf16, x * y)
-DEFINE_HALF_OP(bf16_min, gs_bf16_to_float, gs_float_to_bf16, fmin_nan(x, y))
-DEFINE_HALF_OP(bf16_max, gs_bf16_to_float, gs_float_to_bf16, fmax_nan(x, y))
+HALF_OP(half_sum, GS_FLOAT16, GS_OP_SUM)
+HALF_OP(half_min, GS_FLOAT16, GS_OP_MIN)
+HALF_OP(half_max, GS_FLOAT16, GS_OP_MAX)
+HALF_OP(half_prod, GS_FLOAT16, GS_OP_PROD)
+HALF_OP(bf16_sum, GS_BFLOAT16, GS_OP_SUM)
+HALF_OP(bf16_min, GS_BFLOAT16, GS_OP_MIN)
+HALF_OP(bf16_max, GS_BFLOAT16, GS_OP_MAX)
+HALF_OP(bf16_prod, GS_BFLOAT16, GS_OP_PROD)
 
 /* [0] float16, [1] bfloat16; indexed by op (sum, -, min, max, prod). */
 static MPI_User_function *const half_fns[2][GS_NUM_OPS] = {
@@ -45,38 +35,49 @@ static MPI_User_function *const half_fns[2][GS_NUM_OPS] = {
     {bf16_sum, NULL, bf16_min, bf16_max, bf16_prod, NULL},
 };
 static MPI_Op half_ops[2][GS_NUM_OPS];
-static int half_ops_ready;
-static int cleanup_keyval = MPI_KEYVAL_INVALID;
-static pthread_mutex_t half_ops_lock = PTHREAD_MUTEX_INITIALIZER;
+static MPI_Datatype check_type = MPI_DATATYPE_NULL;
+static MPI_Op check_op = MPI_OP_NULL;
+static int objects_ready;
+static pthread_mutex_t objects_lock = PTHREAD_MUTEX_INITIALIZER;
 
-/* Runs inside MPI_Finalize (attribute on MPI_COMM_SELF): frees the ops while
- * MPI can still free them. */
-static int free_half_ops(MPI_Comm comm, int keyval, void *attr, void *extra) {
+static int free_objects(MPI_Comm comm, int keyval, void *attr, void *extra) {
   (void)comm; (void)attr; (void)extra;
   for (int t = 0; t < 2; t++)
     for (int o = 0; o < GS_NUM_OPS; o++)
       if (half_fns[t][o]) MPI_Op_free(&half_ops[t][o]);
-  half_ops_ready = 0;
+  MPI_Op_free(&check_op);
+  MPI_Type_free(&check_type);
+  objects_ready = 0;
   MPI_Comm_free_keyval(&keyval);
-  cleanup_keyval = MPI_KEYVAL_INVALID;
   return MPI_SUCCESS;
 }
 
-static gs_status_t ensure_half_ops(void) {
-  if (__atomic_load_n(&half_ops_ready, __ATOMIC_ACQUIRE)) return GS_SUCCESS;
-  pthread_mutex_lock(&half_ops_lock);
-  int e = MPI_SUCCESS;
-  if (!half_ops_ready) {
+static gs_status_t ensure_objects(void) {
+  if (__atomic_load_n(&objects_ready, __ATOMIC_ACQUIRE)) return GS_SUCCESS;
+  pthread_mutex_lock(&objects_lock);
+  int e = MPI_SUCCESS, keyval = MPI_KEYVAL_INVALID;
+  if (!objects_ready) {
     for (int t = 0; t < 2 && e == MPI_SUCCESS; t++)
       for (int o = 0; o < GS_NUM_OPS && e == MPI_SUCCESS; o++)
         if (half_fns[t][o]) e = MPI_Op_create(half_fns[t][o], 1, &half_ops[t][o]);
+    if (e == MPI_SUCCESS) e = MPI_Op_create(gs_check_combine, 1, &check_op);
     if (e == MPI_SUCCESS)
-      e = MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_half_ops, &cleanup_keyval, NULL);
-    if (e == MPI_SUCCESS) e = MPI_Comm_set_attr(MPI_COMM_SELF, cleanup_keyval, NULL);
-    if (e == MPI_SUCCESS) __atomic_store_n(&half_ops_ready, 1, __ATOMIC_RELEASE);
+      e = MPI_Type_contiguous((int)gs_check_message_bytes(), MPI_BYTE, &check_type);
+    if (e == MPI_SUCCESS) e = MPI_Type_commit(&check_type);
+    if (e == MPI_SUCCESS)
+      e = MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_objects, &keyval, NULL);
+    if (e == MPI_SUCCESS) e = MPI_Comm_set_attr(MPI_COMM_SELF, keyval, NULL);
+    if (e == MPI_SUCCESS) __atomic_store_n(&objects_ready, 1, __ATOMIC_RELEASE);
   }
-  pthread_mutex_unlock(&half_ops_lock);
-  return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "creating float16/bfloat16 reduction ops");
+  pthread_mutex_unlock(&objects_lock);
+  return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "creating gradsync's MPI ops and types");
+}
+
+gs_status_t gs_check_mpi_objects(MPI_Datatype *type, MPI_Op *op) {
+  GS_CHECK(ensure_objects());
+  *type = check_type;
+  *op = check_op;
+  return GS_SUCCESS;
 }
 
 gs_status_t gs_mpi_datatype(gs_dtype_t dtype, MPI_Datatype *out) {
@@ -98,7 +99,7 @@ gs_status_t gs_mpi_op(gs_dtype_t dtype, gs_op_t op, MPI_Op *out) {
   if (dtype == GS_FLOAT16 || dtype == GS_BFLOAT16) {
     if ((unsigned)op >= GS_NUM_OPS || !half_fns[0][op])
       return gs_fail(GS_ERR_INVALID_ARGUMENT, "op %s has no MPI reduction", gs_op_name(op));
-    GS_CHECK(ensure_half_ops());
+    GS_CHECK(ensure_objects());
     *out = half_ops[dtype == GS_BFLOAT16][op];
     return GS_SUCCESS;
   }

@@ -46,17 +46,24 @@ cdef object as_ndarray(object obj, str name):
     return np.asarray(obj)
 
 
-cdef int fill_tensor(gs_tensor_t *t, cnp.ndarray arr, str name, bint writable) except -1:
+cdef str label(str name, Py_ssize_t i, bint indexed):
+    return f"{name}[{i}]" if indexed else name
+
+
+cdef int fill_tensor(gs_tensor_t *t, cnp.ndarray arr, str name, Py_ssize_t i,
+                     bint indexed, bint writable) except -1:
+    # Labels are formatted only on failure: this runs once per tensor per call.
     dt = _DTYPES.get(arr.dtype)
     if dt is None:
-        raise DtypeError(f"{name} has dtype {arr.dtype}, which gradsync does not support; "
-                         f"use one of {_DTYPE_NAMES}", GS_ERR_TYPE)
+        raise DtypeError(f"{label(name, i, indexed)} has dtype {arr.dtype}, which gradsync "
+                         f"does not support; use one of {_DTYPE_NAMES}", GS_ERR_TYPE)
     if not cnp.PyArray_IS_C_CONTIGUOUS(arr):
-        raise ArgumentError(f"{name} is not C-contiguous; pass numpy.ascontiguousarray({name})",
+        where = label(name, i, indexed)
+        raise ArgumentError(f"{where} is not C-contiguous; pass numpy.ascontiguousarray({where})",
                             GS_ERR_INVALID_ARGUMENT)
     if writable and not cnp.PyArray_ISWRITEABLE(arr):
-        raise ArgumentError(f"{name} is read-only, but this call writes into it",
-                            GS_ERR_INVALID_ARGUMENT)
+        raise ArgumentError(f"{label(name, i, indexed)} is read-only, but this call writes "
+                            "into it", GS_ERR_INVALID_ARGUMENT)
     t.data = cnp.PyArray_DATA(arr)
     t.count = cnp.PyArray_SIZE(arr)
     t.dtype = <gs_dtype_t><int>dt
@@ -69,7 +76,7 @@ cdef class TensorList:
     """A C array of gs_tensor_t describing Python arrays, which it keeps alive."""
     cdef gs_tensor_t *t
     cdef Py_ssize_t n
-    cdef list arrays
+    cdef list arrays  # ndarrays viewing each object's memory
 
     def __cinit__(self):
         self.t = NULL
@@ -84,10 +91,13 @@ cdef class TensorList:
         if self.t == NULL:
             raise MemoryError()
         self.n = n
-        self.arrays = []
+        self.arrays = objs
         for i in range(n):
-            label = f"{name}[{i}]" if indexed else name
-            arr = as_ndarray(objs[i], label)
-            fill_tensor(&self.t[i], arr, label, writable)
-            self.arrays.append(arr)
+            obj = objs[i]
+            if type(obj) is not np.ndarray:
+                if self.arrays is objs:
+                    self.arrays = list(objs)
+                obj = as_ndarray(obj, label(name, i, indexed))
+                self.arrays[i] = obj
+            fill_tensor(&self.t[i], obj, name, i, indexed, writable)
         return 0
