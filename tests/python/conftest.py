@@ -1,0 +1,72 @@
+"""pytest fixtures for the gradsync suite.
+
+Run with:
+    PYTHONPATH=pyx mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/python
+
+The helpers live in gsutil.py (importable from the test modules) and are
+re-exported here:
+    collective_assert(ok, msg)      fail on every rank if any rank failed
+    collectively()                  context manager form of the same
+    assert_same_on_all_ranks(a, c)  bitwise equality across ranks (sha256)
+    Inputs / inputs fixture         per-test, per-rank deterministic inputs
+"""
+
+import faulthandler
+import os
+import sys
+
+import pytest
+
+import gradsync as gs
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from gsutil import (  # noqa: E402,F401  (re-exported helpers)
+    ALL_DTYPES, BF16, FLOAT_DTYPES, INT_DTYPES, OPS, Inputs,
+    assert_same_on_all_ranks, bits, check_result, check_unchanged,
+    collective_assert, collectively, dtype_name, is_float, is_int,
+    random_array, reduce_reference, reduce_tolerance, seed_for)
+
+# A test that hangs (a rank left waiting in a collective) dumps every thread's
+# stack and exits this rank, which makes mpiexec tear the job down instead of
+# sitting until the outer timeout.
+WATCHDOG_SECONDS = float(os.environ.get("GS_TEST_WATCHDOG", "180"))
+
+SMALL_THRESHOLD = 4096
+
+
+@pytest.fixture(autouse=True)
+def _watchdog():
+    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(scope="session")
+def comm():
+    """gs.Communicator over COMM_WORLD (default fusion threshold)."""
+    c = gs.Communicator(MPI.COMM_WORLD)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def small_comm():
+    """gs.Communicator over COMM_WORLD with a 4 KiB fusion threshold, so small
+    lists already go out in several fused messages."""
+    c = gs.Communicator(MPI.COMM_WORLD, fusion_threshold=SMALL_THRESHOLD)
+    yield c
+    c.close()
+
+
+@pytest.fixture
+def inputs(request):
+    """Inputs(key=node id, nranks=world size): .arrays(rank, shapes, dtypes,
+    kind), .all_ranks(shapes, dtypes, kind), .rng(rank=None, tag)."""
+    return Inputs(request.node.nodeid, MPI.COMM_WORLD.size)
+
+
+@pytest.fixture
+def world():
+    return MPI.COMM_WORLD
