@@ -225,6 +225,25 @@ static void describe(char *buf, size_t cap, const char *what, const int64_t *val
   }
 }
 
+/* The whole-call fields, in the order a difference is reported. */
+static const struct scalar_field {
+  int field;
+  const char *label;
+  name_fn name;
+} scalar_fields[] = {
+    {F_KIND, "the collective called", name_kind},
+    {F_N, "the number of tensors", name_int},
+    {F_OP, "the op", name_op},
+    {F_ROOT, "the root", name_int},
+    {F_THRESHOLD, "the fusion threshold (bytes)", name_int},
+};
+
+static const struct scalar_field *first_scalar_difference(const int *differs) {
+  for (size_t k = 0; k < sizeof scalar_fields / sizeof scalar_fields[0]; k++)
+    if (differs[scalar_fields[k].field]) return &scalar_fields[k];
+  return NULL;
+}
+
 static gs_status_t explain(gs_comm_t c, const gs_call_t *call, gs_status_t local) {
   int p = c->size;
   record_t mine, *all = malloc((size_t)p * sizeof *all);
@@ -244,14 +263,13 @@ static gs_status_t explain(gs_comm_t c, const gs_call_t *call, gs_status_t local
 
   char msg[2048] = "";
   const char *name = gs_call_name(call->kind);
-  int64_t *col = malloc((size_t)p * sizeof *col);
-  if (!col) { free(all); return gs_fail(GS_ERR_NO_MEMORY, "validation: out of memory"); }
   int differs[NFIELDS] = {0};
   for (int f = 0; f < NFIELDS; f++)
     for (int r = 1; r < p; r++)
       if (all[r].f[f] != all[0].f[f]) differs[f] = 1;
 
   gs_status_t status = GS_ERR_MISMATCH;
+  const struct scalar_field *scalar;
   if (differs[F_ERROR] || all[0].f[F_ERROR]) {
     int first = -1;
     unsigned char mark[4096];
@@ -264,29 +282,14 @@ static gs_status_t explain(gs_comm_t c, const gs_call_t *call, gs_status_t local
     append_ranks(who, sizeof who, mark, q, 1);
     snprintf(msg, sizeof msg, "%s: rank(s) %s rejected their arguments (rank %d: %s)", name,
              who, first, all[first].reason);
-  } else if (differs[F_KIND]) {
-    for (int r = 0; r < p; r++) col[r] = all[r].f[F_KIND];
-    describe(msg, sizeof msg, "the collective called", col, 1, p, name_kind);
-  } else if (differs[F_N]) {
-    char what[128];
-    snprintf(what, sizeof what, "%s: the number of tensors", name);
-    for (int r = 0; r < p; r++) col[r] = all[r].f[F_N];
-    describe(msg, sizeof msg, what, col, 1, p, name_int);
-  } else if (differs[F_OP]) {
-    char what[128];
-    snprintf(what, sizeof what, "%s: the op", name);
-    for (int r = 0; r < p; r++) col[r] = all[r].f[F_OP];
-    describe(msg, sizeof msg, what, col, 1, p, name_op);
-  } else if (differs[F_ROOT]) {
-    char what[128];
-    snprintf(what, sizeof what, "%s: the root", name);
-    for (int r = 0; r < p; r++) col[r] = all[r].f[F_ROOT];
-    describe(msg, sizeof msg, what, col, 1, p, name_int);
-  } else if (differs[F_THRESHOLD]) {
-    char what[128];
-    snprintf(what, sizeof what, "%s: the fusion threshold (bytes)", name);
-    for (int r = 0; r < p; r++) col[r] = all[r].f[F_THRESHOLD];
-    describe(msg, sizeof msg, what, col, 1, p, name_int);
+  } else if ((scalar = first_scalar_difference(differs)) != NULL) {
+    char what[160];
+    /* The collective itself differs: naming this rank's would mislead. */
+    snprintf(what, sizeof what, "%s%s%s", scalar->field == F_KIND ? "" : name,
+             scalar->field == F_KIND ? "" : ": ", scalar->label);
+    _Static_assert(sizeof(record_t) % sizeof(int64_t) == 0, "records are int64-strided");
+    describe(msg, sizeof msg, what, &all[0].f[scalar->field], sizeof(record_t) / sizeof(int64_t),
+             p, scalar->name);
   } else {
     /* Same count everywhere: gather the per-tensor lists to name the first
      * tensor that differs. */
@@ -294,7 +297,7 @@ static gs_status_t explain(gs_comm_t c, const gs_call_t *call, gs_status_t local
     int64_t *lists = malloc((size_t)p * (size_t)n * 3 * sizeof *lists + 1);
     int64_t *own = malloc((size_t)n * 3 * sizeof *own + 1);
     if (!lists || !own) {
-      free(lists); free(own); free(col); free(all);
+      free(lists); free(own); free(all);
       return gs_fail(GS_ERR_NO_MEMORY, "validation: out of memory");
     }
     for (int64_t i = 0; i < n; i++) {
@@ -325,7 +328,6 @@ static gs_status_t explain(gs_comm_t c, const gs_call_t *call, gs_status_t local
     free(lists);
     free(own);
   }
-  free(col);
   free(all);
   if (local != GS_SUCCESS) return local; /* keep this rank's own error message */
   if (status == GS_ERR_MISMATCH) gs_fail(GS_ERR_MISMATCH, "%s", msg);
