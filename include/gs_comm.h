@@ -57,6 +57,17 @@ GS_API gs_status_t gs_comm_fusion_threshold(gs_comm_t comm, int64_t *bytes);
 GS_API gs_status_t gs_comm_set_fusion_threshold(gs_comm_t comm, int64_t bytes);
 GS_API gs_status_t gs_comm_check_enabled(gs_comm_t comm, int *enabled);
 
+/* What a communicator has done since it was created; local counts. */
+typedef struct gs_comm_stats {
+  uint64_t calls;         /* collectives called (validated or not)            */
+  uint64_t validations;   /* cross-rank checks run                            */
+  uint64_t rode_in_check; /* small allreduces completed inside their check    */
+  uint64_t messages;      /* data messages sent: one per fused message        */
+  uint64_t bytes;         /* bytes in those messages                          */
+} gs_comm_stats_t;
+
+GS_API gs_status_t gs_comm_get_stats(gs_comm_t comm, gs_comm_stats_t *stats);
+
 /* For bindings: this rank cannot make the collective the other ranks are
  * making (its arguments failed a check the binding does itself). Takes part
  * in the cross-rank check in its place, so the other ranks fail with

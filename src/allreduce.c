@@ -70,6 +70,7 @@ static int rides_in_check(const gs_tensor_t *t, int64_t n, gs_op_t op, int64_t t
 static gs_status_t small_allreduce(gs_comm_t c, const gs_call_t *call, const gs_tensor_t *in,
                                    const gs_tensor_t *out, gs_op_t op, double pre,
                                    double postscale) {
+  c->stats.calls++;
   gs_plan_t plan;
   GS_CHECK(gs_plan_tensors(&plan, in, call->n, c->fusion_threshold));
   const gs_message_t *m = &plan.msgs[0];

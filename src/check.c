@@ -337,6 +337,7 @@ static gs_status_t explain(gs_comm_t c, const gs_call_t *call, gs_status_t local
 gs_status_t gs_check_call(gs_comm_t c, const gs_call_t *call, gs_status_t local,
                           gs_payload_t *payload) {
   c->seq++;
+  c->stats.validations++;
   check_msg_t msg;
   memset(&msg, 0, sizeof msg);
   int64_t *v = msg.sig;
@@ -361,7 +362,10 @@ gs_status_t gs_check_call(gs_comm_t c, const gs_call_t *call, gs_status_t local,
   if (local != GS_SUCCESS) snprintf(saved, sizeof saved, "%s", gs_last_error());
   GS_CHECK(agree(c, call, &msg));
   if (consistent(v) && v[F_ERROR] == 0) {
-    if (payload) memcpy(payload->data, msg.payload, payload_bytes);
+    if (payload) {
+      memcpy(payload->data, msg.payload, payload_bytes);
+      c->stats.rode_in_check++;
+    }
     return GS_SUCCESS;
   }
   if (consistent(v)) return gs_fail(local, "%s", saved); /* every rank failed its own checks */
@@ -370,6 +374,7 @@ gs_status_t gs_check_call(gs_comm_t c, const gs_call_t *call, gs_status_t local,
 }
 
 gs_status_t gs_begin_call(gs_comm_t c, const gs_call_t *call, gs_status_t local) {
+  c->stats.calls++;
   if (c->check) return gs_check_call(c, call, local, NULL);
   return local;
 }

@@ -179,7 +179,8 @@ gs_status_t gs_barrier(gs_comm_t comm) {
   GS_CHECK(gs_comm_valid(comm, "gs_barrier"));
   gs_clear_error();
   gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
-  if (comm->check) return gs_check_call(comm, &call, GS_SUCCESS, NULL);
+  if (comm->check) return gs_begin_call(comm, &call, GS_SUCCESS);
+  comm->stats.calls++;
   GS_MPI_CHECK(MPI_Barrier(comm->mpi), "gs_barrier: MPI_Barrier");
   return GS_SUCCESS;
 }
@@ -211,4 +212,11 @@ gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reas
   gs_fail(status, "%s", reason ? reason : "invalid arguments");
   gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
   return gs_begin_call(comm, &call, status);
+}
+
+gs_status_t gs_comm_get_stats(gs_comm_t comm, gs_comm_stats_t *stats) {
+  GS_CHECK(gs_comm_valid(comm, "gs_comm_get_stats"));
+  if (!stats) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_get_stats: stats is NULL");
+  *stats = comm->stats;
+  return GS_SUCCESS;
 }

@@ -61,6 +61,7 @@ struct gs_comm {
   int check;
   double stall_seconds;
   uint64_t seq;            /* checked calls made so far: names a call in notices */
+  gs_comm_stats_t stats;
   void *fusion;            /* persistent fusion buffer, grows on demand */
   size_t fusion_bytes;
 };

@@ -115,8 +115,15 @@ gs_status_t gs_mpi_op(gs_dtype_t dtype, gs_op_t op, MPI_Op *out) {
 
 /* ---- chunked collectives ------------------------------------------------ */
 
+/* One transport call is one fused message, however many chunks MPI needs. */
+static void count_message(gs_comm_t c, int64_t count, gs_dtype_t dtype) {
+  c->stats.messages++;
+  c->stats.bytes += (uint64_t)count * gs_dtype_size(dtype);
+}
+
 static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv,
                                  int64_t count, gs_dtype_t dtype, gs_op_t op) {
+  count_message(c, count, dtype);
   MPI_Datatype dt = MPI_DATATYPE_NULL;
   MPI_Op mop = MPI_OP_NULL;
   GS_CHECK(gs_mpi_datatype(dtype, &dt));
@@ -131,8 +138,17 @@ static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv,
   return GS_SUCCESS;
 }
 
+static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
+                                 int root);
+
 static gs_status_t mpi_broadcast(gs_comm_t c, void *buf, int64_t count,
                                  gs_dtype_t dtype, int root) {
+  count_message(c, count, dtype);
+  return chunked_bcast(c, buf, count, dtype, root);
+}
+
+static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
+                                 int root) {
   MPI_Datatype dt = MPI_DATATYPE_NULL;
   GS_CHECK(gs_mpi_datatype(dtype, &dt));
   size_t es = gs_dtype_size(dtype);
@@ -155,6 +171,7 @@ static gs_status_t mpi_allgatherv(gs_comm_t c, void *recv, const int64_t *counts
   GS_CHECK(gs_mpi_datatype(dtype, &dt));
   size_t es = gs_dtype_size(dtype);
   int p = c->size;
+  count_message(c, displs[p - 1] + counts[p - 1], dtype);
   if (fits_int(counts, p) && fits_int(displs, p)) {
     int *ic = malloc(2 * (size_t)p * sizeof(int));
     if (!ic) return gs_fail(GS_ERR_NO_MEMORY, "allgather: out of memory");
@@ -165,7 +182,7 @@ static gs_status_t mpi_allgatherv(gs_comm_t c, void *recv, const int64_t *counts
   }
   /* Too large for int displacements: every rank broadcasts its own block. */
   for (int r = 0; r < p; r++)
-    GS_CHECK(mpi_broadcast(c, (char *)recv + (size_t)displs[r] * es, counts[r], dtype, r));
+    GS_CHECK(chunked_bcast(c, (char *)recv + (size_t)displs[r] * es, counts[r], dtype, r));
   return GS_SUCCESS;
 }
 
@@ -179,6 +196,7 @@ static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
   int p = c->size;
   int64_t total = 0;
   for (int r = 0; r < p; r++) total += counts[r];
+  count_message(c, total, dtype);
   if (fits_int(counts, p) && total <= INT_MAX) {
     int *ic = malloc((size_t)p * sizeof(int));
     if (!ic) return gs_fail(GS_ERR_NO_MEMORY, "reduce_scatter: out of memory");

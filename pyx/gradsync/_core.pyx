@@ -132,6 +132,12 @@ cdef class Comm:
         CHKERR(gs_comm_check_enabled(h, &chk))
         return r, s, lr, ls, thr, bool(chk)
 
+    def stats(self):
+        cdef gs_comm_stats_t st
+        CHKERR(gs_comm_get_stats(self.live(), &st))
+        return {"calls": st.calls, "validations": st.validations,
+                "rode_in_check": st.rode_in_check, "messages": st.messages, "bytes": st.bytes}
+
     def set_fusion_threshold(self, int64_t nbytes):
         CHKERR(gs_comm_set_fusion_threshold(self.live(), nbytes))
 

@@ -70,6 +70,13 @@ class Communicator:
     def fusion_threshold(self, nbytes):
         self.handle.set_fusion_threshold(int(nbytes))
 
+    def stats(self):
+        """Counts since creation, on this rank: ``calls`` (collectives),
+        ``validations`` (cross-rank checks), ``rode_in_check`` (small allreduces
+        done inside their check), ``messages`` (data messages: one per fused
+        message) and ``bytes`` (in those messages)."""
+        return self.handle.stats()
+
     def split(self, color, key=0):
         """Ranks with equal color form a new Communicator, ordered by (key, rank).
         A negative color returns None on that rank."""

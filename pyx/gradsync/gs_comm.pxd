@@ -1,5 +1,5 @@
 # Mirrors include/gs_comm.h.
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uint64_t
 from gradsync.gs_status cimport gs_status_t
 
 cdef extern from "mpi.h" nogil:
@@ -20,6 +20,14 @@ cdef extern from "gs_comm.h" nogil:
         double stall_seconds
 
 
+    ctypedef struct gs_comm_stats_t:
+        uint64_t calls
+        uint64_t validations
+        uint64_t rode_in_check
+        uint64_t messages
+        uint64_t bytes
+
+    gs_status_t gs_comm_get_stats(gs_comm_t comm, gs_comm_stats_t *stats)
     gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config, gs_comm_t *comm)
     gs_status_t gs_comm_free(gs_comm_t *comm)
     gs_status_t gs_comm_split(gs_comm_t comm, int color, int key, gs_comm_t *out)

@@ -77,6 +77,18 @@ def collective_assert(ok, msg="", comm=None):
         raise AssertionError("\n".join(lines))
 
 
+class _Block:
+    """Yielded by ``collectively()``; ``same(arrays)`` registers arrays that
+    must be bitwise identical on every rank, checked in the block's single
+    exchange (one collective instead of two)."""
+
+    def __init__(self):
+        self.digest = None
+
+    def same(self, arrays):
+        self.digest = _digest(arrays)
+
+
 @contextlib.contextmanager
 def collectively(comm=None, what=""):
     """Run a block whose failure may be local; fail on all ranks together.
@@ -84,10 +96,12 @@ def collectively(comm=None, what=""):
     Put at most ONE gradsync collective call in a block (followed by any number
     of local checks): if it raises on some ranks only, the others still reach
     the exchange at the end of the block instead of entering the next
-    collective alone."""
+    collective alone.  ``with collectively() as blk: ...; blk.same(out)``
+    also checks that ``out`` is bitwise identical on all ranks."""
     ok, msg = True, ""
+    blk = _Block()
     try:
-        yield
+        yield blk
     except BaseException as exc:  # noqa: BLE001 - reported collectively below
         # pytest.raises/pytest.fail raise OutcomeException, which is not an
         # Exception subclass: it must be caught too, or this rank would leave
@@ -98,18 +112,34 @@ def collectively(comm=None, what=""):
         tb = traceback.format_exc(limit=6)
         msg = "%s%s: %s\n%s" % (what + ": " if what else "",
                                 type(exc).__name__, exc, tb)
-    collective_assert(ok, msg, comm)
+    mpi = _as_mpi(comm)
+    results = mpi.allgather((ok, msg, blk.digest))
+    failed = [(r, m) for r, (o, m, _) in enumerate(results) if not o]
+    if failed:
+        lines = ["failed on rank(s) %s of %d:" % ([r for r, _ in failed],
+                                                  mpi.size)]
+        for r, m in failed:
+            lines.append("--- rank %d: %s" % (r, m))
+        raise AssertionError("\n".join(lines))
+    digests = [d for _, _, d in results]
+    if len(set(digests)) != 1:
+        groups = {}
+        for r, d in enumerate(digests):
+            groups.setdefault(d, []).append(r)
+        raise AssertionError(
+            "%sresults differ across ranks; ranks grouped by identical "
+            "bytes: %s" % (what + ": " if what else "",
+                           sorted(groups.values())))
 
 
 def _digest(arrays):
     try:
         if isinstance(arrays, np.ndarray):
             arrays = [arrays]
+        arrays = [np.asarray(a) for a in arrays]
         h = hashlib.sha256()
-        for a in arrays:
-            a = np.asarray(a)
-            h.update(repr((str(a.dtype), a.shape)).encode())
-            h.update(np.ascontiguousarray(a).tobytes())
+        h.update(repr([(str(a.dtype), a.shape) for a in arrays]).encode())
+        h.update(b"".join(a.tobytes() for a in arrays))
         return h.hexdigest()
     except Exception as exc:  # noqa: BLE001
         return "unhashable: %r" % (exc,)
@@ -210,6 +240,15 @@ class Inputs:
             dtypes = [dtypes] * len(shapes)
         assert len(dtypes) == len(shapes)
         rng = self.rng(rank, tag)
+        if len(shapes) > 8 and len({np.dtype(d) for d in dtypes}) == 1:
+            # one draw for the whole list (cheap for 200 tensors), split
+            # into separate arrays
+            sizes = [int(np.prod(s, dtype=np.int64)) for s in shapes]
+            flat = random_array(rng, (sum(sizes),), dtypes[0], kind,
+                                self.nranks)
+            bounds = np.cumsum([0] + sizes)
+            return [flat[bounds[i]:bounds[i + 1]].reshape(s).copy()
+                    for i, s in enumerate(shapes)]
         return [random_array(rng, s, d, kind, self.nranks)
                 for s, d in zip(shapes, dtypes)]
 
@@ -318,10 +357,15 @@ def check_result(got, ref, tol, dtype, shape, what="result"):
 
 
 def check_unchanged(arrays, copies, what="input"):
+    assert len(arrays) == len(copies)
+    meta = [(a.dtype, a.shape) for a in arrays]
+    assert meta == [(c.dtype, c.shape) for c in copies], (
+        "%s dtype/shape changed" % what)
+    if b"".join(a.tobytes() for a in arrays) == b"".join(
+            c.tobytes() for c in copies):
+        return
     for i, (a, c) in enumerate(zip(arrays, copies)):
-        assert a.dtype == c.dtype and a.shape == c.shape, (
-            "%s %d changed dtype/shape" % (what, i))
-        assert np.array_equal(bits(a), bits(c)), (
+        assert a.tobytes() == c.tobytes(), (
             "%s %d was modified by the call" % (what, i))
 
 

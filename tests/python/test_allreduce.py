@@ -12,9 +12,10 @@ import gradsync as gs
 from mpi4py import MPI
 
 from gsutil import (ALL_DTYPES, BF16, FLOAT_DTYPES, INT_DTYPES, OPS,
-                    assert_same_on_all_ranks, bits, check_reduction,
+                    bits, check_reduction,
                     check_result, check_unchanged, collective_assert, collectively,
-                    dtype_name, is_int, reduce_reference, reduce_tolerance)
+                    dtype_name, finfo, is_int, reduce_reference,
+                    reduce_tolerance)
 
 pytestmark = pytest.mark.mpi
 
@@ -31,6 +32,10 @@ def layout_shapes(layout, inputs):
     rng = inputs.rng(None, "shapes")
     if layout == "one":
         return [(13, 77)]  # 1001 elements, 2-D
+    if layout == "tiny":
+        # a few elements in all: small enough to travel with the validation
+        # message (at most 112 bytes even for 8-byte dtypes)
+        return [(0,), (1,), (3,), (2, 5)]
     if layout == "many":
         sizes = rng.integers(0, 64, size=200)
         sizes[[0, 57, 199]] = 0
@@ -66,7 +71,7 @@ def _matrix():
     return params
 
 
-@pytest.mark.parametrize("layout", ["one", "many", "threshold"])
+@pytest.mark.parametrize("layout", ["one", "tiny", "many", "threshold"])
 @pytest.mark.parametrize("op,dtype", _matrix())
 def test_allreduce(op, dtype, layout, comm, small_comm, inputs):
     """Out of place, then in place, on the same inputs."""
@@ -79,7 +84,7 @@ def test_allreduce(op, dtype, layout, comm, small_comm, inputs):
         copies = [a.copy() for a in mine]
         arg = mine[0] if layout == "one" else mine
         mode = "in place" if inplace else "out of place"
-        with collectively(what=mode):
+        with collectively(what=mode) as blk:
             out = c.allreduce_(arg, op) if inplace else c.allreduce(arg, op)
             if layout == "one":
                 assert isinstance(out, np.ndarray), (
@@ -102,7 +107,7 @@ def test_allreduce(op, dtype, layout, comm, small_comm, inputs):
                         % i)
             if not inplace:
                 check_unchanged(mine, copies)
-        assert_same_on_all_ranks(outs)
+            blk.same(outs)
 
 
 @pytest.mark.parametrize("inplace", [False, True],
@@ -151,7 +156,7 @@ def test_prescale_postscale(dtype, op, prescale, postscale, comm, small_comm,
     for inplace, c in ((False, comm), (True, small_comm)):
         mine = [a.copy() for a in per_rank[c.rank]]
         copies = [a.copy() for a in mine]
-        with collectively():
+        with collectively() as blk:
             kw = dict(prescale=prescale, postscale=postscale)
             out = (c.allreduce_(mine, op, **kw) if inplace
                    else c.allreduce(mine, op, **kw))
@@ -159,22 +164,23 @@ def test_prescale_postscale(dtype, op, prescale, postscale, comm, small_comm,
                             postscale, what="inplace=%s tensor" % inplace)
             if not inplace:
                 check_unchanged(mine, copies)
-        assert_same_on_all_ranks(out)
+            blk.same(out)
 
 
-def test_average_is_sum_times_inverse_size(comm, inputs):
+@pytest.mark.parametrize("n", [7, 257])
+def test_average_is_sum_times_inverse_size(n, comm, inputs):
     """average == sum with postscale 1/size, one multiply: with inputs whose
-    sum is exact, average(x) must equal the correctly rounded sum/size."""
-    shapes = [(257,)]
+    sum is exact, average(x) must equal float32(sum) * float32(1/size)."""
+    shapes = [(n,)]
     per_rank = inputs.all_ranks(shapes, np.float32, "small")
     mine = [per_rank[comm.rank][0].copy()]
-    with collectively():
+    with collectively() as blk:
         avg = comm.allreduce(mine, "average")[0]
         exact_sum = np.sum([p[0].astype(np.float64) for p in per_rank], axis=0)
         ref = (exact_sum.astype(np.float32) *
                np.float32(1.0 / comm.size)).astype(np.float32)
         assert np.array_equal(avg, ref), "average != sum * float32(1/size)"
-    assert_same_on_all_ranks(avg)
+        blk.same(avg)
 
 
 MIXED = [(np.float32, (5,)), (np.int32, (7,)), (np.float16, (0,)),
@@ -193,7 +199,7 @@ def test_mixed_dtype_list(op, which, comm, small_comm, inputs):
     per_rank = inputs.all_ranks(shapes, dtypes, KIND[op])
     for inplace in (False, True):
         mine = [a.copy() for a in per_rank[c.rank]]
-        with collectively():
+        with collectively() as blk:
             out = c.allreduce_(mine, op) if inplace else c.allreduce(mine, op)
             assert isinstance(out, list) and len(out) == len(mine)
             for i, (dt, s) in enumerate(zip(dtypes, shapes)):
@@ -204,7 +210,7 @@ def test_mixed_dtype_list(op, which, comm, small_comm, inputs):
                                  i, dt.name, inplace))
                 if inplace:
                     assert out[i] is mine[i]
-        assert_same_on_all_ranks(out)
+            blk.same(out)
 
 
 def _views(buf, offsets, shapes):
@@ -261,13 +267,13 @@ def test_back_to_back_views_match_separate_arrays(dtype, which, comm,
 
     for name, views in (("packed", packed), ("gapped", gapped),
                         ("reversed", rev)):
-        with collectively(what=name):
+        with collectively(what=name) as blk:
             out = c.allreduce_(views, "sum")
             for i, s in enumerate(shapes):
                 assert out[i] is views[i]
                 check_result(out[i], refs[i], 0.0, dtype, s,
                              what="%s tensor %d" % (name, i))
-        assert_same_on_all_ranks(out)
+            blk.same(out)
     with collectively():
         assert np.all(buf[:guard] == 77) and np.all(buf[-guard:] == 77), (
             "guard elements around the packed tensors were written")
@@ -289,6 +295,29 @@ def test_back_to_back_views_match_separate_arrays(dtype, which, comm,
                          what="out-of-place packed %d" % i)
 
 
+@pytest.mark.parametrize("dtype,n", [(np.float32, 128), (np.float32, 129),
+                                     (np.int8, 512), (np.int8, 513),
+                                     (np.float64, 63), (np.float64, 65)],
+                         ids=["float32-512B", "float32-516B", "int8-512B",
+                              "int8-513B", "float64-504B", "float64-520B"])
+@pytest.mark.parametrize("op", ["sum", "max", "prod"])
+def test_payload_size_boundaries(op, dtype, n, comm, inputs):
+    """Around 512 bytes, where a small call can travel with the validation
+    message; one tensor and the same bytes split over two tensors."""
+    for shapes in ([(n,)], [(n // 2,), (n - n // 2,)]):
+        per_rank = inputs.all_ranks(shapes, dtype, KIND[op], tag=len(shapes))
+        for inplace in (False, True):
+            mine = [a.copy() for a in per_rank[comm.rank]]
+            with collectively(what="%d tensors inplace=%s" % (
+                    len(shapes), inplace)) as blk:
+                out = (comm.allreduce_(mine, op) if inplace
+                       else comm.allreduce(mine, op))
+                check_reduction(out, per_rank, op, shapes, dtype)
+                if not inplace:
+                    check_unchanged(mine, per_rank[comm.rank])
+                blk.same(out)
+
+
 def test_large_single_tensor_over_threshold(small_comm, inputs):
     """A single tensor much larger than the fusion threshold, both modes."""
     c = small_comm
@@ -297,11 +326,11 @@ def test_large_single_tensor_over_threshold(small_comm, inputs):
     col = [p[0] for p in per_rank]
     ref, tol = reduce_reference(col, "sum"), reduce_tolerance(col, "sum")
     x = per_rank[c.rank][0].copy()
-    with collectively():
+    with collectively() as blk:
         out = c.allreduce(x, "sum")
         check_result(out, ref, tol, np.float32, shapes[0])
         assert np.array_equal(x, per_rank[c.rank][0])
-    assert_same_on_all_ranks(out)
+        blk.same(out)
     with collectively():
         res = c.allreduce_(x, "sum")
         assert res is x
@@ -403,3 +432,105 @@ def test_bfloat16_is_ml_dtypes():
     import ml_dtypes
     collective_assert(np.dtype(gs.bfloat16) == np.dtype(ml_dtypes.bfloat16),
                       "gs.bfloat16 is %r" % (gs.bfloat16,))
+
+
+def _tie_cases(dtype):
+    """(a, b) pairs whose sum needs rounding: halfway cases that round to
+    even (down and up), subnormals, signed zeros and cancellation."""
+    fi = finfo(dtype)
+    m = int(fi.nmant)           # explicit mantissa bits
+    ulp1 = 2.0 ** -m            # ulp of 1.0
+    sub = float(fi.tiny) * float(fi.eps)  # smallest subnormal
+    pairs = [
+        (1.0, ulp1 / 2),                 # tie, 1.0 is even: stays 1.0
+        (1.0 + ulp1, ulp1 / 2),          # tie, rounds up to the even 1+2ulp
+        (-1.0 - ulp1, -ulp1 / 2),        # same, negative
+        (1.0, ulp1 / 4),                 # below half: 1.0
+        (1.0, 3 * ulp1 / 4),             # above half: 1 + ulp
+        (3.0, 3.0),
+        (sub, sub),                      # subnormals must not flush to zero
+        (3 * sub, -sub),
+        (float(fi.tiny), -sub),          # normal minus subnormal
+        (0.0, -0.0),
+        (5.5, -5.5),
+        (float(fi.max) / 2, float(fi.max) / 4),
+    ]
+    return pairs
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=dtype_name)
+def test_sum_rounds_to_nearest_even(dtype, comm, inputs):
+    """Ranks 0 and 1 contribute a and b, the others zeros: whatever the
+    reduction order, the only inexact step is a + b, so the result must be
+    exactly a + b rounded once to nearest even (for float16/bfloat16: the
+    float32 sum -- exact here -- rounded once to the dtype)."""
+    dtype = np.dtype(dtype)
+    pairs = _tie_cases(dtype)
+    rng = inputs.rng(None)
+    rand = [(float(x), float(y)) for x, y in
+            (rng.standard_normal((500, 2)) * 4)]
+    a = np.array([p[0] for p in pairs] + [p[0] for p in rand]).astype(dtype)
+    b = np.array([p[1] for p in pairs] + [p[1] for p in rand]).astype(dtype)
+    mine = {0: a, 1: b}.get(comm.rank, np.zeros_like(a))
+    acc = np.float64 if dtype == np.float64 else np.float32
+    if dtype == np.float64:
+        expected = a + b
+    else:
+        expected = (a.astype(acc) + b.astype(acc)).astype(dtype)
+    for inplace in (False, True):
+        x = mine.copy()
+        with collectively(what="inplace=%s" % inplace) as blk:
+            out = comm.allreduce_(x, "sum") if inplace else comm.allreduce(
+                x, "sum")
+            bad = ~(out.astype(np.float64) == expected.astype(np.float64))
+            assert not bad.any(), "not rounded to nearest even: %s" % [
+                (a[i].item(), b[i].item(), out[i].item(), expected[i].item())
+                for i in np.flatnonzero(bad)[:6]]
+            blk.same(out)
+
+
+@pytest.mark.parametrize("which", ["default", "small_threshold"])
+def test_views_of_one_byte_buffer_mixed_dtypes(which, comm, small_comm,
+                                               inputs):
+    """float32 / int32 / float16 views carved from one uint8 buffer, listed
+    so that each dtype group is back to back in memory but the list is not,
+    with empty arrays from elsewhere in between; bytes outside the views stay
+    untouched."""
+    c = small_comm if which == "small_threshold" else comm
+    f32, i32, f16 = (np.dtype(np.float32), np.dtype(np.int32),
+                     np.dtype(np.float16))
+    # (dtype, elements) in memory order
+    layout = [(f32, 10), (f32, 1200), (i32, 7), (f16, 3), (f16, 2100),
+              (i32, 1100), (f32, 5)]
+    nbytes = sum(d.itemsize * n for d, n in layout) + 64
+    buf = np.full(nbytes, 0xAB, dtype=np.uint8)
+    views, off = [], 32
+    for d, n in layout:
+        views.append(buf[off:off + d.itemsize * n].view(d))
+        off += d.itemsize * n
+    untouched = np.ones(nbytes, dtype=bool)
+    untouched[32:off] = False
+    # list order: interleave the dtypes, plus foreign empty arrays
+    order = [0, 2, 3, 1, 5, 4, 6]
+    lst, dtypes, shapes = [], [], []
+    for k, i in enumerate(order):
+        lst.append(views[i])
+        if k == 2:
+            lst.append(np.empty(0, dtype=f32))
+        if k == 4:
+            lst.append(np.empty((0, 3), dtype=f16))
+    dtypes = [a.dtype for a in lst]
+    shapes = [a.shape for a in lst]
+    per_rank = inputs.all_ranks(shapes, dtypes, "small")
+    for a, v in zip(lst, per_rank[c.rank]):
+        a[...] = v
+    with collectively() as blk:
+        out = c.allreduce_(lst, "sum")
+        for i, (o, d, s) in enumerate(zip(out, dtypes, shapes)):
+            assert o is lst[i]
+            col = [per_rank[r][i] for r in range(c.size)]
+            check_result(o, reduce_reference(col, "sum"), 0, d, s,
+                         what="tensor %d" % i)
+        assert np.all(buf[untouched] == 0xAB), "bytes outside the views changed"
+        blk.same(out)

@@ -4,7 +4,7 @@ built from every rank's locally regenerated inputs."""
 import numpy as np
 import pytest
 
-from gsutil import (BF16, assert_same_on_all_ranks, bits, check_result,
+from gsutil import (BF16, bits, check_result,
                     check_unchanged, collectively, dtype_name,
                     reduce_reference, reduce_tolerance)
 
@@ -38,14 +38,14 @@ def test_broadcast_every_root_mixed_list(which, comm, small_comm, inputs):
     for root in range(c.size):
         per_rank = inputs.all_ranks(shapes, dtypes, "bits", tag=root)
         mine = [a.copy() for a in per_rank[c.rank]]
-        with collectively(what="root %d" % root):
+        with collectively(what="root %d" % root) as blk:
             out = c.broadcast_(mine, root=root)
             assert isinstance(out, list) and len(out) == len(mine)
             for i in range(len(shapes)):
                 assert out[i] is mine[i], "broadcast_ must return its inputs"
                 check_bits(mine[i], per_rank[root][i],
                            "root %d tensor %d" % (root, i))
-        assert_same_on_all_ranks(mine)
+            blk.same(mine)
 
 
 @pytest.mark.parametrize("dtype", ALL, ids=dtype_name)
@@ -72,6 +72,46 @@ def test_broadcast_many_tensors_over_threshold(small_comm, inputs):
         c.broadcast_(mine, root=root)
         for i in range(len(shapes)):
             check_bits(mine[i], per_rank[root][i], "tensor %d" % i)
+
+
+@pytest.mark.parametrize("which", ["default", "small_threshold"])
+def test_broadcast_views(which, comm, small_comm, inputs):
+    """Tensors back to back in one allocation (zero-copy path), with gaps, in
+    reverse memory order, and with foreign empty arrays: all take root's
+    values and nothing outside them is written."""
+    c = small_comm if which == "small_threshold" else comm
+    dt = np.dtype(np.float32)
+    shapes = [(0,), (31,), (1,), (4, 7), (BIG,), (2,), (0, 3), (129,)]
+    counts = [int(np.prod(s)) for s in shapes]
+    root = c.size - 1
+    per_rank = inputs.all_ranks(shapes, dt, "bits")
+    for name, gap, reverse, foreign in (("packed", 0, False, False),
+                                        ("gapped", 3, False, False),
+                                        ("reversed", 0, True, False),
+                                        ("foreign_empty", 0, False, True)):
+        total = sum(counts) + gap * len(counts)
+        buf = np.full(total + 32, 7.0, dtype=dt)
+        order = list(range(len(shapes)))[::-1] if reverse else range(
+            len(shapes))
+        views, mask, off = [None] * len(shapes), np.ones(buf.size, bool), 16
+        for i in order:
+            views[i] = buf[off:off + counts[i]].reshape(shapes[i])
+            mask[off:off + counts[i]] = False
+            off += counts[i] + gap
+        if foreign:
+            views = [np.empty(s, dt) if n == 0 else v
+                     for v, s, n in zip(views, shapes, counts)]
+        for v, a in zip(views, per_rank[c.rank]):
+            v[...] = a
+        with collectively(what=name) as blk:
+            out = c.broadcast_(views, root=root)
+            for i in range(len(shapes)):
+                assert out[i] is views[i]
+                check_bits(views[i], per_rank[root][i],
+                           "%s tensor %d" % (name, i))
+            assert np.all(buf[mask] == 7.0), (
+                "%s: memory outside the tensors was written" % name)
+            blk.same(views)
 
 
 def test_broadcast_out_of_place(comm, inputs):
@@ -107,12 +147,12 @@ def test_allgather_varying_rows(dtype, trail, comm, inputs):
                 for r in range(P)]
     x = per_rank[comm.rank].copy()
     expected = np.concatenate(per_rank, axis=0)
-    with collectively():
+    with collectively() as blk:
         out = comm.allgather(x)
         assert isinstance(out, np.ndarray), "one array in -> one array out"
         check_bits(out, expected, "allgather")
         check_unchanged([x], [per_rank[comm.rank]])
-    assert_same_on_all_ranks(out)
+        blk.same(out)
 
 
 def test_allgather_all_ranks_empty(comm):
@@ -141,14 +181,14 @@ def test_allgather_list_each_on_its_own(which, comm, small_comm, inputs):
         per_rank.append(inputs.arrays(r, shapes, [d for d, _, _ in specs],
                                       "bits"))
     mine = [a.copy() for a in per_rank[c.rank]]
-    with collectively():
+    with collectively() as blk:
         out = c.allgather(mine)
         assert isinstance(out, list) and len(out) == len(specs)
         for i in range(len(specs)):
             expected = np.concatenate([per_rank[r][i] for r in range(P)])
             check_bits(out[i], expected, "tensor %d" % i)
         check_unchanged(mine, per_rank[c.rank])
-    assert_same_on_all_ranks(out)
+        blk.same(out)
 
 
 # ------------------------------------------------------------ reduce_scatter
@@ -216,12 +256,12 @@ def test_reduce_scatter_blocks_cover_reduction(comm, inputs):
     n = 2 * comm.size + 1
     per_rank = inputs.all_ranks([(n, 4)], np.int32)
     with collectively():
-        blk = comm.reduce_scatter(per_rank[comm.rank][0].copy(), "sum")
-    with collectively():
-        full = comm.allgather(blk)
+        part = comm.reduce_scatter(per_rank[comm.rank][0].copy(), "sum")
+    with collectively() as blk:
+        full = comm.allgather(part)
         ref = reduce_reference([p[0] for p in per_rank], "sum")
         check_result(full, ref, 0, np.int32, (n, 4), what="reassembled")
-    assert_same_on_all_ranks(full)
+        blk.same(full)
 
 
 def test_reduce_scatter_scales(comm, inputs):

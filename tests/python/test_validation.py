@@ -48,29 +48,49 @@ def expect_mismatch(call, words, inputs_before, inputs_after):
 
 # ------------------------------------------------------------- mismatches
 
+# payload sizes: "small" calls (<= 512 bytes, one dtype) may travel inside
+# the validation message; "large" ones do not; in "straddle" cases one rank's
+# call is small and the other ranks' is not.
+MISMATCH_CASES = [(w, p) for w in ("tensor_count", "dtype", "element_count",
+                                   "op")
+                  for p in ("small", "large", "straddle") if
+                  not (w == "op" and p == "straddle")]
+
+
+def mismatch_inputs(what, payload, r):
+    n = {"small": 4, "large": 1000, "straddle": 40}[payload]
+    op = "sum"
+    if what == "tensor_count":
+        k = (3 if r == 0 else 2) if payload != "straddle" else (
+            3 if r == 0 else 4)  # 480 vs 640 bytes
+        xs = [np.full(n, r, np.float32) for _ in range(k)]
+        words = ["count", "number", "tensors"]
+    elif what == "dtype":
+        m = 100 if payload == "straddle" else n  # 400 vs 800 bytes
+        dt = np.float32 if r == 0 else np.float64
+        xs = [np.full(4, r, np.float32), np.full(m, r, dt)]
+        if payload == "straddle":
+            xs = xs[1:]
+        words = ["dtype", "type"]
+    elif what == "element_count":
+        m = 124 if payload == "straddle" else n + 6  # 512 vs 516 bytes
+        xs = [np.full(4, r, np.float32),
+              np.full(m if r == 0 else m + 1, r, np.float32)]
+        words = ["count", "element", "numel", "size", "length"]
+    else:
+        xs = [np.full(n, r, np.float32)]
+        op = "sum" if r == 0 else "max"
+        words = ["op"]
+    return xs, op, words
+
+
 @needs_two
 @pytest.mark.parametrize("inplace", [False, True],
                          ids=["out_of_place", "in_place"])
-@pytest.mark.parametrize("what", ["tensor_count", "dtype", "element_count",
-                                  "op"])
-def test_allreduce_mismatch(what, inplace, comm):
-    r = comm.rank
-    op = "sum"
-    if what == "tensor_count":
-        xs = [np.full(4, r, np.float32) for _ in range(3 if r == 0 else 2)]
-        words = ["count", "number", "tensors"]
-    elif what == "dtype":
-        dt = np.float32 if r == 0 else np.float64
-        xs = [np.full(4, r, np.float32), np.full(6, r, dt)]
-        words = ["dtype", "type"]
-    elif what == "element_count":
-        xs = [np.full(4, r, np.float32), np.full(10 if r == 0 else 11, r,
-                                                 np.float32)]
-        words = ["count", "element", "numel", "size", "length"]
-    else:
-        xs = [np.full(4, r, np.float32)]
-        op = "sum" if r == 0 else "max"
-        words = ["op"]
+@pytest.mark.parametrize("what,payload", MISMATCH_CASES,
+                         ids=["%s-%s" % c for c in MISMATCH_CASES])
+def test_allreduce_mismatch(what, payload, inplace, comm):
+    xs, op, words = mismatch_inputs(what, payload, comm.rank)
     before = [x.copy() for x in xs]
     fn = comm.allreduce_ if inplace else comm.allreduce
     with collectively():
@@ -137,13 +157,17 @@ def test_allgather_trailing_shape_mismatch(comm):
 
 
 @needs_two
-def test_fusion_threshold_mismatch(comm):
+@pytest.mark.parametrize("thresholds,n", [((4096, 8192), 10),
+                                          ((4096, 8192), 5000),
+                                          ((256, 4096), 100)],
+                         ids=["small", "large", "straddle"])
+def test_fusion_threshold_mismatch(thresholds, n, comm):
     """gs_comm.h: every rank must use the same threshold; validation checks
     it."""
-    c = gs.Communicator(MPI.COMM_WORLD,
-                        fusion_threshold=4096 if comm.rank == 0 else 8192)
+    c = gs.Communicator(MPI.COMM_WORLD, fusion_threshold=thresholds[
+        0 if comm.rank == 0 else 1])
     try:
-        xs = [np.ones(10, np.float32)]
+        xs = [np.ones(n, np.float32)]
         with collectively():
             with pytest.raises(gs.MismatchError):
                 c.allreduce_(xs)
@@ -156,20 +180,21 @@ def test_fusion_threshold_mismatch(comm):
 # ------------------------------------------------- errors on one rank only
 
 @needs_two
+@pytest.mark.parametrize("m", [10, 1000], ids=["small", "large"])
 @pytest.mark.parametrize("bad", ["non_contiguous", "dtype", "read_only"])
-def test_error_on_one_rank_only(bad, comm):
+def test_error_on_one_rank_only(bad, m, comm):
     culprit = comm.size - 1 if bad == "read_only" else 0
     me_bad = comm.rank == culprit
-    base = np.arange(20, dtype=np.float32) + comm.rank
-    good = [np.ones(5, np.float32) * comm.rank, base[:10].copy()]
+    base = np.arange(2 * m, dtype=np.float32) + comm.rank
+    good = [np.ones(5, np.float32) * comm.rank, base[:m].copy()]
     if me_bad and bad == "non_contiguous":
         xs = [good[0], base[::2]]
         expected = ValueError
     elif me_bad and bad == "dtype":
-        xs = [good[0], base[:10].astype(np.complex64)]
+        xs = [good[0], base[:m].astype(np.complex64)]
         expected = TypeError
     elif me_bad and bad == "read_only":
-        ro = base[:10].copy()
+        ro = base[:m].copy()
         ro.flags.writeable = False
         xs = [good[0], ro]
         expected = ValueError
