@@ -41,6 +41,16 @@ static gs_status_t reduce_message(gs_comm_t c, const gs_plan_t *plan, const gs_m
     gs_cpu_scale_copy(m->dtype, obase, obase, post == 1.0 ? 0 : m->count, post);
     return GS_SUCCESS;
   }
+  if ((int64_t)(m->count * gs_dtype_size(m->dtype)) >= GS_RING_MIN_BYTES && c->size > 1) {
+    /* Large and scattered: reduce in the tensors' own memory. */
+    const gs_tensor_t *where = out ? out : in;
+    if (out || pre != 1.0)
+      for (int64_t k = m->first; k < m->first + m->nslots; k++) {
+        int64_t t = plan->slots[k].tensor;
+        gs_cpu_scale_copy(m->dtype, in[t].data, where[t].data, in[t].count, pre);
+      }
+    return gs_ring_allreduce(c, plan, m, where, op, post);
+  }
   GS_CHECK(gs_fusion_reserve(c, (size_t)m->count * gs_dtype_size(m->dtype), &buf));
   if (icontig && pre == 1.0) {
     GS_CHECK(tr->allreduce(c, ibase, buf, m->count, m->dtype, op));

@@ -206,6 +206,17 @@ void gs_pack(const gs_plan_t *plan, const gs_message_t *m,
 void gs_unpack(const gs_plan_t *plan, const gs_message_t *m, const void *buf,
                const gs_tensor_t *t, double scale);
 
+/* ---- ring allreduce over scattered memory (ring.c) ----------------------- */
+
+/* Messages at least this large, whose tensors are not back to back, are
+ * reduced by gs_ring_allreduce instead of through the fusion buffer. */
+#define GS_RING_MIN_BYTES ((int64_t)1 << 20)
+
+/* Allreduces message m in place in the tensors `t` (op: sum, min, max, prod),
+ * then multiplies by `post`. */
+gs_status_t gs_ring_allreduce(gs_comm_t comm, const gs_plan_t *plan, const gs_message_t *m,
+                              const gs_tensor_t *t, gs_op_t op, double post);
+
 /* ---- host element kernels (cpu_scale.c) --------------------------------- */
 
 /* dst[i] = src[i] * scale, in float32 (float64 for float64), rounded once to
