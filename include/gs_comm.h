@@ -26,9 +26,10 @@ typedef struct gs_config {
   int64_t fusion_threshold;   /* bytes per fused message; GRADSYNC_FUSION_THRESHOLD */
   int check;                  /* cross-rank validation 0/1; GRADSYNC_CHECK */
   double stall_seconds;       /* 0 disables the stall warning; GRADSYNC_STALL_SECONDS */
+  int64_t direct_bytes;       /* tensors this large skip fusion; GRADSYNC_DIRECT_BYTES */
 } gs_config_t;
 
-#define GS_CONFIG_INITIALIZER {sizeof(gs_config_t), -1, -1, -1.0}
+#define GS_CONFIG_INITIALIZER {sizeof(gs_config_t), -1, -1, -1.0, -1}
 
 /* Duplicates `mpi_comm` (collective over it). `config` may be NULL. */
 GS_API gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config,

@@ -28,8 +28,11 @@ gs_status_t gs_allgather_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n,
   gs_status_t s = GS_SUCCESS;
   if (n > 0x7fffffff) s = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: too many tensors", fn);
   else {
-    int e = MPI_Allgather(mine, (int)n, MPI_INT64_T, counts_out, (int)n, MPI_INT64_T, c->mpi);
-    if (e != MPI_SUCCESS) s = gs_mpi_fail(e, "gs_allgather_counts: MPI_Allgather");
+    MPI_Request req;
+    int e = MPI_Iallgather(mine, (int)n, MPI_INT64_T, counts_out, (int)n, MPI_INT64_T, c->mpi,
+                           &req);
+    s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "gs_allgather_counts: MPI_Iallgather", NULL, NULL)
+                         : gs_mpi_fail(e, "gs_allgather_counts: MPI_Iallgather");
   }
   free(mine);
   return s;
@@ -108,7 +111,7 @@ gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t 
   if (n == 0) return GS_SUCCESS;
 
   gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, out, n, c->fusion_threshold));
+  GS_CHECK(gs_plan_tensors(&plan, out, n, c));
   int64_t *scratch = malloc(2 * (size_t)p * sizeof *scratch);
   gs_status_t s = scratch ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)

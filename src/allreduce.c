@@ -5,7 +5,7 @@
 
 /* Plans a list for a call: counts and dtypes straight from the tensors. */
 gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
-                            int64_t threshold) {
+                            gs_comm_t comm) {
   int64_t *counts = malloc((size_t)n * sizeof *counts + 1);
   gs_dtype_t *dtypes = malloc((size_t)n * sizeof *dtypes + 1);
   gs_status_t s = GS_SUCCESS;
@@ -14,7 +14,8 @@ gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
     counts[i] = t[i].count;
     dtypes[i] = t[i].dtype;
   }
-  if (s == GS_SUCCESS) s = gs_plan_build(plan, counts, dtypes, n, threshold);
+  if (s == GS_SUCCESS)
+    s = gs_plan_build(plan, counts, dtypes, n, comm->fusion_threshold, comm->direct_bytes);
   free(counts);
   free(dtypes);
   return s;
@@ -41,16 +42,6 @@ static gs_status_t reduce_message(gs_comm_t c, const gs_plan_t *plan, const gs_m
     gs_cpu_scale_copy(m->dtype, obase, obase, post == 1.0 ? 0 : m->count, post);
     return GS_SUCCESS;
   }
-  if ((int64_t)(m->count * gs_dtype_size(m->dtype)) >= GS_RING_MIN_BYTES && c->size > 1) {
-    /* Large and scattered: reduce in the tensors' own memory. */
-    const gs_tensor_t *where = out ? out : in;
-    if (out || pre != 1.0)
-      for (int64_t k = m->first; k < m->first + m->nslots; k++) {
-        int64_t t = plan->slots[k].tensor;
-        gs_cpu_scale_copy(m->dtype, in[t].data, where[t].data, in[t].count, pre);
-      }
-    return gs_ring_allreduce(c, plan, m, where, op, post);
-  }
   GS_CHECK(gs_fusion_reserve(c, (size_t)m->count * gs_dtype_size(m->dtype), &buf));
   if (icontig && pre == 1.0) {
     GS_CHECK(tr->allreduce(c, ibase, buf, m->count, m->dtype, op));
@@ -65,12 +56,15 @@ static gs_status_t reduce_message(gs_comm_t c, const gs_plan_t *plan, const gs_m
 /* Whether a call is small enough to travel inside the validation message.
  * Depends only on what the ranks validate (count, dtypes, sizes, op,
  * threshold), so ranks that agree on the call also agree on this. */
-static int rides_in_check(const gs_tensor_t *t, int64_t n, gs_op_t op, int64_t threshold) {
+static int rides_in_check(const gs_tensor_t *t, int64_t n, gs_op_t op, gs_comm_t c) {
   if (n < 1 || op == GS_OP_ADASUM) return 0;
-  int64_t bytes = 0, limit = threshold < GS_CHECK_PAYLOAD_BYTES ? threshold : GS_CHECK_PAYLOAD_BYTES;
+  int64_t bytes = 0;
+  int64_t limit = c->fusion_threshold < GS_CHECK_PAYLOAD_BYTES ? c->fusion_threshold
+                                                               : GS_CHECK_PAYLOAD_BYTES;
   for (int64_t i = 0; i < n; i++) {
-    if (t[i].dtype != t[0].dtype) return 0;
-    bytes += t[i].count * (int64_t)gs_dtype_size(t[i].dtype);
+    int64_t b = t[i].count * (int64_t)gs_dtype_size(t[i].dtype);
+    if (t[i].dtype != t[0].dtype || b >= c->direct_bytes) return 0; /* one message only */
+    bytes += b;
     if (bytes > limit) return 0;
   }
   return 1;
@@ -82,7 +76,7 @@ static gs_status_t small_allreduce(gs_comm_t c, const gs_call_t *call, const gs_
                                    double postscale) {
   c->stats.calls++;
   gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, in, call->n, c->fusion_threshold));
+  GS_CHECK(gs_plan_tensors(&plan, in, call->n, c));
   const gs_message_t *m = &plan.msgs[0];
   uint64_t staging[GS_CHECK_PAYLOAD_BYTES / 8];
   gs_pack(&plan, m, in, staging, pre);
@@ -107,13 +101,13 @@ gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *
   if (local == GS_SUCCESS && out) local = gs_check_outputs(fn, in, out, n);
   if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale);
   gs_call_t call = {GS_CALL_ALLREDUCE, op, 0, n, in, NULL, NULL, 0};
-  if (c->check && local == GS_SUCCESS && rides_in_check(in, n, op, c->fusion_threshold))
+  if (c->check && local == GS_SUCCESS && rides_in_check(in, n, op, c))
     return small_allreduce(c, &call, in, out, op, prescale, postscale);
   GS_CHECK(gs_begin_call(c, &call, local));
   if (n == 0) return GS_SUCCESS;
 
   gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, in, n, c->fusion_threshold));
+  GS_CHECK(gs_plan_tensors(&plan, in, n, c));
   double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
   gs_status_t s = GS_SUCCESS;
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)

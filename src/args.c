@@ -1,8 +1,63 @@
 /* Argument checks shared by the collectives. Messages name the call, the
  * argument and the index, so the Python layer can pass them on unchanged. */
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "gs_internal.h"
+
+typedef struct span {
+  const char *lo, *hi;
+  int64_t index;
+} span_t;
+
+static int by_start(const void *a, const void *b) {
+  const span_t *x = a, *y = b;
+  return x->lo < y->lo ? -1 : x->lo > y->lo;
+}
+
+/* Outputs must not overlap each other, nor any input other than their own
+ * in-place partner (out[i] == in[i] exactly). Sort the outputs, then look up
+ * each input among them: O(n log n). */
+static gs_status_t check_aliasing(const char *op_name, const gs_tensor_t *in,
+                                  const gs_tensor_t *out, int64_t n) {
+  span_t *outs = malloc((size_t)(n > 0 ? n : 1) * sizeof *outs);
+  if (!outs) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", op_name);
+  int64_t m = 0;
+  for (int64_t i = 0; i < n; i++) {
+    size_t bytes = (size_t)out[i].count * gs_dtype_size(out[i].dtype);
+    if (!bytes) continue;
+    outs[m].lo = out[i].data;
+    outs[m].hi = (const char *)out[i].data + bytes;
+    outs[m].index = i;
+    m++;
+  }
+  qsort(outs, (size_t)m, sizeof *outs, by_start);
+  gs_status_t s = GS_SUCCESS;
+  for (int64_t k = 1; k < m && s == GS_SUCCESS; k++)
+    if (outs[k].lo < outs[k - 1].hi)
+      s = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] and out[%lld] overlap", op_name,
+                  (long long)outs[k - 1].index, (long long)outs[k].index);
+  for (int64_t i = 0; i < n && s == GS_SUCCESS; i++) {
+    const char *lo = in[i].data, *hi = lo + (size_t)in[i].count * gs_dtype_size(in[i].dtype);
+    if (hi == lo) continue;
+    /* first output ending after lo: outputs are disjoint, so ends are sorted */
+    int64_t a = 0, b = m;
+    while (a < b) {
+      int64_t mid = (a + b) / 2;
+      if (outs[mid].hi <= lo) a = mid + 1; else b = mid;
+    }
+    for (int64_t k = a; k < m && outs[k].lo < hi; k++) {
+      if (outs[k].index == i && outs[k].lo == lo && outs[k].hi == hi) continue; /* in place */
+      s = gs_fail(GS_ERR_INVALID_ARGUMENT,
+                  "%s: out[%lld] overlaps in[%lld]; an output must be its own input exactly "
+                  "(in place) or memory no input uses", op_name, (long long)outs[k].index,
+                  (long long)i);
+      break;
+    }
+  }
+  free(outs);
+  return s;
+}
 
 gs_status_t gs_check_tensors(const char *op_name, const char *name,
                              const gs_tensor_t *t, int64_t n) {
@@ -59,12 +114,6 @@ gs_status_t gs_check_outputs(const char *op_name, const gs_tensor_t *in,
       return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] has %lld elements, in[%lld] has %lld",
                      op_name, (long long)i, (long long)out[i].count, (long long)i,
                      (long long)in[i].count);
-    size_t bytes = (size_t)in[i].count * gs_dtype_size(in[i].dtype);
-    const char *a = in[i].data, *b = out[i].data;
-    if (a != b && bytes && a < b + bytes && b < a + bytes)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT,
-                     "%s: out[%lld] partly overlaps in[%lld]; pass the same memory for an "
-                     "in-place call or disjoint memory", op_name, (long long)i, (long long)i);
   }
-  return GS_SUCCESS;
+  return check_aliasing(op_name, in, out, n);
 }

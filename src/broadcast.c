@@ -14,7 +14,7 @@ gs_status_t gs_broadcast(gs_comm_t c, const gs_tensor_t *t, int64_t n, int root)
   if (n == 0) return GS_SUCCESS;
 
   gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, t, n, c->fusion_threshold));
+  GS_CHECK(gs_plan_tensors(&plan, t, n, c));
   gs_status_t s = GS_SUCCESS;
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++) {
     const gs_message_t *m = &plan.msgs[k];

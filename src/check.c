@@ -12,7 +12,7 @@
 
 #include "gs_internal.h"
 
-enum { F_KIND, F_OP, F_ROOT, F_N, F_HASH, F_THRESHOLD, F_ERROR, F_PAYLOAD, NFIELDS };
+enum { F_KIND, F_OP, F_ROOT, F_N, F_HASH, F_THRESHOLD, F_DIRECT, F_ERROR, F_PAYLOAD, NFIELDS };
 #define REASON_LEN 200
 #define NOTICE_TAG 7
 
@@ -68,7 +68,7 @@ const char *gs_call_name(gs_call_kind_t kind) {
   return "unknown";
 }
 
-static double now(void) {
+double gs_now(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -132,8 +132,8 @@ static void stall_warning(gs_comm_t c, const gs_call_t *call, MPI_Request *req,
   int p = c->size < 4096 ? c->size : 4096;
   memset(arrived, 0, (size_t)p);
   if (c->rank < p) arrived[c->rank] = 1;
-  double grace = c->stall_seconds < 1.0 ? c->stall_seconds : 1.0, t0 = now();
-  while (!*done && now() - t0 < grace) {
+  double grace = c->stall_seconds < 1.0 ? c->stall_seconds : 1.0, t0 = gs_now();
+  while (!*done && gs_now() - t0 < grace) {
     int flag = 0;
     MPI_Status st;
     MPI_Iprobe(MPI_ANY_SOURCE, NOTICE_TAG, c->notice, &flag, &st);
@@ -155,8 +155,21 @@ static void stall_warning(gs_comm_t c, const gs_call_t *call, MPI_Request *req,
           "[gradsync rank %d] WARNING: %s (call #%llu, %lld tensors, %lld bytes) has waited "
           "%.1f s; ranks not arrived: %s (waiting: %s)\n",
           c->rank, gs_call_name(call->kind), (unsigned long long)c->seq, (long long)call->n,
-          (long long)call_bytes(call), waited + (now() - t0), missing, present);
+          (long long)call_bytes(call), waited + (gs_now() - t0), missing, present);
   fflush(stderr);
+}
+
+typedef struct stall_ctx {
+  gs_comm_t c;
+  const gs_call_t *call;
+  int warned;
+} stall_ctx_t;
+
+static void stall_tick(void *ctx, MPI_Request *req, int *done, double waited) {
+  stall_ctx_t *st = ctx;
+  if (st->warned || waited < st->c->stall_seconds) return;
+  st->warned = 1;
+  stall_warning(st->c, st->call, req, done, waited);
 }
 
 /* Completes the validation allreduce, watching for stalls. */
@@ -164,29 +177,12 @@ static gs_status_t agree(gs_comm_t c, const gs_call_t *call, check_msg_t *msg) {
   MPI_Datatype type;
   MPI_Op op;
   GS_CHECK(gs_check_mpi_objects(&type, &op));
-  if (c->stall_seconds <= 0) {
-    GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, msg, 1, type, op, c->mpi), "validation MPI_Allreduce");
-    return GS_SUCCESS;
-  }
   MPI_Request req;
   GS_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, msg, 1, type, op, c->mpi, &req),
                "validation MPI_Iallreduce");
-  double t0 = 0;
-  int done = 0, warned = 0;
-  for (unsigned long spins = 0; !done; spins++) {
-    int e = MPI_Test(&req, &done, MPI_STATUS_IGNORE);
-    if (e != MPI_SUCCESS) return gs_mpi_fail(e, "validation MPI_Test");
-    if (done || (spins & 255) != 255) continue;
-    /* Past the first microseconds, let oversubscribed ranks have the core. */
-    sched_yield();
-    double t = now();
-    if (t0 == 0) t0 = t;
-    else if (!warned && t - t0 >= c->stall_seconds) {
-      stall_warning(c, call, &req, &done, t - t0);
-      warned = 1;
-    }
-  }
-  return GS_SUCCESS;
+  stall_ctx_t st = {c, call, 0};
+  return gs_mpi_wait(&req, "validation MPI_Iallreduce", c->stall_seconds > 0 ? stall_tick : NULL,
+                     &st);
 }
 
 /* ---- explaining a mismatch ----------------------------------------------- */
@@ -236,6 +232,7 @@ static const struct scalar_field {
     {F_OP, "the op", name_op},
     {F_ROOT, "the root", name_int},
     {F_THRESHOLD, "the fusion threshold (bytes)", name_int},
+    {F_DIRECT, "the direct-send size (bytes, GRADSYNC_DIRECT_BYTES)", name_int},
 };
 
 static const struct scalar_field *first_scalar_difference(const int *differs) {
@@ -255,6 +252,7 @@ static gs_status_t explain(gs_comm_t c, const gs_call_t *call, gs_status_t local
   mine.f[F_N] = call->n;
   mine.f[F_HASH] = local == GS_SUCCESS ? (int64_t)tensor_hash(call) : 0;
   mine.f[F_THRESHOLD] = c->fusion_threshold;
+  mine.f[F_DIRECT] = c->direct_bytes;
   mine.f[F_ERROR] = local != GS_SUCCESS;
   mine.f[F_PAYLOAD] = 0; /* derived from the fields above; never the first difference */
   if (local != GS_SUCCESS) snprintf(mine.reason, REASON_LEN, "%s", gs_last_error());
@@ -347,6 +345,7 @@ gs_status_t gs_check_call(gs_comm_t c, const gs_call_t *call, gs_status_t local,
   v[F_N] = call->n;
   v[F_HASH] = local == GS_SUCCESS ? (int64_t)tensor_hash(call) : 0;
   v[F_THRESHOLD] = c->fusion_threshold;
+  v[F_DIRECT] = c->direct_bytes;
   v[F_ERROR] = local != GS_SUCCESS;
   v[F_PAYLOAD] = payload != NULL;
   for (int f = 0; f < NFIELDS; f++) v[NFIELDS + f] = -v[f];

@@ -51,8 +51,11 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   MPI_Comm_set_errhandler(c->notice, MPI_ERRORS_RETURN);
   int know_check = cfg && cfg->size >= offsetof(gs_config_t, check) + sizeof cfg->check;
   int know_stall = cfg && cfg->size >= offsetof(gs_config_t, stall_seconds) + sizeof cfg->stall_seconds;
+  int know_direct = cfg && cfg->size >= offsetof(gs_config_t, direct_bytes) + sizeof cfg->direct_bytes;
   c->fusion_threshold = (cfg && cfg->fusion_threshold > 0) ? cfg->fusion_threshold
                                                            : gs_env_fusion_threshold();
+  c->direct_bytes = (know_direct && cfg->direct_bytes > 0) ? cfg->direct_bytes
+                                                            : gs_env_direct_bytes();
   c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
   c->stall_seconds = (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds
                                                              : gs_env_stall_seconds();
@@ -119,6 +122,7 @@ gs_status_t gs_comm_split(gs_comm_t comm, int color, int key, gs_comm_t *out) {
   cfg.fusion_threshold = comm->fusion_threshold;
   cfg.check = comm->check;
   cfg.stall_seconds = comm->stall_seconds;
+  cfg.direct_bytes = comm->direct_bytes;
   return comm_adopt(sub, &cfg, out);
 }
 
@@ -181,8 +185,9 @@ gs_status_t gs_barrier(gs_comm_t comm) {
   gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
   if (comm->check) return gs_begin_call(comm, &call, GS_SUCCESS);
   comm->stats.calls++;
-  GS_MPI_CHECK(MPI_Barrier(comm->mpi), "gs_barrier: MPI_Barrier");
-  return GS_SUCCESS;
+  MPI_Request req;
+  GS_MPI_CHECK(MPI_Ibarrier(comm->mpi, &req), "gs_barrier: MPI_Ibarrier");
+  return gs_mpi_wait(&req, "gs_barrier: MPI_Ibarrier", NULL, NULL);
 }
 
 const char *gs_mpi_library_version(void) {

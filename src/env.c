@@ -20,6 +20,11 @@ int64_t gs_env_fusion_threshold(void) {
              ? v : GS_DEFAULT_FUSION_THRESHOLD;
 }
 
+int64_t gs_env_direct_bytes(void) {
+  int64_t v;
+  return (env_int64("GRADSYNC_DIRECT_BYTES", &v) && v > 0) ? v : GS_DEFAULT_DIRECT_BYTES;
+}
+
 int gs_env_check(void) {
   int64_t v;
   return env_int64("GRADSYNC_CHECK", &v) ? (v != 0) : 1;

@@ -12,7 +12,8 @@ void gs_plan_free(gs_plan_t *plan) {
 }
 
 gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts,
-                          const gs_dtype_t *dtypes, int64_t n, int64_t threshold) {
+                          const gs_dtype_t *dtypes, int64_t n, int64_t threshold,
+                          int64_t direct) {
   memset(plan, 0, sizeof *plan);
   if (n == 0) return GS_SUCCESS;
   plan->slots = malloc((size_t)n * sizeof *plan->slots);
@@ -34,7 +35,7 @@ gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts,
     for (int64_t i = 0; i < n; i++) {
       if (dtypes[i] != d) continue;
       int64_t bytes = counts[i] * es;
-      int alone = bytes > threshold;
+      int alone = bytes > threshold || (bytes >= direct && bytes > 0);
       if (alone || !open || (open->count * es + bytes > threshold && open->count > 0)) {
         open = &plan->msgs[plan->nmsgs++];
         open->dtype = d;

@@ -41,6 +41,11 @@ gs_status_t gs_mpi_fail(int mpi_err, const char *what);
 
 #define GS_DEFAULT_FUSION_THRESHOLD ((int64_t)134217728) /* 128 MiB */
 #define GS_DEFAULT_STALL_SECONDS 60.0
+/* Copying a tensor into the fusion buffer and back costs more than sending
+ * it as its own message once it passes a few hundred KiB (two memcpy passes
+ * against one message's latency), so such tensors are never packed. */
+#define GS_DEFAULT_DIRECT_BYTES ((int64_t)262144)
+int64_t gs_env_direct_bytes(void);     /* GRADSYNC_DIRECT_BYTES */
 int64_t gs_env_fusion_threshold(void); /* GRADSYNC_FUSION_THRESHOLD */
 int gs_env_check(void);                /* GRADSYNC_CHECK */
 double gs_env_stall_seconds(void);     /* GRADSYNC_STALL_SECONDS */
@@ -58,6 +63,7 @@ struct gs_comm {
   MPI_Comm notice;         /* second duplicate: stall notices, point to point */
   int rank, size, local_rank, local_size;
   int64_t fusion_threshold;
+  int64_t direct_bytes;    /* tensors of at least this many bytes go alone */
   int check;
   double stall_seconds;
   uint64_t seq;            /* checked calls made so far: names a call in notices */
@@ -78,6 +84,15 @@ gs_status_t gs_fusion_reserve(gs_comm_t comm, size_t bytes, void **buf);
  * scales are applied by the fusion engine. */
 
 gs_status_t gs_mpi_datatype(gs_dtype_t dtype, MPI_Datatype *out);
+
+/* Called while waiting, about every 128 polls, with the seconds waited so
+ * far; may complete the request itself (then sets *done). */
+typedef void (*gs_wait_tick)(void *ctx, MPI_Request *req, int *done, double waited);
+/* Completes a nonblocking MPI call, yielding the core between polls so ranks
+ * that share cores make progress. `tick` may be NULL. */
+gs_status_t gs_mpi_wait(MPI_Request *req, const char *what, gs_wait_tick tick, void *ctx);
+/* Monotonic seconds. */
+double gs_now(void);
 gs_status_t gs_mpi_op(gs_dtype_t dtype, gs_op_t op, MPI_Op *out);
 
 typedef struct gs_transport {
@@ -183,15 +198,16 @@ typedef struct gs_plan {
 } gs_plan_t;
 
 /* Builds the table for tensors whose sizes are `counts` (n values) and
- * dtypes `dtypes`: a tensor over `threshold` bytes gets its own message;
- * others are packed until the next would pass the threshold. */
+ * dtypes `dtypes`: a tensor over `threshold` bytes, or of at least `direct`
+ * bytes, gets its own message (and is never copied); others are packed until
+ * the next would pass the threshold. */
 gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts,
                           const gs_dtype_t *dtypes, int64_t n,
-                          int64_t threshold);
+                          int64_t threshold, int64_t direct);
 void gs_plan_free(gs_plan_t *plan);
 /* gs_plan_build over the counts and dtypes of a tensor list. */
 gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
-                            int64_t threshold);
+                            gs_comm_t comm);
 
 /* Whether message m's tensors sit back to back in `t`'s memory, in slot
  * order; *base receives the first element's address. */
@@ -205,17 +221,6 @@ void gs_pack(const gs_plan_t *plan, const gs_message_t *m,
 /* Copies buf back out into `t`, times `scale`. */
 void gs_unpack(const gs_plan_t *plan, const gs_message_t *m, const void *buf,
                const gs_tensor_t *t, double scale);
-
-/* ---- ring allreduce over scattered memory (ring.c) ----------------------- */
-
-/* Messages at least this large, whose tensors are not back to back, are
- * reduced by gs_ring_allreduce instead of through the fusion buffer. */
-#define GS_RING_MIN_BYTES ((int64_t)1 << 20)
-
-/* Allreduces message m in place in the tensors `t` (op: sum, min, max, prod),
- * then multiplies by `post`. */
-gs_status_t gs_ring_allreduce(gs_comm_t comm, const gs_plan_t *plan, const gs_message_t *m,
-                              const gs_tensor_t *t, gs_op_t op, double post);
 
 /* ---- host element kernels (cpu_scale.c) --------------------------------- */
 

@@ -3,6 +3,7 @@
  * chunks that MPI's int counts can carry. */
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #include "gs_internal.h"
@@ -11,30 +12,39 @@
  * and byte offset of 8-byte types inside int. */
 #define GS_MPI_CHUNK ((int64_t)1 << 30)
 
-/* ---- MPI objects gradsync creates: float16/bfloat16 reductions and the
+/* ---- MPI objects gradsync creates: its own reductions where MPI's would be
+ * wrong (float16/bfloat16 math, NaN-propagating float min/max) and the
  * validation message's type and op. Created on first use, freed inside
  * MPI_Finalize through an attribute on MPI_COMM_SELF. */
 
-#define HALF_OP(name, dtype, op)                                         \
+#define USER_OP(name, dtype, op)                                         \
   static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {  \
     (void)dt;                                                            \
     gs_cpu_reduce(dtype, op, in, inout, *len);                           \
   }
-HALF_OP(half_sum, GS_FLOAT16, GS_OP_SUM)
-HALF_OP(half_min, GS_FLOAT16, GS_OP_MIN)
-HALF_OP(half_max, GS_FLOAT16, GS_OP_MAX)
-HALF_OP(half_prod, GS_FLOAT16, GS_OP_PROD)
-HALF_OP(bf16_sum, GS_BFLOAT16, GS_OP_SUM)
-HALF_OP(bf16_min, GS_BFLOAT16, GS_OP_MIN)
-HALF_OP(bf16_max, GS_BFLOAT16, GS_OP_MAX)
-HALF_OP(bf16_prod, GS_BFLOAT16, GS_OP_PROD)
+USER_OP(f16_sum, GS_FLOAT16, GS_OP_SUM)
+USER_OP(f16_min, GS_FLOAT16, GS_OP_MIN)
+USER_OP(f16_max, GS_FLOAT16, GS_OP_MAX)
+USER_OP(f16_prod, GS_FLOAT16, GS_OP_PROD)
+USER_OP(bf16_sum, GS_BFLOAT16, GS_OP_SUM)
+USER_OP(bf16_min, GS_BFLOAT16, GS_OP_MIN)
+USER_OP(bf16_max, GS_BFLOAT16, GS_OP_MAX)
+USER_OP(bf16_prod, GS_BFLOAT16, GS_OP_PROD)
+/* MPI_MIN/MPI_MAX leave NaN handling to the implementation; a NaN gradient
+ * must survive a min/max reduction as it survives a sum. */
+USER_OP(f32_min, GS_FLOAT32, GS_OP_MIN)
+USER_OP(f32_max, GS_FLOAT32, GS_OP_MAX)
+USER_OP(f64_min, GS_FLOAT64, GS_OP_MIN)
+USER_OP(f64_max, GS_FLOAT64, GS_OP_MAX)
 
-/* [0] float16, [1] bfloat16; indexed by op (sum, -, min, max, prod). */
-static MPI_User_function *const half_fns[2][GS_NUM_OPS] = {
-    {half_sum, NULL, half_min, half_max, half_prod, NULL},
-    {bf16_sum, NULL, bf16_min, bf16_max, bf16_prod, NULL},
+/* Indexed by dtype, then op (sum, -, min, max, prod); NULL: MPI's own op. */
+static MPI_User_function *const user_fns[GS_NUM_DTYPES][GS_NUM_OPS] = {
+    [GS_FLOAT16] = {f16_sum, NULL, f16_min, f16_max, f16_prod, NULL},
+    [GS_BFLOAT16] = {bf16_sum, NULL, bf16_min, bf16_max, bf16_prod, NULL},
+    [GS_FLOAT32] = {NULL, NULL, f32_min, f32_max, NULL, NULL},
+    [GS_FLOAT64] = {NULL, NULL, f64_min, f64_max, NULL, NULL},
 };
-static MPI_Op half_ops[2][GS_NUM_OPS];
+static MPI_Op user_ops[GS_NUM_DTYPES][GS_NUM_OPS];
 static MPI_Datatype check_type = MPI_DATATYPE_NULL;
 static MPI_Op check_op = MPI_OP_NULL;
 static int objects_ready;
@@ -42,9 +52,9 @@ static pthread_mutex_t objects_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int free_objects(MPI_Comm comm, int keyval, void *attr, void *extra) {
   (void)comm; (void)attr; (void)extra;
-  for (int t = 0; t < 2; t++)
+  for (int d = 0; d < GS_NUM_DTYPES; d++)
     for (int o = 0; o < GS_NUM_OPS; o++)
-      if (half_fns[t][o]) MPI_Op_free(&half_ops[t][o]);
+      if (user_fns[d][o]) MPI_Op_free(&user_ops[d][o]);
   MPI_Op_free(&check_op);
   MPI_Type_free(&check_type);
   objects_ready = 0;
@@ -57,9 +67,9 @@ static gs_status_t ensure_objects(void) {
   pthread_mutex_lock(&objects_lock);
   int e = MPI_SUCCESS, keyval = MPI_KEYVAL_INVALID;
   if (!objects_ready) {
-    for (int t = 0; t < 2 && e == MPI_SUCCESS; t++)
+    for (int d = 0; d < GS_NUM_DTYPES && e == MPI_SUCCESS; d++)
       for (int o = 0; o < GS_NUM_OPS && e == MPI_SUCCESS; o++)
-        if (half_fns[t][o]) e = MPI_Op_create(half_fns[t][o], 1, &half_ops[t][o]);
+        if (user_fns[d][o]) e = MPI_Op_create(user_fns[d][o], 1, &user_ops[d][o]);
     if (e == MPI_SUCCESS) e = MPI_Op_create(gs_check_combine, 1, &check_op);
     if (e == MPI_SUCCESS)
       e = MPI_Type_contiguous((int)gs_check_message_bytes(), MPI_BYTE, &check_type);
@@ -96,21 +106,39 @@ gs_status_t gs_mpi_datatype(gs_dtype_t dtype, MPI_Datatype *out) {
 
 gs_status_t gs_mpi_op(gs_dtype_t dtype, gs_op_t op, MPI_Op *out) {
   if (op == GS_OP_AVERAGE) op = GS_OP_SUM;
-  if (dtype == GS_FLOAT16 || dtype == GS_BFLOAT16) {
-    if ((unsigned)op >= GS_NUM_OPS || !half_fns[0][op])
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "op %s has no MPI reduction", gs_op_name(op));
+  if (!gs_dtype_valid(dtype) || (unsigned)op >= GS_NUM_OPS || op == GS_OP_ADASUM)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "op %s has no MPI reduction", gs_op_name(op));
+  if (user_fns[dtype][op]) {
     GS_CHECK(ensure_objects());
-    *out = half_ops[dtype == GS_BFLOAT16][op];
+    *out = user_ops[dtype][op];
     return GS_SUCCESS;
   }
-  switch (op) {
-    case GS_OP_SUM: *out = MPI_SUM; return GS_SUCCESS;
-    case GS_OP_MIN: *out = MPI_MIN; return GS_SUCCESS;
-    case GS_OP_MAX: *out = MPI_MAX; return GS_SUCCESS;
-    case GS_OP_PROD: *out = MPI_PROD; return GS_SUCCESS;
-    default: break;
+  static const MPI_Op builtin[GS_NUM_OPS] = {MPI_SUM, MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD,
+                                             MPI_OP_NULL};
+  *out = builtin[op];
+  return GS_SUCCESS;
+}
+
+/* ---- waiting ----------------------------------------------------------- */
+
+gs_status_t gs_mpi_wait(MPI_Request *req, const char *what, gs_wait_tick tick, void *ctx) {
+  int done = 0;
+  double t0 = 0;
+  for (unsigned long spins = 0; !done; spins++) {
+    int e = MPI_Test(req, &done, MPI_STATUS_IGNORE);
+    if (e != MPI_SUCCESS) return gs_mpi_fail(e, what);
+    if (done || (spins & 127) != 127) continue;
+    /* Past the first microseconds, hand the core to whoever we wait for:
+     * with more ranks than cores, MPI's own blocking calls spin for a whole
+     * time slice per step (milliseconds) while the peer cannot run. */
+    sched_yield();
+    if (tick) {
+      double t = gs_now();
+      if (t0 == 0) t0 = t;
+      tick(ctx, req, &done, t - t0);
+    }
   }
-  return gs_fail(GS_ERR_INVALID_ARGUMENT, "op %s has no MPI reduction", gs_op_name(op));
+  return GS_SUCCESS;
 }
 
 /* ---- chunked collectives ------------------------------------------------ */
@@ -133,7 +161,9 @@ static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv,
     int n = (int)(count - off < GS_MPI_CHUNK ? count - off : GS_MPI_CHUNK);
     char *r = (char *)recv + (size_t)off * es;
     const void *s = send ? (const char *)send + (size_t)off * es : MPI_IN_PLACE;
-    GS_MPI_CHECK(MPI_Allreduce(s, r, n, dt, mop, c->mpi), "MPI_Allreduce");
+    MPI_Request req;
+    GS_MPI_CHECK(MPI_Iallreduce(s, r, n, dt, mop, c->mpi, &req), "MPI_Iallreduce");
+    GS_CHECK(gs_mpi_wait(&req, "MPI_Iallreduce", NULL, NULL));
   }
   return GS_SUCCESS;
 }
@@ -154,7 +184,10 @@ static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype
   size_t es = gs_dtype_size(dtype);
   for (int64_t off = 0; off < count; off += GS_MPI_CHUNK) {
     int n = (int)(count - off < GS_MPI_CHUNK ? count - off : GS_MPI_CHUNK);
-    GS_MPI_CHECK(MPI_Bcast((char *)buf + (size_t)off * es, n, dt, root, c->mpi), "MPI_Bcast");
+    MPI_Request req;
+    GS_MPI_CHECK(MPI_Ibcast((char *)buf + (size_t)off * es, n, dt, root, c->mpi, &req),
+                 "MPI_Ibcast");
+    GS_CHECK(gs_mpi_wait(&req, "MPI_Ibcast", NULL, NULL));
   }
   return GS_SUCCESS;
 }
@@ -176,9 +209,12 @@ static gs_status_t mpi_allgatherv(gs_comm_t c, void *recv, const int64_t *counts
     int *ic = malloc(2 * (size_t)p * sizeof(int));
     if (!ic) return gs_fail(GS_ERR_NO_MEMORY, "allgather: out of memory");
     for (int r = 0; r < p; r++) { ic[r] = (int)counts[r]; ic[p + r] = (int)displs[r]; }
-    int e = MPI_Allgatherv(MPI_IN_PLACE, 0, dt, recv, ic, ic + p, dt, c->mpi);
-    free(ic);
-    return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "MPI_Allgatherv");
+    MPI_Request req;
+    int e = MPI_Iallgatherv(MPI_IN_PLACE, 0, dt, recv, ic, ic + p, dt, c->mpi, &req);
+    gs_status_t s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "MPI_Iallgatherv", NULL, NULL)
+                                     : gs_mpi_fail(e, "MPI_Iallgatherv");
+    free(ic); /* only after completion: MPI reads the counts until then */
+    return s;
   }
   /* Too large for int displacements: every rank broadcasts its own block. */
   for (int r = 0; r < p; r++)
@@ -201,9 +237,12 @@ static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
     int *ic = malloc((size_t)p * sizeof(int));
     if (!ic) return gs_fail(GS_ERR_NO_MEMORY, "reduce_scatter: out of memory");
     for (int r = 0; r < p; r++) ic[r] = (int)counts[r];
-    int e = MPI_Reduce_scatter(send, recv, ic, dt, mop, c->mpi);
+    MPI_Request req;
+    int e = MPI_Ireduce_scatter(send, recv, ic, dt, mop, c->mpi, &req);
+    gs_status_t s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "MPI_Ireduce_scatter", NULL, NULL)
+                                     : gs_mpi_fail(e, "MPI_Ireduce_scatter");
     free(ic);
-    return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "MPI_Reduce_scatter");
+    return s;
   }
   /* Large: reduce each rank's block to that rank, chunk by chunk. */
   int64_t displ = 0;
@@ -212,7 +251,9 @@ static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
       int n = (int)(counts[r] - off < GS_MPI_CHUNK ? counts[r] - off : GS_MPI_CHUNK);
       const char *s = (const char *)send + (size_t)(displ + off) * es;
       void *d = r == c->rank ? (char *)recv + (size_t)off * es : NULL;
-      GS_MPI_CHECK(MPI_Reduce(s, d, n, dt, mop, r, c->mpi), "MPI_Reduce");
+      MPI_Request req;
+      GS_MPI_CHECK(MPI_Ireduce(s, d, n, dt, mop, r, c->mpi, &req), "MPI_Ireduce");
+      GS_CHECK(gs_mpi_wait(&req, "MPI_Ireduce", NULL, NULL));
     }
     displ += counts[r];
   }

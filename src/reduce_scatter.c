@@ -90,7 +90,7 @@ gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tenso
   if (n == 0) return GS_SUCCESS;
 
   gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, in, n, c->fusion_threshold));
+  GS_CHECK(gs_plan_tensors(&plan, in, n, c));
   int64_t *bcounts = malloc((size_t)c->size * sizeof *bcounts);
   gs_status_t s = bcounts ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
   double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;

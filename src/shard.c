@@ -1,4 +1,5 @@
 /* ZeRO-style sharded collectives with ONNX Runtime's padded layout. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -62,7 +63,11 @@ static gs_status_t shard_begin(gs_comm_t c, const char *fn, gs_call_kind_t kind,
   for (int64_t i = 0; local == GS_SUCCESS && i < n; i++) counts[i] = t[i].count;
   if (local == GS_SUCCESS) {
     local = gs_shard_layout(counts, n, c->size, lay, *offsets, *owners);
-    if (local != GS_SUCCESS) gs_fail(local, "%s: %s", fn, gs_last_error());
+    if (local != GS_SUCCESS) {
+      char why[512]; /* gs_fail must not format gs_last_error() into itself */
+      snprintf(why, sizeof why, "%s", gs_last_error());
+      gs_fail(local, "%s: %s", fn, why);
+    }
   }
   free(counts);
   gs_call_t call = {kind, op, 0, n, t, NULL, NULL, 0};
