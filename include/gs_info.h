@@ -19,6 +19,9 @@ GS_API int gs_nccl_version(void);
 /* The fusion threshold in bytes a communicator gets by default (environment
  * included). */
 GS_API long long gs_default_fusion_threshold(void);
+/* Allreduces of at most this many bytes (one dtype) travel inside their
+ * validation message: one collective does both. */
+GS_API int gs_check_payload_bytes(void);
 
 #ifdef __cplusplus
 }

@@ -177,6 +177,10 @@ static gs_status_t agree(gs_comm_t c, const gs_call_t *call, check_msg_t *msg) {
   MPI_Datatype type;
   MPI_Op op;
   GS_CHECK(gs_check_mpi_objects(&type, &op));
+  if (c->stall_seconds <= 0 && gs_use_blocking(c, (int64_t)sizeof *msg)) {
+    GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, msg, 1, type, op, c->mpi), "validation MPI_Allreduce");
+    return GS_SUCCESS;
+  }
   MPI_Request req;
   GS_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, msg, 1, type, op, c->mpi, &req),
                "validation MPI_Iallreduce");

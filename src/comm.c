@@ -1,6 +1,8 @@
 /* Communicator life cycle and accessors. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <sched.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -59,6 +61,13 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
   c->stall_seconds = (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds
                                                              : gs_env_stall_seconds();
+  cpu_set_t cpus;
+  int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus)
+                                                         : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  /* A rank pinned to one core says nothing about the node: count the node's. */
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  if (online > ncpu) ncpu = (int)online;
+  c->owns_core = c->local_size <= ncpu;
   c->magic = GS_COMM_MAGIC;
   *out = c;
   return GS_SUCCESS;

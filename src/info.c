@@ -11,5 +11,7 @@ const char *gs_simd_level(void) {
   return "portable";
 }
 
+int gs_check_payload_bytes(void) { return GS_CHECK_PAYLOAD_BYTES; }
+
 int gs_cuda_version(void) { return 0; }
 int gs_nccl_version(void) { return 0; }

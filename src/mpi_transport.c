@@ -121,6 +121,16 @@ gs_status_t gs_mpi_op(gs_dtype_t dtype, gs_op_t op, MPI_Op *out) {
 
 /* ---- waiting ----------------------------------------------------------- */
 
+int gs_use_blocking(gs_comm_t c, int64_t bytes) {
+  return c->owns_core && bytes < GS_BLOCKING_MAX_BYTES;
+}
+
+/* Completes a call started either way: req == NULL means it was blocking. */
+static gs_status_t finish(int e, MPI_Request *req, const char *what) {
+  if (e != MPI_SUCCESS) return gs_mpi_fail(e, what);
+  return req ? gs_mpi_wait(req, what, NULL, NULL) : GS_SUCCESS;
+}
+
 gs_status_t gs_mpi_wait(MPI_Request *req, const char *what, gs_wait_tick tick, void *ctx) {
   int done = 0;
   double t0 = 0;
@@ -162,8 +172,10 @@ static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv,
     char *r = (char *)recv + (size_t)off * es;
     const void *s = send ? (const char *)send + (size_t)off * es : MPI_IN_PLACE;
     MPI_Request req;
-    GS_MPI_CHECK(MPI_Iallreduce(s, r, n, dt, mop, c->mpi, &req), "MPI_Iallreduce");
-    GS_CHECK(gs_mpi_wait(&req, "MPI_Iallreduce", NULL, NULL));
+    if (gs_use_blocking(c, (int64_t)n * (int64_t)es))
+      GS_CHECK(finish(MPI_Allreduce(s, r, n, dt, mop, c->mpi), NULL, "MPI_Allreduce"));
+    else
+      GS_CHECK(finish(MPI_Iallreduce(s, r, n, dt, mop, c->mpi, &req), &req, "MPI_Iallreduce"));
   }
   return GS_SUCCESS;
 }
@@ -185,9 +197,11 @@ static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype
   for (int64_t off = 0; off < count; off += GS_MPI_CHUNK) {
     int n = (int)(count - off < GS_MPI_CHUNK ? count - off : GS_MPI_CHUNK);
     MPI_Request req;
-    GS_MPI_CHECK(MPI_Ibcast((char *)buf + (size_t)off * es, n, dt, root, c->mpi, &req),
-                 "MPI_Ibcast");
-    GS_CHECK(gs_mpi_wait(&req, "MPI_Ibcast", NULL, NULL));
+    char *p = (char *)buf + (size_t)off * es;
+    if (gs_use_blocking(c, (int64_t)n * (int64_t)es))
+      GS_CHECK(finish(MPI_Bcast(p, n, dt, root, c->mpi), NULL, "MPI_Bcast"));
+    else
+      GS_CHECK(finish(MPI_Ibcast(p, n, dt, root, c->mpi, &req), &req, "MPI_Ibcast"));
   }
   return GS_SUCCESS;
 }
@@ -210,9 +224,13 @@ static gs_status_t mpi_allgatherv(gs_comm_t c, void *recv, const int64_t *counts
     if (!ic) return gs_fail(GS_ERR_NO_MEMORY, "allgather: out of memory");
     for (int r = 0; r < p; r++) { ic[r] = (int)counts[r]; ic[p + r] = (int)displs[r]; }
     MPI_Request req;
-    int e = MPI_Iallgatherv(MPI_IN_PLACE, 0, dt, recv, ic, ic + p, dt, c->mpi, &req);
-    gs_status_t s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "MPI_Iallgatherv", NULL, NULL)
-                                     : gs_mpi_fail(e, "MPI_Iallgatherv");
+    gs_status_t s;
+    if (gs_use_blocking(c, (displs[p - 1] + counts[p - 1]) * (int64_t)es))
+      s = finish(MPI_Allgatherv(MPI_IN_PLACE, 0, dt, recv, ic, ic + p, dt, c->mpi), NULL,
+                 "MPI_Allgatherv");
+    else
+      s = finish(MPI_Iallgatherv(MPI_IN_PLACE, 0, dt, recv, ic, ic + p, dt, c->mpi, &req), &req,
+                 "MPI_Iallgatherv");
     free(ic); /* only after completion: MPI reads the counts until then */
     return s;
   }
@@ -238,9 +256,12 @@ static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
     if (!ic) return gs_fail(GS_ERR_NO_MEMORY, "reduce_scatter: out of memory");
     for (int r = 0; r < p; r++) ic[r] = (int)counts[r];
     MPI_Request req;
-    int e = MPI_Ireduce_scatter(send, recv, ic, dt, mop, c->mpi, &req);
-    gs_status_t s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "MPI_Ireduce_scatter", NULL, NULL)
-                                     : gs_mpi_fail(e, "MPI_Ireduce_scatter");
+    gs_status_t s;
+    if (gs_use_blocking(c, total * (int64_t)es))
+      s = finish(MPI_Reduce_scatter(send, recv, ic, dt, mop, c->mpi), NULL, "MPI_Reduce_scatter");
+    else
+      s = finish(MPI_Ireduce_scatter(send, recv, ic, dt, mop, c->mpi, &req), &req,
+                 "MPI_Ireduce_scatter");
     free(ic);
     return s;
   }
@@ -252,8 +273,7 @@ static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
       const char *s = (const char *)send + (size_t)(displ + off) * es;
       void *d = r == c->rank ? (char *)recv + (size_t)off * es : NULL;
       MPI_Request req;
-      GS_MPI_CHECK(MPI_Ireduce(s, d, n, dt, mop, r, c->mpi, &req), "MPI_Ireduce");
-      GS_CHECK(gs_mpi_wait(&req, "MPI_Ireduce", NULL, NULL));
+      GS_CHECK(finish(MPI_Ireduce(s, d, n, dt, mop, r, c->mpi, &req), &req, "MPI_Ireduce"));
     }
     displ += counts[r];
   }

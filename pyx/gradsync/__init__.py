@@ -49,6 +49,7 @@ def build_info():
         "nccl": c["nccl_version"] or None,
         "simd": c["simd"],
         "fusion_threshold": c["default_fusion_threshold"],
+        "check_payload_bytes": c["check_payload_bytes"],
     }
 
 

@@ -52,6 +52,7 @@ def build_info_c():
         "cuda_version": gs_cuda_version(),
         "nccl_version": gs_nccl_version(),
         "default_fusion_threshold": gs_default_fusion_threshold(),
+        "check_payload_bytes": gs_check_payload_bytes(),
     }
 
 
@@ -170,12 +171,16 @@ cdef class Comm:
             raise
         return tl
 
-    def allreduce(self, list inputs, list outputs, op, double prescale, double postscale,
-                  str name, bint indexed):
-        """outputs None: in place."""
+    def allreduce(self, tensors, list outputs, op="sum", double prescale=1.0,
+                  double postscale=1.0):
+        """tensors: one array or a list/tuple; outputs None: in place."""
         cdef gs_comm_t h = self.live()
         cdef gs_op_t cop
         cdef TensorList tin, tout = None
+        cdef bint indexed = type(tensors) is list or type(tensors) is tuple
+        cdef list inputs = (tensors if type(tensors) is list else list(tensors)) if indexed \
+            else [tensors]
+        cdef str name = "tensors" if indexed else "tensor"
         try:
             cop = parse_op(op)
         except BaseException as exc:

@@ -41,6 +41,7 @@ class Communicator:
         self.handle = _handle
         (self.rank, self.size, self.local_rank, self.local_size, _,
          self.check) = self.handle.info()
+        self._allreduce = self.handle.allreduce  # the hot path, bound once
 
     # ---- life cycle -------------------------------------------------------
     def close(self):
@@ -90,8 +91,7 @@ class Communicator:
     # ---- collectives ------------------------------------------------------
     def allreduce_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
         """Reduces in place over ranks; returns what it was given."""
-        arrays, was_list = _as_list(tensors)
-        self.handle.allreduce(arrays, None, op, prescale, postscale, "tensors", was_list)
+        self._allreduce(tensors, None, op, prescale, postscale)
         return tensors
 
     def allreduce(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
@@ -101,7 +101,7 @@ class Communicator:
                 for a in arrays]
         if any(o is None for o in outs):
             outs = [np.empty_like(_host_view(a)) for a in arrays]
-        self.handle.allreduce(arrays, outs, op, prescale, postscale, "tensors", was_list)
+        self._allreduce(arrays if was_list else arrays[0], outs, op, prescale, postscale)
         return _answer(outs, was_list)
 
     def broadcast_(self, tensors, root=0):

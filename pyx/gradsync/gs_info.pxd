@@ -5,3 +5,4 @@ cdef extern from "gs_info.h" nogil:
     int gs_cuda_version()
     int gs_nccl_version()
     long long gs_default_fusion_threshold()
+    int gs_check_payload_bytes()

@@ -295,14 +295,17 @@ def test_back_to_back_views_match_separate_arrays(dtype, which, comm,
                          what="out-of-place packed %d" % i)
 
 
-@pytest.mark.parametrize("dtype,n", [(np.float32, 128), (np.float32, 129),
-                                     (np.int8, 512), (np.int8, 513),
-                                     (np.float64, 63), (np.float64, 65)],
-                         ids=["float32-512B", "float32-516B", "int8-512B",
-                              "int8-513B", "float64-504B", "float64-520B"])
+RIDE = gs.build_info()["check_payload_bytes"]
+
+
+@pytest.mark.parametrize("dtype,n", [(np.float32, RIDE // 4), (np.float32, RIDE // 4 + 1),
+                                     (np.int8, RIDE), (np.int8, RIDE + 1),
+                                     (np.float64, RIDE // 8 - 1), (np.float64, RIDE // 8 + 1)],
+                         ids=["float32-at", "float32-over", "int8-at",
+                              "int8-over", "float64-under", "float64-over"])
 @pytest.mark.parametrize("op", ["sum", "max", "prod"])
 def test_payload_size_boundaries(op, dtype, n, comm, inputs):
-    """Around 512 bytes, where a small call can travel with the validation
+    """Around check_payload_bytes, where a small call can travel with the validation
     message; one tensor and the same bytes split over two tensors."""
     for shapes in ([(n,)], [(n // 2,), (n - n // 2,)]):
         per_rank = inputs.all_ranks(shapes, dtype, KIND[op], tag=len(shapes))

@@ -2,7 +2,8 @@
 against an independent model of DESIGN section 3's schedule: tensors grouped by
 dtype (groups in order of first appearance, list order inside a group), packed
 until the next tensor would pass the threshold; a tensor over the threshold
-goes alone; a call of at most 512 bytes of one dtype rides inside validation."""
+goes alone; a call of at most check_payload_bytes of one dtype rides inside
+validation."""
 import numpy as np
 import pytest
 
@@ -10,7 +11,7 @@ import gradsync as gs
 from gsutil import collective_assert
 
 pytestmark = pytest.mark.mpi
-RIDE_BYTES = 512
+RIDE_BYTES = gs.build_info()["check_payload_bytes"]
 
 
 def model_messages(arrays, threshold):
@@ -82,7 +83,7 @@ def test_tensor_over_threshold_goes_alone():
     collective_assert(d["messages"] == expected == 3, f"got {d['messages']}, model {expected}")
 
 
-@pytest.mark.parametrize("nbytes", [4, 64, 512, 516])
+@pytest.mark.parametrize("nbytes", [4, 64, RIDE_BYTES, RIDE_BYTES + 4])
 def test_small_calls_ride_in_validation(nbytes):
     a = np.ones(nbytes // 4, np.float32)
     with gs.Communicator() as comm:

@@ -48,7 +48,9 @@ def expect_mismatch(call, words, inputs_before, inputs_after):
 
 # ------------------------------------------------------------- mismatches
 
-# payload sizes: "small" calls (<= 512 bytes, one dtype) may travel inside
+RIDE = gs.build_info()["check_payload_bytes"]
+
+# payload sizes: "small" calls (<= RIDE bytes, one dtype) may travel inside
 # the validation message; "large" ones do not; in "straddle" cases one rank's
 # call is small and the other ranks' is not.
 MISMATCH_CASES = [(w, p) for w in ("tensor_count", "dtype", "element_count",
@@ -58,22 +60,22 @@ MISMATCH_CASES = [(w, p) for w in ("tensor_count", "dtype", "element_count",
 
 
 def mismatch_inputs(what, payload, r):
-    n = {"small": 4, "large": 1000, "straddle": 40}[payload]
+    n = {"small": 4, "large": 1000, "straddle": RIDE // 12}[payload]
     op = "sum"
     if what == "tensor_count":
         k = (3 if r == 0 else 2) if payload != "straddle" else (
-            3 if r == 0 else 4)  # 480 vs 640 bytes
+            3 if r == 0 else 4)  # 12n <= RIDE < 16n bytes
         xs = [np.full(n, r, np.float32) for _ in range(k)]
         words = ["count", "number", "tensors"]
     elif what == "dtype":
-        m = 100 if payload == "straddle" else n  # 400 vs 800 bytes
+        m = RIDE // 4 if payload == "straddle" else n  # RIDE vs 2 * RIDE bytes
         dt = np.float32 if r == 0 else np.float64
         xs = [np.full(4, r, np.float32), np.full(m, r, dt)]
         if payload == "straddle":
             xs = xs[1:]
         words = ["dtype", "type"]
     elif what == "element_count":
-        m = 124 if payload == "straddle" else n + 6  # 512 vs 516 bytes
+        m = (RIDE - 16) // 4 if payload == "straddle" else n + 6  # RIDE vs RIDE + 4
         xs = [np.full(4, r, np.float32),
               np.full(m if r == 0 else m + 1, r, np.float32)]
         words = ["count", "element", "numel", "size", "length"]
