@@ -22,11 +22,14 @@ class Communicator:
 
     ``Communicator()`` duplicates mpi4py's COMM_WORLD; ``Communicator(comm)``
     duplicates any mpi4py intracommunicator. ``fusion_threshold`` (bytes)
-    caps one fused message (default: GRADSYNC_FUSION_THRESHOLD, else 128 MiB).
+    caps one fused message (default: GRADSYNC_FUSION_THRESHOLD, else 128 MiB);
+    ``stall_seconds`` is how long a rank waits for the others before it warns
+    (default: GRADSYNC_STALL_SECONDS, else 60; 0 turns the warning off).
     Close it with ``close()`` or a ``with`` block; closing twice is harmless.
     """
 
-    def __init__(self, mpi_comm=None, *, fusion_threshold=None, _handle=None):
+    def __init__(self, mpi_comm=None, *, fusion_threshold=None, stall_seconds=None,
+                 _handle=None):
         from gradsync import MPI
 
         if _handle is None:
@@ -37,7 +40,10 @@ class Communicator:
             threshold = -1 if fusion_threshold is None else int(fusion_threshold)
             if fusion_threshold is not None and threshold <= 0:
                 raise ValueError(f"fusion_threshold must be positive, got {fusion_threshold}")
-            _handle = _core.Comm.create(mpi_comm, threshold)
+            stall = -1.0 if stall_seconds is None else float(stall_seconds)
+            if stall_seconds is not None and stall < 0:
+                raise ValueError(f"stall_seconds must be >= 0, got {stall_seconds}")
+            _handle = _core.Comm.create(mpi_comm, threshold, -1, stall)
         self.handle = _handle
         (self.rank, self.size, self.local_rank, self.local_size, _,
          self.check) = self.handle.info()
