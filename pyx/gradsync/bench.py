@@ -22,6 +22,7 @@ The four performance targets (docs/PERFORMANCE.md), each one command at 2 ranks:
         -c 1 --baseline mpi4py
 
     # (d) small-message latency: one 16-element float32 tensor vs mpi4py
+    #     (prefix GRADSYNC_CHECK=0 to see the cost without cross-rank validation)
     mpiexec -n 2 python scripts/gsbench --latency --repeats 7
 
 Table columns (per mode, out-of-place then in-place)::
