@@ -53,6 +53,35 @@ static gs_status_t reduce_message(gs_comm_t c, const gs_plan_t *plan, const gs_m
   return GS_SUCCESS;
 }
 
+/* Adasum of one message: it needs the message contiguous, so it runs in the
+ * tensors' memory when they are back to back and in the fusion buffer
+ * otherwise. */
+static gs_status_t adasum_message(gs_comm_t c, const gs_plan_t *plan, const gs_message_t *m,
+                                  const gs_tensor_t *in, const gs_tensor_t *out, double pre,
+                                  double post) {
+  void *ibase = NULL, *obase = NULL, *x = NULL;
+  int icontig = gs_plan_contiguous(plan, m, in, &ibase);
+  int ocontig = out ? gs_plan_contiguous(plan, m, out, &obase) : 0;
+  int in_place_memory = 1;
+  if (!out && icontig) {
+    x = ibase;
+    gs_cpu_scale_copy(m->dtype, x, x, pre == 1.0 ? 0 : m->count, pre);
+  } else if (out && ocontig) {
+    x = obase;
+    gs_pack(plan, m, in, x, pre);
+  } else {
+    GS_CHECK(gs_fusion_reserve(c, (size_t)m->count * gs_dtype_size(m->dtype), &x));
+    gs_pack(plan, m, in, x, pre);
+    in_place_memory = 0;
+  }
+  GS_CHECK(gs_adasum_message(c, plan, m, x));
+  if (in_place_memory)
+    gs_cpu_scale_copy(m->dtype, x, x, post == 1.0 ? 0 : m->count, post);
+  else
+    gs_unpack(plan, m, x, out ? out : in, post);
+  return GS_SUCCESS;
+}
+
 /* Whether a call is small enough to travel inside the validation message.
  * Depends only on what the ranks validate (count, dtypes, sizes, op,
  * threshold), so ranks that agree on the call also agree on this. */
@@ -99,7 +128,7 @@ gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *
   gs_status_t local = gs_check_tensors(fn, "in", in, n);
   if (local == GS_SUCCESS && out) local = gs_check_tensors(fn, "out", out, n);
   if (local == GS_SUCCESS && out) local = gs_check_outputs(fn, in, out, n);
-  if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale);
+  if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale, 1);
   gs_call_t call = {GS_CALL_ALLREDUCE, op, 0, n, in, NULL, NULL, 0};
   if (c->check && local == GS_SUCCESS && rides_in_check(in, n, op, c))
     return small_allreduce(c, &call, in, out, op, prescale, postscale);
@@ -112,7 +141,9 @@ gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *
   gs_status_t s = GS_SUCCESS;
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
     if (plan.msgs[k].count > 0)
-      s = reduce_message(c, &plan, &plan.msgs[k], in, out, op, prescale, post);
+      s = op == GS_OP_ADASUM
+              ? adasum_message(c, &plan, &plan.msgs[k], in, out, prescale, postscale)
+              : reduce_message(c, &plan, &plan.msgs[k], in, out, op, prescale, post);
   gs_plan_free(&plan);
   return s;
 }

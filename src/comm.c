@@ -107,6 +107,7 @@ gs_status_t gs_comm_free(gs_comm_t *comm) {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
+  gs_adasum_free(c);
   if (init && !fin) {
     drain_notices(c->notice);
     MPI_Comm_free(&c->notice);

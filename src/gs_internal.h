@@ -69,6 +69,10 @@ struct gs_comm {
   double stall_seconds;
   uint64_t seq;            /* checked calls made so far: names a call in notices */
   gs_comm_stats_t stats;
+  MPI_Comm *adasum_levels; /* level k: blocks of 2^(k+1) ranks; cached */
+  int adasum_nlevels;
+  void *adasum_tmp;        /* received halves, grows on demand */
+  size_t adasum_tmp_bytes;
   void *fusion;            /* persistent fusion buffer, grows on demand */
   size_t fusion_bytes;
 };
@@ -244,6 +248,24 @@ void gs_cpu_scale_copy(gs_dtype_t dtype, const void *src, void *dst,
  * float16/bfloat16 combine in float32 and round once. */
 void gs_cpu_reduce(gs_dtype_t dtype, gs_op_t op, const void *in, void *inout, int64_t count);
 
+/* Adasum's local math (cpu_adasum.c): out[0..2] += <a,b>, <a,a>, <b,b> in
+ * float64; and out = ca*a + cb*b in float64 (float32 for float16/bfloat16),
+ * rounded once to the dtype. `out` may be `a` or `b`. */
+void gs_cpu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b, int64_t n,
+                        double out[3]);
+void gs_cpu_adasum_combine(gs_dtype_t dtype, double ca, const void *a, double cb,
+                           const void *b, void *out, int64_t n);
+
+/* ---- Adasum (adasum.c) --------------------------------------------------- */
+
+/* Adasum over one message held contiguously in `x` (the message's elements,
+ * tensor boundaries from the plan's slots). The result replaces x on every
+ * rank. */
+gs_status_t gs_adasum_message(gs_comm_t comm, const gs_plan_t *plan, const gs_message_t *m,
+                              void *x);
+/* Frees the per-level communicators Adasum caches on a communicator. */
+void gs_adasum_free(gs_comm_t comm);
+
 /* ---- argument checks shared by the collectives (args.c) ----------------- */
 
 /* Checks a tensor list for one call; `name` names it in messages ("in",
@@ -251,7 +273,7 @@ void gs_cpu_reduce(gs_dtype_t dtype, gs_op_t op, const void *in, void *inout, in
 gs_status_t gs_check_tensors(const char *op_name, const char *name,
                              const gs_tensor_t *t, int64_t n);
 gs_status_t gs_check_op(const char *op_name, gs_op_t op, const gs_tensor_t *t,
-                        int64_t n, double prescale, double postscale);
+                        int64_t n, double prescale, double postscale, int allow_adasum);
 /* out[i] must match in[i] in count and dtype. */
 gs_status_t gs_check_outputs(const char *op_name, const gs_tensor_t *in,
                              const gs_tensor_t *out, int64_t n);

@@ -69,7 +69,7 @@ gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tenso
   gs_clear_error();
   gs_status_t local = gs_check_tensors(fn, "in", in, n);
   if (local == GS_SUCCESS) local = gs_check_tensors(fn, "out", out, n);
-  if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale);
+  if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale, 0);
   for (int64_t i = 0; local == GS_SUCCESS && i < n; i++) {
     int64_t r = rows ? rows[i] : in[i].count, first, cnt;
     if (r < 0 || (r == 0 && in[i].count != 0) || (r > 0 && in[i].count % r != 0)) {

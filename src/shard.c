@@ -54,7 +54,7 @@ static gs_status_t shard_begin(gs_comm_t c, const char *fn, gs_call_kind_t kind,
                       "is %s, tensor %lld is %s", fn, gs_dtype_name(t[0].dtype), (long long)i,
                       gs_dtype_name(t[i].dtype));
   if (local == GS_SUCCESS && kind == GS_CALL_REDUCE_SCATTER_SHARDS)
-    local = gs_check_op(fn, op, t, n, pre, post);
+    local = gs_check_op(fn, op, t, n, pre, post, 0);
   int64_t *counts = malloc((size_t)(n > 0 ? n : 1) * sizeof *counts);
   *offsets = malloc((size_t)(n > 0 ? n : 1) * sizeof **offsets);
   *owners = malloc((size_t)(n > 0 ? n : 1) * sizeof **owners);

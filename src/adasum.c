@@ -1,0 +1,199 @@
+/* Adasum by vector-halving distance-doubling (DESIGN section 4).
+ *
+ * Ranks 0..Q-1 (Q the largest power of two <= P) run the tree; ranks Q..P-1
+ * first hand their gradients to rank i - Q, which folds them in, and get the
+ * result back at the end. At level L a rank pairs with rank ^ L; the lower
+ * keeps the first floor(count/2) elements of its current range. The two
+ * sides' partial dot products, per tensor, are summed over the block of 2L
+ * ranks that together hold the whole vector, so coefficients cover whole
+ * tensors. Tensor boundaries come from the fusion plan's offset table.
+ * Every element of the result is computed by exactly one rank and then
+ * copied to the others, so all ranks hold the same bits. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gs_internal.h"
+
+#define ADASUM_TAG 0x6164
+#define SQRT_DBL_MIN 1.4916681462400413e-154 /* sqrt(DBL_MIN) */
+#define CHUNK ((int64_t)1 << 30)
+
+static gs_status_t tmp_reserve(gs_comm_t c, size_t bytes, void **out) {
+  if (bytes > c->adasum_tmp_bytes) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
+      return gs_fail(GS_ERR_NO_MEMORY, "adasum: cannot allocate %zu bytes", bytes);
+    free(c->adasum_tmp);
+    c->adasum_tmp = p;
+    c->adasum_tmp_bytes = bytes;
+  }
+  *out = c->adasum_tmp;
+  return GS_SUCCESS;
+}
+
+/* Sends scount elements and receives rcount from `peer`, in chunks MPI's
+ * int counts can carry; either side may be empty. */
+static gs_status_t exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
+                            int64_t rcount, gs_dtype_t dtype, int peer) {
+  MPI_Datatype dt;
+  GS_CHECK(gs_mpi_datatype(dtype, &dt));
+  size_t es = gs_dtype_size(dtype);
+  for (int64_t off = 0; off < scount || off < rcount; off += CHUNK) {
+    int sn = (int)(scount - off < CHUNK ? (scount > off ? scount - off : 0) : CHUNK);
+    int rn = (int)(rcount - off < CHUNK ? (rcount > off ? rcount - off : 0) : CHUNK);
+    MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    if (rn) GS_MPI_CHECK(MPI_Irecv((char *)rbuf + (size_t)off * es, rn, dt, peer, ADASUM_TAG,
+                                   c->mpi, &req[0]), "adasum: MPI_Irecv");
+    if (sn) GS_MPI_CHECK(MPI_Isend((const char *)sbuf + (size_t)off * es, sn, dt, peer,
+                                   ADASUM_TAG, c->mpi, &req[1]), "adasum: MPI_Isend");
+    for (int k = 0; k < 2; k++)
+      if (req[k] != MPI_REQUEST_NULL) GS_CHECK(gs_mpi_wait(&req[k], "adasum exchange", NULL, NULL));
+  }
+  return GS_SUCCESS;
+}
+
+/* Level k's communicator groups blocks of 2^(k+1) ranks among 0..Q-1. Made
+ * once per communicator (collectively, inside the first Adasum call). */
+static gs_status_t level_comms(gs_comm_t c, int q, int nlevels) {
+  if (c->adasum_levels || nlevels == 0) return GS_SUCCESS;
+  MPI_Comm *lv = calloc((size_t)nlevels, sizeof *lv);
+  if (!lv) return gs_fail(GS_ERR_NO_MEMORY, "adasum: out of memory");
+  for (int k = 0; k < nlevels; k++) {
+    int color = c->rank < q ? c->rank >> (k + 1) : MPI_UNDEFINED;
+    int e = MPI_Comm_split(c->mpi, color, c->rank, &lv[k]);
+    if (e != MPI_SUCCESS) {
+      for (int j = 0; j < k; j++)
+        if (lv[j] != MPI_COMM_NULL) MPI_Comm_free(&lv[j]);
+      free(lv);
+      return gs_mpi_fail(e, "adasum: MPI_Comm_split");
+    }
+  }
+  c->adasum_levels = lv;
+  c->adasum_nlevels = nlevels;
+  return GS_SUCCESS;
+}
+
+void gs_adasum_free(gs_comm_t c) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  for (int k = 0; k < c->adasum_nlevels && init && !fin; k++)
+    if (c->adasum_levels[k] != MPI_COMM_NULL) MPI_Comm_free(&c->adasum_levels[k]);
+  free(c->adasum_levels);
+  free(c->adasum_tmp);
+  c->adasum_levels = NULL;
+  c->adasum_nlevels = 0;
+  c->adasum_tmp = NULL;
+  c->adasum_tmp_bytes = 0;
+}
+
+/* d[3j..3j+2] += <left,right>, <left,left>, <right,right> of slot j's part
+ * inside [lo, hi); left/right hold elements lo..hi-1. */
+static void partial_dots(const gs_plan_t *plan, const gs_message_t *m, int64_t lo, int64_t hi,
+                         const char *left, const char *right, double *d) {
+  size_t es = gs_dtype_size(m->dtype);
+  memset(d, 0, 3 * (size_t)m->nslots * sizeof *d);
+  for (int64_t j = 0; j < m->nslots; j++) {
+    const gs_slot_t *s = &plan->slots[m->first + j];
+    int64_t a = s->offset > lo ? s->offset : lo;
+    int64_t b = s->offset + s->count < hi ? s->offset + s->count : hi;
+    if (b > a)
+      gs_cpu_adasum_dots(m->dtype, left + (size_t)(a - lo) * es, right + (size_t)(a - lo) * es,
+                         b - a, &d[3 * j]);
+  }
+}
+
+/* out = ca*left + cb*right per slot, with the pair formula's coefficients. */
+static void combine(const gs_plan_t *plan, const gs_message_t *m, int64_t lo, int64_t hi,
+                    const double *d, const char *left, const char *right, char *out) {
+  size_t es = gs_dtype_size(m->dtype);
+  for (int64_t j = 0; j < m->nslots; j++) {
+    const gs_slot_t *s = &plan->slots[m->first + j];
+    int64_t a = s->offset > lo ? s->offset : lo;
+    int64_t b = s->offset + s->count < hi ? s->offset + s->count : hi;
+    if (b <= a) continue;
+    double dot = d[3 * j], na = d[3 * j + 1], nb = d[3 * j + 2];
+    double ca = na >= SQRT_DBL_MIN ? 1.0 - dot / (2.0 * na) : 1.0;
+    double cb = nb >= SQRT_DBL_MIN ? 1.0 - dot / (2.0 * nb) : 1.0;
+    size_t o = (size_t)(a - lo) * es;
+    gs_cpu_adasum_combine(m->dtype, ca, left + o, cb, right + o, out + o, b - a);
+  }
+}
+
+gs_status_t gs_adasum_message(gs_comm_t c, const gs_plan_t *plan, const gs_message_t *m,
+                              void *xv) {
+  int p = c->size, me = c->rank, q = 1, nlevels = 0;
+  if (p == 1 || m->count == 0) return GS_SUCCESS;
+  while (q * 2 <= p) { q *= 2; nlevels++; }
+  char *x = xv, *tmp = NULL;
+  size_t es = gs_dtype_size(m->dtype);
+  int64_t n = m->count;
+  GS_CHECK(level_comms(c, q, nlevels));
+  GS_CHECK(tmp_reserve(c, (size_t)n * es, (void **)&tmp));
+  double *d = malloc(3 * (size_t)m->nslots * sizeof *d + 1);
+  int64_t (*ranges)[2] = malloc((size_t)(nlevels + 1) * sizeof *ranges);
+  if (!d || !ranges) {
+    free(d);
+    free(ranges);
+    return gs_fail(GS_ERR_NO_MEMORY, "adasum: out of memory");
+  }
+  c->stats.messages++;
+  c->stats.bytes += (uint64_t)n * es;
+  gs_status_t s = GS_SUCCESS;
+
+  /* Fold ranks Q..P-1 into 0..P-Q-1: h_i = adasum(g_i, g_{Q+i}). */
+  if (me >= q) {
+    s = exchange(c, x, n, NULL, 0, m->dtype, me - q);
+  } else if (me < p - q) {
+    s = exchange(c, NULL, 0, tmp, n, m->dtype, me + q);
+    if (s == GS_SUCCESS) {
+      partial_dots(plan, m, 0, n, x, tmp, d);
+      combine(plan, m, 0, n, d, x, tmp, x);
+    }
+  }
+
+  if (me < q) {
+    int64_t lo = 0, hi = n;
+    for (int k = 0; k < nlevels && s == GS_SUCCESS; k++) {
+      int partner = me ^ (1 << k), lower = me < partner;
+      int64_t mid = lo + (hi - lo) / 2;
+      int64_t klo = lower ? lo : mid, khi = lower ? mid : hi; /* kept */
+      int64_t glo = lower ? mid : lo, ghi = lower ? hi : mid; /* given */
+      ranges[k][0] = lo;
+      ranges[k][1] = hi;
+      s = exchange(c, x + (size_t)glo * es, ghi - glo, tmp, khi - klo, m->dtype, partner);
+      if (s != GS_SUCCESS) break;
+      char *mine = x + (size_t)klo * es;
+      const char *left = lower ? mine : tmp, *right = lower ? tmp : mine;
+      partial_dots(plan, m, klo, khi, left, right, d);
+      MPI_Request req;
+      int e = MPI_Iallreduce(MPI_IN_PLACE, d, (int)(3 * m->nslots), MPI_DOUBLE, MPI_SUM,
+                             c->adasum_levels[k], &req);
+      s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "adasum: level MPI_Iallreduce", NULL, NULL)
+                           : gs_mpi_fail(e, "adasum: level MPI_Iallreduce");
+      if (s != GS_SUCCESS) break;
+      combine(plan, m, klo, khi, d, left, right, mine);
+      lo = klo;
+      hi = khi;
+    }
+    /* Mirror allgather: give back what each level took. */
+    for (int k = nlevels - 1; k >= 0 && s == GS_SUCCESS; k--) {
+      int partner = me ^ (1 << k);
+      int64_t plo = ranges[k][0], phi = ranges[k][1];
+      int64_t olo = lo == plo ? hi : plo, ohi = lo == plo ? phi : lo; /* partner's part */
+      s = exchange(c, x + (size_t)lo * es, hi - lo, x + (size_t)olo * es, ohi - olo, m->dtype,
+                   partner);
+      lo = plo;
+      hi = phi;
+    }
+  }
+
+  /* Hand the result back to the folded ranks. */
+  if (s == GS_SUCCESS) {
+    if (me < p - q) s = exchange(c, x, n, NULL, 0, m->dtype, me + q);
+    else if (me >= q) s = exchange(c, NULL, 0, x, n, m->dtype, me - q);
+  }
+  free(d);
+  free(ranges);
+  return s;
+}
