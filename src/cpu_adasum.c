@@ -1,63 +1,212 @@
 /* Host kernels of Adasum's local math: the three dot products in one pass
  * with float64 accumulation, and the scaled add, rounded once on store.
- * Plain loops the compiler vectorizes; no fast-math, so subnormals are kept
- * and the order of operations is fixed (results are reproducible). */
+ *
+ * One summation order for every SIMD level: element i accumulates into lane
+ * i % 8 and the lanes are summed pairwise at the end; no FMA anywhere
+ * (-ffp-contract=off). The AVX2/F16C path therefore gives the same bits as
+ * the portable one, and results do not depend on the machine. Subnormals are
+ * kept (no flush-to-zero, no fast-math). */
+#include <pthread.h>
+#include <string.h>
+
 #include "gs_internal.h"
 #include "half.h"
 
-#define DOTS(load)                                         \
-  do {                                                     \
-    for (int64_t i = 0; i < n; i++) {                      \
-      double x = (double)load(a, i), y = (double)load(b, i); \
-      d += x * y;                                          \
-      aa += x * x;                                         \
-      bb += y * y;                                         \
-    }                                                      \
-  } while (0)
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define GS_HAVE_X86 1
+#endif
 
-#define LOAD_F16(p, i) gs_half_to_float(((const uint16_t *)(p))[i])
-#define LOAD_BF16(p, i) gs_bf16_to_float(((const uint16_t *)(p))[i])
-#define LOAD_F32(p, i) (((const float *)(p))[i])
-#define LOAD_F64(p, i) (((const double *)(p))[i])
+#define LANES 8
+
+static double lanes_sum(const double l[LANES]) {
+  return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+static inline float load_elem(gs_dtype_t dt, const void *p, int64_t i) {
+  switch (dt) {
+    case GS_FLOAT16: return gs_half_to_float(((const uint16_t *)p)[i]);
+    case GS_BFLOAT16: return gs_bf16_to_float(((const uint16_t *)p)[i]);
+    default: return ((const float *)p)[i];
+  }
+}
+
+/* ---- portable ------------------------------------------------------------ */
+
+static void portable_dots(gs_dtype_t dt, const void *a, const void *b, int64_t n, double out[3]) {
+  double d[LANES] = {0}, aa[LANES] = {0}, bb[LANES] = {0};
+  for (int64_t i = 0; i < n; i++) {
+    double x, y;
+    if (dt == GS_FLOAT64) {
+      x = ((const double *)a)[i];
+      y = ((const double *)b)[i];
+    } else {
+      x = (double)load_elem(dt, a, i);
+      y = (double)load_elem(dt, b, i);
+    }
+    int l = (int)(i % LANES);
+    d[l] += x * y;
+    aa[l] += x * x;
+    bb[l] += y * y;
+  }
+  out[0] += lanes_sum(d);
+  out[1] += lanes_sum(aa);
+  out[2] += lanes_sum(bb);
+}
+
+static void portable_combine(gs_dtype_t dt, double ca, const void *a, double cb, const void *b,
+                             void *out, int64_t n) {
+  const float fa = (float)ca, fb = (float)cb;
+  for (int64_t i = 0; i < n; i++) {
+    switch (dt) {
+      case GS_FLOAT16:
+        ((uint16_t *)out)[i] = gs_float_to_half(fa * load_elem(dt, a, i) + fb * load_elem(dt, b, i));
+        break;
+      case GS_BFLOAT16:
+        ((uint16_t *)out)[i] = gs_float_to_bf16(fa * load_elem(dt, a, i) + fb * load_elem(dt, b, i));
+        break;
+      case GS_FLOAT32: /* float64 coefficients: they can pass float32's range */
+        ((float *)out)[i] = (float)(ca * (double)((const float *)a)[i] +
+                                    cb * (double)((const float *)b)[i]);
+        break;
+      case GS_FLOAT64:
+        ((double *)out)[i] = ca * ((const double *)a)[i] + cb * ((const double *)b)[i];
+        break;
+      default: return;
+    }
+  }
+}
+
+/* ---- AVX2 + F16C ------------------------------------------------------------ */
+#ifdef GS_HAVE_X86
+#define AVX2 __attribute__((target("avx2,f16c")))
+
+/* Eight elements as float32 (exact widening for the 16-bit types). */
+AVX2 static inline __m256 load8(gs_dtype_t dt, const void *p, int64_t i) {
+  switch (dt) {
+    case GS_FLOAT16:
+      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+    case GS_BFLOAT16: {
+      __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+      return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+    }
+    default: return _mm256_loadu_ps((const float *)p + i);
+  }
+}
+
+AVX2 static void avx2_dots(gs_dtype_t dt, const void *a, const void *b, int64_t n, double out[3]) {
+  __m256d d0 = _mm256_setzero_pd(), d1 = d0, a0 = d0, a1 = d0, b0 = d0, b1 = d0;
+  int64_t i = 0;
+  for (; i + LANES <= n; i += LANES) {
+    __m256d xl, xh, yl, yh; /* lanes 0-3 and 4-7 */
+    if (dt == GS_FLOAT64) {
+      xl = _mm256_loadu_pd((const double *)a + i);
+      xh = _mm256_loadu_pd((const double *)a + i + 4);
+      yl = _mm256_loadu_pd((const double *)b + i);
+      yh = _mm256_loadu_pd((const double *)b + i + 4);
+    } else {
+      __m256 x = load8(dt, a, i), y = load8(dt, b, i);
+      xl = _mm256_cvtps_pd(_mm256_castps256_ps128(x));
+      xh = _mm256_cvtps_pd(_mm256_extractf128_ps(x, 1));
+      yl = _mm256_cvtps_pd(_mm256_castps256_ps128(y));
+      yh = _mm256_cvtps_pd(_mm256_extractf128_ps(y, 1));
+    }
+    d0 = _mm256_add_pd(d0, _mm256_mul_pd(xl, yl));
+    d1 = _mm256_add_pd(d1, _mm256_mul_pd(xh, yh));
+    a0 = _mm256_add_pd(a0, _mm256_mul_pd(xl, xl));
+    a1 = _mm256_add_pd(a1, _mm256_mul_pd(xh, xh));
+    b0 = _mm256_add_pd(b0, _mm256_mul_pd(yl, yl));
+    b1 = _mm256_add_pd(b1, _mm256_mul_pd(yh, yh));
+  }
+  double d[LANES], aa[LANES], bb[LANES];
+  _mm256_storeu_pd(d, d0);
+  _mm256_storeu_pd(d + 4, d1);
+  _mm256_storeu_pd(aa, a0);
+  _mm256_storeu_pd(aa + 4, a1);
+  _mm256_storeu_pd(bb, b0);
+  _mm256_storeu_pd(bb + 4, b1);
+  for (int l = 0; i < n; i++, l++) { /* the tail continues lanes 0, 1, ... */
+    double x = dt == GS_FLOAT64 ? ((const double *)a)[i] : (double)load_elem(dt, a, i);
+    double y = dt == GS_FLOAT64 ? ((const double *)b)[i] : (double)load_elem(dt, b, i);
+    d[l] += x * y;
+    aa[l] += x * x;
+    bb[l] += y * y;
+  }
+  out[0] += lanes_sum(d);
+  out[1] += lanes_sum(aa);
+  out[2] += lanes_sum(bb);
+}
+
+/* float32 -> bfloat16, round to nearest even, NaN kept quiet (as half.h). */
+AVX2 static inline __m128i to_bf16x8(__m256 v) {
+  __m256i u = _mm256_castps_si256(v);
+  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                   _mm256_set1_epi32(0x7f800000));
+  __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+  r = _mm256_blendv_epi8(r, q, nan);
+  __m256i packed = _mm256_packus_epi32(r, r); /* per 128-bit lane: 4 + 4 */
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
+}
+
+AVX2 static void avx2_combine(gs_dtype_t dt, double ca, const void *a, double cb, const void *b,
+                              void *out, int64_t n) {
+  int64_t i = 0;
+  if (dt == GS_FLOAT16 || dt == GS_BFLOAT16) {
+    const __m256 fa = _mm256_set1_ps((float)ca), fb = _mm256_set1_ps((float)cb);
+    for (; i + LANES <= n; i += LANES) {
+      __m256 v = _mm256_add_ps(_mm256_mul_ps(fa, load8(dt, a, i)), _mm256_mul_ps(fb, load8(dt, b, i)));
+      __m128i h = dt == GS_FLOAT16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : to_bf16x8(v);
+      _mm_storeu_si128((__m128i *)((uint16_t *)out + i), h);
+    }
+  } else if (dt == GS_FLOAT32) {
+    const __m256d da = _mm256_set1_pd(ca), db = _mm256_set1_pd(cb);
+    for (; i + 4 <= n; i += 4) {
+      __m256d x = _mm256_cvtps_pd(_mm_loadu_ps((const float *)a + i));
+      __m256d y = _mm256_cvtps_pd(_mm_loadu_ps((const float *)b + i));
+      _mm_storeu_ps((float *)out + i,
+                    _mm256_cvtpd_ps(_mm256_add_pd(_mm256_mul_pd(da, x), _mm256_mul_pd(db, y))));
+    }
+  } else if (dt == GS_FLOAT64) {
+    const __m256d da = _mm256_set1_pd(ca), db = _mm256_set1_pd(cb);
+    for (; i + 4 <= n; i += 4) {
+      __m256d x = _mm256_loadu_pd((const double *)a + i), y = _mm256_loadu_pd((const double *)b + i);
+      _mm256_storeu_pd((double *)out + i, _mm256_add_pd(_mm256_mul_pd(da, x), _mm256_mul_pd(db, y)));
+    }
+  }
+  size_t es = gs_dtype_size(dt);
+  if (i < n)
+    portable_combine(dt, ca, (const char *)a + (size_t)i * es, cb, (const char *)b + (size_t)i * es,
+                     (char *)out + (size_t)i * es, n - i);
+}
+#endif
+
+/* ---- dispatch ---------------------------------------------------------------- */
+
+typedef void (*dots_fn)(gs_dtype_t, const void *, const void *, int64_t, double *);
+typedef void (*combine_fn)(gs_dtype_t, double, const void *, double, const void *, void *, int64_t);
+static dots_fn dots_impl = portable_dots;
+static combine_fn combine_impl = portable_combine;
+static pthread_once_t dispatch_once = PTHREAD_ONCE_INIT;
+
+static void choose(void) {
+#ifdef GS_HAVE_X86
+  if (strcmp(gs_simd_level(), "avx2") == 0) {
+    dots_impl = avx2_dots;
+    combine_impl = avx2_combine;
+  }
+#endif
+}
 
 void gs_cpu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b, int64_t n,
                         double out[3]) {
-  double d = 0, aa = 0, bb = 0;
-  switch (dtype) {
-    case GS_FLOAT16: DOTS(LOAD_F16); break;
-    case GS_BFLOAT16: DOTS(LOAD_BF16); break;
-    case GS_FLOAT32: DOTS(LOAD_F32); break;
-    case GS_FLOAT64: DOTS(LOAD_F64); break;
-    default: break;
-  }
-  out[0] += d;
-  out[1] += aa;
-  out[2] += bb;
+  pthread_once(&dispatch_once, choose);
+  dots_impl(dtype, a, b, n, out);
 }
 
 void gs_cpu_adasum_combine(gs_dtype_t dtype, double ca, const void *a, double cb,
                            const void *b, void *out, int64_t n) {
-  switch (dtype) {
-    case GS_FLOAT16: {
-      const float fa = (float)ca, fb = (float)cb;
-      for (int64_t i = 0; i < n; i++)
-        ((uint16_t *)out)[i] = gs_float_to_half(fa * LOAD_F16(a, i) + fb * LOAD_F16(b, i));
-      break;
-    }
-    case GS_BFLOAT16: {
-      const float fa = (float)ca, fb = (float)cb;
-      for (int64_t i = 0; i < n; i++)
-        ((uint16_t *)out)[i] = gs_float_to_bf16(fa * LOAD_BF16(a, i) + fb * LOAD_BF16(b, i));
-      break;
-    }
-    case GS_FLOAT32: /* float64 coefficients: they can pass float32's range */
-      for (int64_t i = 0; i < n; i++)
-        ((float *)out)[i] = (float)(ca * (double)LOAD_F32(a, i) + cb * (double)LOAD_F32(b, i));
-      break;
-    case GS_FLOAT64:
-      for (int64_t i = 0; i < n; i++)
-        ((double *)out)[i] = ca * LOAD_F64(a, i) + cb * LOAD_F64(b, i);
-      break;
-    default: break;
-  }
+  pthread_once(&dispatch_once, choose);
+  combine_impl(dtype, ca, a, cb, b, out, n);
 }

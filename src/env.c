@@ -1,6 +1,7 @@
 /* The environment knobs, read in one place. Each reader falls back to its
  * default when the variable is unset or unparsable. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "gs_internal.h"
 
@@ -23,6 +24,11 @@ int64_t gs_env_fusion_threshold(void) {
 int64_t gs_env_direct_bytes(void) {
   int64_t v;
   return (env_int64("GRADSYNC_DIRECT_BYTES", &v) && v > 0) ? v : GS_DEFAULT_DIRECT_BYTES;
+}
+
+int gs_env_simd_portable(void) {
+  const char *s = getenv("GRADSYNC_SIMD");
+  return s && strcmp(s, "portable") == 0;
 }
 
 int gs_env_check(void) {

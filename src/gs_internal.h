@@ -49,6 +49,7 @@ int64_t gs_env_direct_bytes(void);     /* GRADSYNC_DIRECT_BYTES */
 int64_t gs_env_fusion_threshold(void); /* GRADSYNC_FUSION_THRESHOLD */
 int gs_env_check(void);                /* GRADSYNC_CHECK */
 double gs_env_stall_seconds(void);     /* GRADSYNC_STALL_SECONDS */
+int gs_env_simd_portable(void);        /* GRADSYNC_SIMD=portable: no AVX2 kernels */
 
 /* ---- dtypes and element conversions (dtype.c, half.h) ------------------- */
 

@@ -4,6 +4,7 @@
 const char *gs_version(void) { return GS_VERSION_STRING; }
 
 const char *gs_simd_level(void) {
+  if (gs_env_simd_portable()) return "portable";
 #if defined(__x86_64__) && defined(__GNUC__)
   __builtin_cpu_init();
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c")) return "avx2";
