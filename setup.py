@@ -73,7 +73,7 @@ class BuildWithRuntime(build_ext):
             glob.glob(os.path.join(INCLUDE, "*.h"))
         if self.force or newer(deps, lib):
             cmd = shlex.split(mpicc) + C_FLAGS + ["-I" + INCLUDE, "-shared", "-o", lib] + \
-                sources + ["-Wl,-soname,libgradsync.so", "-ldl", "-lpthread"]
+                sources + ["-Wl,-soname,libgradsync.so", "-ldl", "-lpthread", "-lm"]
             print(" ".join(cmd))
             subprocess.check_call(cmd)
         cflags, lflags = mpi_flags(mpicc)

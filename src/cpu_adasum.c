@@ -6,6 +6,7 @@
  * (-ffp-contract=off). The AVX2/F16C path therefore gives the same bits as
  * the portable one, and results do not depend on the machine. Subnormals are
  * kept (no flush-to-zero, no fast-math). */
+#include <math.h>
 #include <pthread.h>
 #include <string.h>
 
@@ -54,8 +55,28 @@ static void portable_dots(gs_dtype_t dt, const void *a, const void *b, int64_t n
   out[2] += lanes_sum(bb);
 }
 
+/* float16/bfloat16 combine in float32 as DESIGN says, unless a coefficient
+ * is beyond float32's range (bfloat16 spans float32's exponents, so per-rank
+ * scales from tiny to sqrt(max) give coefficients near 1e57): then in float64,
+ * still rounded once. */
+static int coefficients_fit_float(double ca, double cb) {
+  return fabs(ca) <= 3.4028234663852886e38 && fabs(cb) <= 3.4028234663852886e38;
+}
+
+static void wide_combine16(gs_dtype_t dt, double ca, const void *a, double cb, const void *b,
+                           void *out, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    double v = ca * (double)load_elem(dt, a, i) + cb * (double)load_elem(dt, b, i);
+    ((uint16_t *)out)[i] = dt == GS_FLOAT16 ? gs_double_to_half(v) : gs_double_to_bf16(v);
+  }
+}
+
 static void portable_combine(gs_dtype_t dt, double ca, const void *a, double cb, const void *b,
                              void *out, int64_t n) {
+  if ((dt == GS_FLOAT16 || dt == GS_BFLOAT16) && !coefficients_fit_float(ca, cb)) {
+    wide_combine16(dt, ca, a, cb, b, out, n);
+    return;
+  }
   const float fa = (float)ca, fb = (float)cb;
   for (int64_t i = 0; i < n; i++) {
     switch (dt) {
@@ -153,6 +174,10 @@ AVX2 static inline __m128i to_bf16x8(__m256 v) {
 AVX2 static void avx2_combine(gs_dtype_t dt, double ca, const void *a, double cb, const void *b,
                               void *out, int64_t n) {
   int64_t i = 0;
+  if ((dt == GS_FLOAT16 || dt == GS_BFLOAT16) && !coefficients_fit_float(ca, cb)) {
+    wide_combine16(dt, ca, a, cb, b, out, n);
+    return;
+  }
   if (dt == GS_FLOAT16 || dt == GS_BFLOAT16) {
     const __m256 fa = _mm256_set1_ps((float)ca), fb = _mm256_set1_ps((float)cb);
     for (; i + LANES <= n; i += LANES) {

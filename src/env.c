@@ -28,7 +28,7 @@ int64_t gs_env_direct_bytes(void) {
 
 int gs_env_simd_portable(void) {
   const char *s = getenv("GRADSYNC_SIMD");
-  return s && strcmp(s, "portable") == 0;
+  return s && (strcmp(s, "portable") == 0 || strcmp(s, "none") == 0);
 }
 
 int gs_env_check(void) {

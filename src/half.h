@@ -3,6 +3,7 @@
 #ifndef GRADSYNC_HALF_H
 #define GRADSYNC_HALF_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -52,5 +53,22 @@ static inline uint16_t gs_float_to_bf16(float f) {
   u += 0x7fffu + ((u >> 16) & 1u);
   return (uint16_t)(u >> 16);
 }
+
+/* double -> float rounding to odd: truncate, then set the last bit when
+ * anything was lost. A following round-to-nearest-even to a format with at
+ * least two fewer significand bits (float16: 11, bfloat16: 8, against 24)
+ * then rounds the double exactly once. */
+static inline float gs_double_to_float_odd(double d) {
+  float f = (float)d;
+  if ((double)f == d || d != d) return f;
+  uint32_t u = gs_float_to_bits(f);
+  /* f rounded away from zero (to a larger magnitude, inf included): step back
+   * one ulp; a zero f never did, so the decrement cannot wrap. */
+  if (fabs((double)f) > fabs(d)) u -= 1;
+  return gs_bits_to_float(u | 1u);
+}
+
+static inline uint16_t gs_double_to_half(double d) { return gs_float_to_half(gs_double_to_float_odd(d)); }
+static inline uint16_t gs_double_to_bf16(double d) { return gs_float_to_bf16(gs_double_to_float_odd(d)); }
 
 #endif

@@ -73,6 +73,20 @@ int main(int argc, char **argv) {
             }
           }
 #endif
+          /* coefficients past float32's range: float64 math, rounded once */
+          if ((dt == GS_FLOAT16 || dt == GS_BFLOAT16) && n > 0) {
+            portable_combine(dt, -1e57, a, 1.0, b, o1, n);
+            int bad = 0;
+            for (int64_t i = 0; i < n; i++) {
+              double v = -1e57 * (double)load_elem(dt, a, i) + (double)load_elem(dt, b, i);
+              uint16_t want = dt == GS_FLOAT16 ? gs_ref_double_to_f16(v) : gs_ref_double_to_bf16(v);
+              uint16_t got = ((uint16_t *)o1)[i];
+              int nan = dt == GS_FLOAT16 ? gs_ref_f16_isnan(want) && gs_ref_f16_isnan(got)
+                                         : gs_ref_bf16_isnan(want) && gs_ref_bf16_isnan(got);
+              if (got != want && !nan) bad++;
+            }
+            CHECK(bad == 0, "%d wide combine results differ from the reference", bad);
+          }
           /* combine rounds once: float32 result equals the double expression rounded */
           if (dt == GS_FLOAT32 && n > 0) {
             portable_combine(dt, 0.75, a, 1.25, b, o1, n);

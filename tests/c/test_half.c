@@ -241,6 +241,37 @@ static void test_public_sum(gs_comm_t comm) {
   }
 }
 
+/* double -> float16/bfloat16 must round once: going through float with
+ * round-to-nearest would round twice. Hard cases: just above and below every
+ * float16 midpoint by less than a float32 ulp, where double rounding errs. */
+static void test_double_single_rounding(void) {
+  if (rank_ != 0) return;
+  SECTION("double -> float16/bfloat16, rounded once");
+  long bad16 = 0, bad_bf = 0, n = 0;
+  for (uint32_t h = 0; h < 0x7c00u; h++) { /* positive finite float16 */
+    double lo = gs_ref_f16_to_double((uint16_t)h), hi = gs_ref_f16_to_double((uint16_t)(h + 1));
+    double mid = 0.5 * (lo + hi);
+    double eps = ldexp(fabs(mid), -40);
+    const double xs[] = {mid, mid + eps, mid - eps, lo + eps, hi - eps};
+    for (int k = 0; k < 5; k++, n++) {
+      bad16 += gs_double_to_half(xs[k]) != gs_ref_double_to_f16(xs[k]);
+      bad16 += gs_double_to_half(-xs[k]) != gs_ref_double_to_f16(-xs[k]);
+    }
+  }
+  gs_rng_t r = gs_rng_make(77, 0);
+  for (int i = 0; i < 200000; i++, n++) {
+    /* bfloat16 midpoints nudged by less than a float32 ulp, over all exponents */
+    uint16_t b = (uint16_t)gs_rng_int(&r, 0, 0x7f7f);
+    double lo = gs_ref_bf16_to_double(b), hi = gs_ref_bf16_to_double((uint16_t)(b + 1));
+    double mid = 0.5 * (lo + hi), x = mid + (gs_rng_unit(&r) - 0.5) * ldexp(fabs(mid), -30);
+    bad_bf += gs_double_to_bf16(x) != gs_ref_double_to_bf16(x);
+  }
+  CHECK(bad16 == 0, "%ld of %ld float16 conversions rounded twice", bad16, 2 * n);
+  CHECK(bad_bf == 0, "%ld bfloat16 conversions rounded twice", bad_bf);
+  CHECK(gs_double_to_half(1e300) == 0x7c00u && gs_double_to_bf16(-1e300) == 0xff80u, "overflow");
+  CHECK(gs_double_to_half(1e-300) == 0 && gs_double_to_bf16(1e-300) == 0, "underflow to zero");
+}
+
 int main(int argc, char **argv) {
   gs_test_init(&argc, &argv, "test_half");
   rank_ = gs_test_rank();
@@ -257,6 +288,7 @@ int main(int argc, char **argv) {
   }
   test_all_patterns();
   test_float_samples();
+  test_double_single_rounding();
 
   gs_comm_t comm = NULL;
   GS_OK(gs_comm_create(MPI_COMM_WORLD, NULL, &comm));
