@@ -3,6 +3,8 @@
 
 PYTHON ?= python3
 NP_LIST ?= 1 2 3 4
+# Adasum's fold-in paths differ for every rank count: its tests also run here.
+ADASUM_NP_LIST ?= 5 6 7 8
 TEST_TIMEOUT ?= 900
 SCRIPTS_DIR := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_path('scripts'))" 2>/dev/null)
 # mpiexec of the MPI we build with: next to $MPICC, else on PATH, else the wheel's.
@@ -42,6 +44,10 @@ py-tests: build
 	@for n in $(NP_LIST); do \
 	    echo "== pytest at $$n ranks"; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python || exit 1; \
+	done
+	@for n in $(ADASUM_NP_LIST); do \
+	    echo "== pytest tests/python/test_adasum.py at $$n ranks"; \
+	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_adasum.py || exit 1; \
 	done
 
 test: c-tests py-tests

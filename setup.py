@@ -20,7 +20,7 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 INCLUDE = os.path.join(ROOT, "include")
 C_FLAGS = ["-O3", "-g", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
-           "-fvisibility=hidden", "-fno-fast-math", "-ffp-contract=off",
+           "-fvisibility=hidden", "-fno-fast-math", "-ffp-contract=off", "-fopenmp",
            "-DGS_BUILDING_LIBRARY"]
 
 

@@ -12,5 +12,6 @@
 #include "gs_collectives.h"
 #include "gs_shard.h"
 #include "gs_info.h"
+#include "gs_kernels.h"
 
 #endif

@@ -13,10 +13,7 @@
 #include "gs_internal.h"
 #include "half.h"
 
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-#define GS_HAVE_X86 1
-#endif
+#include "simd.h"
 
 #define LANES 8
 
@@ -100,20 +97,8 @@ static void portable_combine(gs_dtype_t dt, double ca, const void *a, double cb,
 
 /* ---- AVX2 + F16C ------------------------------------------------------------ */
 #ifdef GS_HAVE_X86
-#define AVX2 __attribute__((target("avx2,f16c")))
-
-/* Eight elements as float32 (exact widening for the 16-bit types). */
-AVX2 static inline __m256 load8(gs_dtype_t dt, const void *p, int64_t i) {
-  switch (dt) {
-    case GS_FLOAT16:
-      return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
-    case GS_BFLOAT16: {
-      __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
-      return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-    }
-    default: return _mm256_loadu_ps((const float *)p + i);
-  }
-}
+#define AVX2 GS_AVX2
+#define load8 gs_load8
 
 AVX2 static void avx2_dots(gs_dtype_t dt, const void *a, const void *b, int64_t n, double out[3]) {
   __m256d d0 = _mm256_setzero_pd(), d1 = d0, a0 = d0, a1 = d0, b0 = d0, b1 = d0;
@@ -158,19 +143,6 @@ AVX2 static void avx2_dots(gs_dtype_t dt, const void *a, const void *b, int64_t 
   out[2] += lanes_sum(bb);
 }
 
-/* float32 -> bfloat16, round to nearest even, NaN kept quiet (as half.h). */
-AVX2 static inline __m128i to_bf16x8(__m256 v) {
-  __m256i u = _mm256_castps_si256(v);
-  __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)), lsb), 16);
-  __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
-                                   _mm256_set1_epi32(0x7f800000));
-  __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-  r = _mm256_blendv_epi8(r, q, nan);
-  __m256i packed = _mm256_packus_epi32(r, r); /* per 128-bit lane: 4 + 4 */
-  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
-}
-
 AVX2 static void avx2_combine(gs_dtype_t dt, double ca, const void *a, double cb, const void *b,
                               void *out, int64_t n) {
   int64_t i = 0;
@@ -182,7 +154,7 @@ AVX2 static void avx2_combine(gs_dtype_t dt, double ca, const void *a, double cb
     const __m256 fa = _mm256_set1_ps((float)ca), fb = _mm256_set1_ps((float)cb);
     for (; i + LANES <= n; i += LANES) {
       __m256 v = _mm256_add_ps(_mm256_mul_ps(fa, load8(dt, a, i)), _mm256_mul_ps(fb, load8(dt, b, i)));
-      __m128i h = dt == GS_FLOAT16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : to_bf16x8(v);
+      __m128i h = dt == GS_FLOAT16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : gs_to_bf16x8(v);
       _mm_storeu_si128((__m128i *)((uint16_t *)out + i), h);
     }
   } else if (dt == GS_FLOAT32) {
@@ -217,7 +189,7 @@ static pthread_once_t dispatch_once = PTHREAD_ONCE_INIT;
 
 static void choose(void) {
 #ifdef GS_HAVE_X86
-  if (strcmp(gs_simd_level(), "avx2") == 0) {
+  if (gs_simd_avx2()) {
     dots_impl = avx2_dots;
     combine_impl = avx2_combine;
   }

@@ -1,5 +1,8 @@
 /* What this build contains. */
+#include <string.h>
+
 #include "gs_internal.h"
+#include "simd.h"
 
 const char *gs_version(void) { return GS_VERSION_STRING; }
 
@@ -11,6 +14,8 @@ const char *gs_simd_level(void) {
 #endif
   return "portable";
 }
+
+int gs_simd_avx2(void) { return strcmp(gs_simd_level(), "avx2") == 0; }
 
 int gs_check_payload_bytes(void) { return GS_CHECK_PAYLOAD_BYTES; }
 

@@ -25,6 +25,7 @@ from gradsync._core import (  # noqa: E402
     bfloat16,
 )
 from gradsync.communicator import Communicator  # noqa: E402
+from gradsync.kernels import accumulate_, accumulate_v2_, all_finite, scale_, zero_  # noqa: E402
 from gradsync.ops import Op  # noqa: E402
 from gradsync.shard import ShardLayout  # noqa: E402
 
@@ -55,5 +56,6 @@ def build_info():
 
 __all__ = [
     "ArgumentError", "ClosedError", "Communicator", "DtypeError", "Error", "MismatchError",
-    "Op", "ShardLayout", "UnsupportedError", "bfloat16", "build_info",
+    "Op", "ShardLayout", "UnsupportedError", "accumulate_", "accumulate_v2_", "all_finite",
+    "bfloat16", "build_info", "scale_", "zero_",
 ]

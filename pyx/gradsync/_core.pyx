@@ -14,11 +14,13 @@ from gradsync.gs_comm cimport *
 from gradsync.gs_collectives cimport *
 from gradsync.gs_shard cimport *
 from gradsync.gs_info cimport *
+from gradsync.gs_kernels cimport *
 
 cnp.import_array()
 
 include "_errors.pxi"
 include "_tensors.pxi"
+include "_kernels.pxi"
 
 OPS = {"sum": GS_OP_SUM, "average": GS_OP_AVERAGE, "min": GS_OP_MIN,
        "max": GS_OP_MAX, "prod": GS_OP_PROD, "adasum": GS_OP_ADASUM}
