@@ -14,8 +14,8 @@ static inline float gs_half_to_float(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t man = h & 0x3ffu;
-  if (exp == 0x1f) /* inf or nan: keep the payload */
-    return gs_bits_to_float(sign | 0x7f800000u | (man << 13));
+  if (exp == 0x1f) /* inf, or nan: payload kept, quieted as IEEE conversion (F16C) does */
+    return gs_bits_to_float(sign | 0x7f800000u | (man << 13) | (man ? 0x00400000u : 0u));
   if (exp == 0) {
     /* zero or subnormal: man * 2^-24, exact in float */
     float f = (float)man * 5.9604644775390625e-08f;
