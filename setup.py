@@ -105,7 +105,7 @@ setup(
     version="0.1.0",
     description="Collective communication for distributed training: fused MPI/NCCL "
                 "collectives, Adasum and gradient kernels",
-    packages=["gradsync"],
+    packages=["gradsync", "gradsync.bench"],
     package_dir={"": "pyx"},
     package_data={"gradsync": ["*.pxd", "*.pxi", "*.pyx", "libgradsync.so"]},
     ext_modules=extensions(),
