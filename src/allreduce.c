@@ -6,8 +6,11 @@
 /* Plans a list for a call: counts and dtypes straight from the tensors. */
 gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
                             gs_comm_t comm) {
-  int64_t *counts = malloc((size_t)n * sizeof *counts + 1);
-  gs_dtype_t *dtypes = malloc((size_t)n * sizeof *dtypes + 1);
+  int64_t counts_small[GS_PLAN_INLINE];
+  gs_dtype_t dtypes_small[GS_PLAN_INLINE];
+  int small = n <= GS_PLAN_INLINE;
+  int64_t *counts = small ? counts_small : malloc((size_t)n * sizeof *counts);
+  gs_dtype_t *dtypes = small ? dtypes_small : malloc((size_t)n * sizeof *dtypes);
   gs_status_t s = GS_SUCCESS;
   if (!counts || !dtypes) s = gs_fail(GS_ERR_NO_MEMORY, "fusion plan: out of memory");
   for (int64_t i = 0; s == GS_SUCCESS && i < n; i++) {
@@ -16,8 +19,10 @@ gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
   }
   if (s == GS_SUCCESS)
     s = gs_plan_build(plan, counts, dtypes, n, comm->fusion_threshold, comm->direct_bytes);
-  free(counts);
-  free(dtypes);
+  if (!small) {
+    free(counts);
+    free(dtypes);
+  }
   return s;
 }
 

@@ -6,18 +6,24 @@
 #include "gs_internal.h"
 
 void gs_plan_free(gs_plan_t *plan) {
-  free(plan->slots);
-  free(plan->msgs);
-  memset(plan, 0, sizeof *plan);
+  if (plan->slots != plan->inline_slots) free(plan->slots);
+  if (plan->msgs != plan->inline_msgs) free(plan->msgs);
+  plan->slots = NULL;
+  plan->msgs = NULL;
+  plan->nslots = plan->nmsgs = 0;
 }
 
 gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts,
                           const gs_dtype_t *dtypes, int64_t n, int64_t threshold,
                           int64_t direct) {
-  memset(plan, 0, sizeof *plan);
+  plan->nslots = plan->nmsgs = 0;
+  plan->slots = plan->inline_slots;
+  plan->msgs = plan->inline_msgs;
   if (n == 0) return GS_SUCCESS;
-  plan->slots = malloc((size_t)n * sizeof *plan->slots);
-  plan->msgs = malloc((size_t)n * sizeof *plan->msgs);
+  if (n > GS_PLAN_INLINE) {
+    plan->slots = malloc((size_t)n * sizeof *plan->slots);
+    plan->msgs = malloc((size_t)n * sizeof *plan->msgs);
+  }
   if (!plan->slots || !plan->msgs) {
     gs_plan_free(plan);
     return gs_fail(GS_ERR_NO_MEMORY, "fusion plan: out of memory for %lld tensors", (long long)n);

@@ -204,10 +204,14 @@ typedef struct gs_message {
   int64_t count; /* elements in the message */
 } gs_message_t;
 
+#define GS_PLAN_INLINE 8 /* lists this short plan without touching the heap */
+
 typedef struct gs_plan {
   gs_slot_t *slots;
   gs_message_t *msgs;
   int64_t nslots, nmsgs;
+  gs_slot_t inline_slots[GS_PLAN_INLINE];
+  gs_message_t inline_msgs[GS_PLAN_INLINE];
 } gs_plan_t;
 
 /* Builds the table for tensors whose sizes are `counts` (n values) and

@@ -195,6 +195,26 @@ cdef class Comm:
         with nogil:
             CHKERR(gs_allreduce(h, tin.t, po, tin.n, cop, prescale, postscale))
 
+    def allreduce_inplace(self, tensors, op="sum", double prescale=1.0,
+                          double postscale=1.0):
+        """In-place allreduce that returns its argument. One ndarray takes a
+        path with no per-call allocation: small calls are latency bound."""
+        cdef gs_comm_t h = self.live()
+        cdef gs_tensor_t t
+        cdef gs_op_t cop
+        if type(tensors) is not np.ndarray:
+            self.allreduce(tensors, None, op, prescale, postscale)
+            return tensors
+        try:
+            cop = parse_op(op)
+            fill_tensor(&t, tensors, "tensor", 0, False, True)
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
+        with nogil:
+            CHKERR(gs_allreduce(h, &t, NULL, 1, cop, prescale, postscale))
+        return tensors
+
     def broadcast(self, list tensors, int root, str name, bint indexed):
         cdef gs_comm_t h = self.live()
         cdef TensorList tl = self.tensors(tensors, name, indexed, True)
