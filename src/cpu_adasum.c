@@ -31,25 +31,30 @@ static inline float load_elem(gs_dtype_t dt, const void *p, int64_t i) {
 
 /* ---- portable ------------------------------------------------------------ */
 
-static void portable_dots(gs_dtype_t dt, const void *a, const void *b, int64_t n, double out[3]) {
-  double d[LANES] = {0}, aa[LANES] = {0}, bb[LANES] = {0};
-  for (int64_t i = 0; i < n; i++) {
-    double x, y;
-    if (dt == GS_FLOAT64) {
-      x = ((const double *)a)[i];
-      y = ((const double *)b)[i];
-    } else {
-      x = (double)load_elem(dt, a, i);
-      y = (double)load_elem(dt, b, i);
-    }
+/* Elements [from, n) into their lanes (element i into lane i % LANES). */
+static void dots_into_lanes(gs_dtype_t dt, const void *a, const void *b, int64_t from, int64_t n,
+                            double d[LANES], double aa[LANES], double bb[LANES]) {
+  for (int64_t i = from; i < n; i++) {
+    double x = dt == GS_FLOAT64 ? ((const double *)a)[i] : (double)load_elem(dt, a, i);
+    double y = dt == GS_FLOAT64 ? ((const double *)b)[i] : (double)load_elem(dt, b, i);
     int l = (int)(i % LANES);
     d[l] += x * y;
     aa[l] += x * x;
     bb[l] += y * y;
   }
+}
+
+static void lanes_into(double out[3], const double d[LANES], const double aa[LANES],
+                       const double bb[LANES]) {
   out[0] += lanes_sum(d);
   out[1] += lanes_sum(aa);
   out[2] += lanes_sum(bb);
+}
+
+static void portable_dots(gs_dtype_t dt, const void *a, const void *b, int64_t n, double out[3]) {
+  double d[LANES] = {0}, aa[LANES] = {0}, bb[LANES] = {0};
+  dots_into_lanes(dt, a, b, 0, n, d, aa, bb);
+  lanes_into(out, d, aa, bb);
 }
 
 /* float16/bfloat16 combine in float32 as DESIGN says, unless a coefficient
@@ -131,16 +136,8 @@ AVX2 static void avx2_dots(gs_dtype_t dt, const void *a, const void *b, int64_t 
   _mm256_storeu_pd(aa + 4, a1);
   _mm256_storeu_pd(bb, b0);
   _mm256_storeu_pd(bb + 4, b1);
-  for (int l = 0; i < n; i++, l++) { /* the tail continues lanes 0, 1, ... */
-    double x = dt == GS_FLOAT64 ? ((const double *)a)[i] : (double)load_elem(dt, a, i);
-    double y = dt == GS_FLOAT64 ? ((const double *)b)[i] : (double)load_elem(dt, b, i);
-    d[l] += x * y;
-    aa[l] += x * x;
-    bb[l] += y * y;
-  }
-  out[0] += lanes_sum(d);
-  out[1] += lanes_sum(aa);
-  out[2] += lanes_sum(bb);
+  dots_into_lanes(dt, a, b, i, n, d, aa, bb); /* the tail: i is a multiple of LANES */
+  lanes_into(out, d, aa, bb);
 }
 
 AVX2 static void avx2_combine(gs_dtype_t dt, double ca, const void *a, double cb, const void *b,
