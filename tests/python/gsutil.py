@@ -68,10 +68,13 @@ def collective_assert(ok, msg="", comm=None):
     wrong on each failing rank."""
     mpi = _as_mpi(comm)
     results = mpi.allgather((bool(ok), "" if ok else str(msg)))
-    failed = [(r, m) for r, (o, m) in enumerate(results) if not o]
+    _raise_failures([(r, m) for r, (o, m) in enumerate(results) if not o], mpi.size)
+
+
+def _raise_failures(failed, size):
+    """AssertionError listing each failing rank's message, if any failed."""
     if failed:
-        lines = ["failed on rank(s) %s of %d:" % ([r for r, _ in failed],
-                                                  mpi.size)]
+        lines = ["failed on rank(s) %s of %d:" % ([r for r, _ in failed], size)]
         for r, m in failed:
             lines.append("--- rank %d: %s" % (r, m))
         raise AssertionError("\n".join(lines))
@@ -114,13 +117,7 @@ def collectively(comm=None, what=""):
                                 type(exc).__name__, exc, tb)
     mpi = _as_mpi(comm)
     results = mpi.allgather((ok, msg, blk.digest))
-    failed = [(r, m) for r, (o, m, _) in enumerate(results) if not o]
-    if failed:
-        lines = ["failed on rank(s) %s of %d:" % ([r for r, _ in failed],
-                                                  mpi.size)]
-        for r, m in failed:
-            lines.append("--- rank %d: %s" % (r, m))
-        raise AssertionError("\n".join(lines))
+    _raise_failures([(r, m) for r, (o, m, _) in enumerate(results) if not o], mpi.size)
     digests = [d for _, _, d in results]
     if len(set(digests)) != 1:
         groups = {}
