@@ -26,7 +26,7 @@ except ImportError:  # running from a checkout after `make`
     sys.path.insert(0, os.path.join(HERE, "..", "pyx"))
     import gradsync as gs
 
-SHAPES = os.path.join(HERE, "..", "..", "shared", "data", "gradient_shapes.json")
+SHAPES = os.path.join(os.path.dirname(gs.__file__), "bench", "gradient_shapes.json")
 
 
 def size(text):

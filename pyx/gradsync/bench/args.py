@@ -12,15 +12,11 @@ COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter")
 REDUCING = ("allreduce", "reduce_scatter")
 HAS_INPLACE = ("allreduce", "broadcast")
 MODES = ("out-of-place", "in-place")
-# the gradsync package directory (<root>/pyx/gradsync)
-_HERE = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 SHAPES_FILES = (
-    # $GRADSYNC_SHAPES_FILE, then the checkout (<root>/pyx/gradsync/bench/):
-    # <root>/shared/data, <root>/../shared/data, <root>/data
+    # $GRADSYNC_SHAPES_FILE, else the copy shipped with this package (the
+    # project's shared/data/gradient_shapes.json, taken verbatim).
     os.environ.get("GRADSYNC_SHAPES_FILE"),
-    os.path.join(_HERE, "..", "..", "shared", "data", "gradient_shapes.json"),
-    os.path.join(_HERE, "..", "..", "..", "shared", "data", "gradient_shapes.json"),
-    os.path.join(_HERE, "..", "..", "data", "gradient_shapes.json"),
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), "gradient_shapes.json"),
 )
 
 
