@@ -333,6 +333,13 @@ static void make_sizes(int64_t *counts, int64_t n, uint64_t seed, int64_t maxc) 
   }
 }
 
+/* n sizes as make_sizes gives them, each with a dtype drawn from all 8. */
+static void make_mixed(int64_t *counts, gs_dtype_t *dts, int64_t n, uint64_t seed, int64_t maxc) {
+  make_sizes(counts, n, seed, maxc);
+  gs_rng_t rng = gs_rng_make(seed + 1, -1);
+  for (int64_t i = 0; i < n; i++) dts[i] = all_dtypes[gs_rng_int(&rng, 0, NDT - 1)];
+}
+
 enum { L_ONE, L_MANY, L_MANY_SLAB, L_THRESHOLD, L_SMALL, NLAYOUTS };
 static const char *const layout_name[NLAYOUTS] = {
     "one tensor", "200 tensors", "200 tensors back to back", "small threshold, big tensors",
@@ -450,9 +457,7 @@ static void test_allreduce_scales(void) {
 static void test_allreduce_mixed(void) {
   int64_t counts[200];
   gs_dtype_t dts[200];
-  make_sizes(counts, 200, 21, 40);
-  gs_rng_t rng = gs_rng_make(22, -1);
-  for (int i = 0; i < 200; i++) dts[i] = all_dtypes[gs_rng_int(&rng, 0, NDT - 1)];
+  make_mixed(counts, dts, 200, 21, 40);
   counts[100] = 3001; /* over the small threshold as float64/int64 */
   int64_t default_threshold = 0;
   GS_OK(gs_comm_fusion_threshold(comm, &default_threshold));
@@ -635,9 +640,7 @@ static void test_allreduce_large_scattered(void) {
 static void test_broadcast(void) {
   int64_t counts[200];
   gs_dtype_t dts[200];
-  make_sizes(counts, 120, 31, 100);
-  gs_rng_t rng = gs_rng_make(32, -1);
-  for (int i = 0; i < 120; i++) dts[i] = all_dtypes[gs_rng_int(&rng, 0, NDT - 1)];
+  make_mixed(counts, dts, 120, 31, 100);
   counts[60] = 4099; /* alone under the small threshold */
   int64_t default_threshold = 0;
   GS_OK(gs_comm_fusion_threshold(comm, &default_threshold));

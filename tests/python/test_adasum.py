@@ -141,15 +141,21 @@ def check_exact(outs, expected, what="tensor"):
                         j, float(g[j]), float(w[j])) for j in bad[:4])))
 
 
+def reduce_on_all_ranks(comm, arrays, op="adasum", what="", **kw):
+    """One out-of-place allreduce whose results must be bitwise identical on
+    every rank (checked in the same exchange that makes failures collective)."""
+    with collectively(what=what) as blk:
+        out = comm.allreduce(arrays, op, **kw)
+        blk.same(out)
+    return out
+
+
 def run_twice(comm, arrays, what="", **kw):
     """Out of place twice (same inputs): results bitwise identical from one
     call to the next and across ranks.  Returns the first results."""
-    with collectively(what=what + " (call 1)") as blk:
-        out1 = comm.allreduce(arrays, "adasum", **kw)
-        blk.same(out1)
-    with collectively(what=what + " (call 2)") as blk:
-        out2 = comm.allreduce(arrays, "adasum", **kw)
-        blk.same(out2)
+    out1 = reduce_on_all_ranks(comm, arrays, what=what + " (call 1)", **kw)
+    out2 = reduce_on_all_ranks(comm, arrays, what=what + " (call 2)", **kw)
+    with collectively(what=what):
         for i, (a, b) in enumerate(zip(out1, out2)):
             assert bits(a).tobytes() == bits(b).tobytes(), (
                 "tensor %d: second identical call gave different bytes" % i)
@@ -494,9 +500,7 @@ def test_dot_products_are_per_tensor(comm, inputs):
     shapes = [(40,), (23,)]
     per_rank = inputs.all_ranks(shapes, F64)
     mine = per_rank[comm.rank]
-    with collectively() as blk:
-        fused = comm.allreduce(mine, "adasum")
-        blk.same(fused)
+    fused = reduce_on_all_ranks(comm, mine)
     with collectively():
         alone0 = comm.allreduce(mine[0], "adasum")
     with collectively():
@@ -519,9 +523,7 @@ def test_single_rank_is_identity_and_enum(comm, inputs):
     shapes = [(9,), (4, 4)]
     per_rank = inputs.all_ranks(shapes, F32)
     mine = per_rank[comm.rank]
-    with collectively() as blk:
-        a = comm.allreduce(mine, "adasum")
-        blk.same(a)
+    a = reduce_on_all_ranks(comm, mine)
     with collectively():
         b = comm.allreduce(mine, gs.Op.ADASUM)
         for x, y in zip(a, b):

@@ -1,8 +1,27 @@
 """gsbench baselines: plain mpi4py calls (per tensor and one fused buffer), and for
 op=adasum a NumPy + mpi4py Adasum and gradsync's own op=sum."""
 
+import numpy as np
+
 from gradsync.bench.args import HALF_DTYPES, REDUCING
 
+
+
+def _per_pair(call, op, ins, outs, dn, MPI, inv=None):
+    """A timed function making one out-of-place mpi4py call per (input,
+    output) pair; with `inv` (average), each output is then scaled by it."""
+    pairs = [(mpi_spec(MPI, a, dn), mpi_spec(MPI, o, dn), o) for a, o in zip(ins, outs)]
+    if inv is None:
+        def f():
+            for s, d, _ in pairs:
+                call(s, d, op)
+        return f
+
+    def f():
+        for s, d, o in pairs:
+            call(s, d, op)
+            np.multiply(o, inv, out=o)
+    return f
 
 def mpi_type(MPI, dtype_name):
     return {
@@ -77,18 +96,7 @@ def baseline_call(ctx, bufs, mode, fused):
                 for s in specs:
                     mc.Allreduce(MPI.IN_PLACE, s, op)
             return f
-        pairs = [(mpi_spec(MPI, a, dn), mpi_spec(MPI, o, dn)) for a, o in zip(ins_flat, outs)]
-        if scale:
-            def f():
-                for (s, d), o in zip(pairs, outs):
-                    mc.Allreduce(s, d, op)
-                    np.multiply(o, inv, out=o)
-            return f
-
-        def f():
-            for s, d in pairs:
-                mc.Allreduce(s, d, op)
-        return f
+        return _per_pair(mc.Allreduce, op, ins_flat, outs, dn, MPI, inv if scale else None)
     if coll == "broadcast":
         root = ctx.root
         if mode == "in-place":
@@ -115,18 +123,8 @@ def baseline_call(ctx, bufs, mode, fused):
                 mc.Allgather(s, d)
         return f
     if coll == "reduce_scatter":
-        pairs = [(mpi_spec(MPI, a, dn), mpi_spec(MPI, o, dn)) for a, o in zip(ins_flat, outs)]
-        if scale:
-            def f():
-                for (s, d), o in zip(pairs, outs):
-                    mc.Reduce_scatter_block(s, d, op)
-                    np.multiply(o, inv, out=o)
-            return f
-
-        def f():
-            for s, d in pairs:
-                mc.Reduce_scatter_block(s, d, op)
-        return f
+        return _per_pair(mc.Reduce_scatter_block, op, ins_flat, outs, dn, MPI,
+                         inv if scale else None)
     raise ValueError(coll)
 
 
