@@ -27,6 +27,7 @@ from gradsync._core import (  # noqa: E402
 from gradsync.communicator import Communicator  # noqa: E402
 from gradsync.kernels import accumulate_, accumulate_v2_, all_finite, scale_, zero_  # noqa: E402
 from gradsync.ops import Op  # noqa: E402
+from gradsync.partition import AllSumReduce, Partition, zero_volume_array  # noqa: E402
 from gradsync.shard import ShardLayout  # noqa: E402
 
 __version__ = _core.version()
@@ -55,7 +56,8 @@ def build_info():
 
 
 __all__ = [
-    "ArgumentError", "ClosedError", "Communicator", "DtypeError", "Error", "MismatchError",
-    "Op", "ShardLayout", "UnsupportedError", "accumulate_", "accumulate_v2_", "all_finite",
-    "bfloat16", "build_info", "scale_", "zero_",
+    "AllSumReduce", "ArgumentError", "ClosedError", "Communicator", "DtypeError", "Error",
+    "MismatchError", "Op", "Partition", "ShardLayout", "UnsupportedError", "accumulate_",
+    "accumulate_v2_", "all_finite", "bfloat16", "build_info", "scale_", "zero_",
+    "zero_volume_array",
 ]
