@@ -5,6 +5,8 @@ PYTHON ?= python3
 NP_LIST ?= 1 2 3 4
 # Adasum's fold-in paths differ for every rank count: its tests also run here.
 ADASUM_NP_LIST ?= 5 6 7 8
+# Partitions with fixed worker counts (the 2x3 table, DistDL's 12 workers).
+PARTITION_NP_LIST ?= 6 12
 TEST_TIMEOUT ?= 900
 SCRIPTS_DIR := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_path('scripts'))" 2>/dev/null)
 # mpiexec of the MPI we build with: next to $MPICC, else on PATH, else the wheel's.
@@ -49,6 +51,16 @@ py-tests: build
 	    echo "== pytest tests/python/test_adasum.py at $$n ranks"; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_adasum.py || exit 1; \
 	done
+	@for n in $(PARTITION_NP_LIST); do \
+	    echo "== pytest tests/python/test_partition.py at $$n ranks"; \
+	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_partition.py || exit 1; \
+	done
+	@if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
+	    for n in $(NP_LIST); do \
+	        echo "== pytest tests/torch at $$n ranks"; \
+	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/torch || exit 1; \
+	    done; \
+	else echo "== tests/torch skipped: torch is not importable by $(PYTHON) (pip install torch)"; fi
 
 test: c-tests py-tests
 
