@@ -5,6 +5,13 @@ Which MPI: $MPICC if set, else `mpicc` on PATH, else the mpicc that the
 `mpich` wheel installs next to this Python (`python -m pip install mpich`,
 which `make` runs for you). The extension and mpi4py must use the same MPI
 library; gradsync checks that at import.
+
+CUDA: when nvcc is found ($NVCC, PATH, /usr/local/cuda/bin) the CUDA kernels
+(src/*.cu) are compiled for GRADSYNC_CUDA_ARCHS (default "80;90": A100 and
+H100/H200 code, plus PTX of the newest for later GPUs) and the CUDA runtime is
+linked statically, so the library loads on machines without a GPU or driver.
+GRADSYNC_CUDA=0 builds for the CPU only. NCCL's header comes from $NCCL_HOME or
+the nvidia-nccl-cu13 wheel; the library itself is opened at run time.
 """
 import glob
 import os
@@ -53,6 +60,63 @@ def mpi_flags(mpicc):
     sys.exit(f"gradsync: cannot ask {mpicc} for its flags (-show / -showme)")
 
 
+def find_nvcc():
+    if os.environ.get("GRADSYNC_CUDA", "") == "0":
+        return None
+    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
+        if cand and os.path.exists(cand):
+            return cand
+    if os.environ.get("GRADSYNC_CUDA", "") == "1":
+        sys.exit("gradsync: GRADSYNC_CUDA=1 but no nvcc found (set NVCC or PATH)")
+    return None
+
+
+def cuda_dirs(nvcc):
+    """(include dir, library dir) of the toolkit nvcc belongs to. nvcc may be
+    a wrapper script, so its own report of its toolkit (TOP) comes first."""
+    homes = []
+    try:
+        out = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
+                             capture_output=True, text=True).stderr
+        homes += [line.split("=", 1)[1].strip() for line in out.splitlines()
+                  if line.startswith("#$ TOP=")]
+    except OSError:
+        pass
+    homes += [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""),
+              os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "/usr/local/cuda"]
+    for home in filter(None, homes):
+        for inc, lib in (("include", "lib64"), ("targets/x86_64-linux/include",
+                                               "targets/x86_64-linux/lib")):
+            if os.path.exists(os.path.join(home, inc, "cuda_runtime_api.h")):
+                return os.path.join(home, inc), os.path.join(home, lib)
+    sys.exit(f"gradsync: cannot find cuda_runtime_api.h for {nvcc} (set CUDA_HOME)")
+
+
+def cuda_archs():
+    archs = [a.strip() for a in os.environ.get("GRADSYNC_CUDA_ARCHS", "80;90").split(";")
+             if a.strip()]
+    flags = []
+    for a in archs:
+        flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
+    flags += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
+    names = [f"sm_{a}" for a in archs] + [f"compute_{archs[-1]}"]
+    return flags, ",".join(names)
+
+
+def find_nccl():
+    """(include dir, library path) of NCCL, or None."""
+    roots = []
+    if os.environ.get("NCCL_HOME"):
+        roots.append(os.environ["NCCL_HOME"])
+    for site in sys.path:
+        roots.append(os.path.join(site, "nvidia", "nccl"))
+    for root in roots:
+        if os.path.exists(os.path.join(root, "include", "nccl.h")):
+            lib = os.path.join(root, "lib", "libnccl.so.2")
+            return os.path.join(root, "include"), lib if os.path.exists(lib) else ""
+    return None
+
+
 def newer(sources, target):
     if not os.path.exists(target):
         return True
@@ -69,23 +133,59 @@ class BuildWithRuntime(build_ext):
         os.makedirs(pkg_dir, exist_ok=True)
         lib = os.path.join(pkg_dir, "libgradsync.so")
         sources = sorted(glob.glob(os.path.join(ROOT, "src", "*.c")))
-        deps = sources + glob.glob(os.path.join(ROOT, "src", "*.h")) + \
-            glob.glob(os.path.join(INCLUDE, "*.h"))
-        if self.force or newer(deps, lib):
+        cu_sources = sorted(glob.glob(os.path.join(ROOT, "src", "*.cu")))
+        deps = sources + cu_sources + glob.glob(os.path.join(ROOT, "src", "*.h")) + \
+            glob.glob(os.path.join(INCLUDE, "*.h")) + [os.path.abspath(__file__)]
+        nvcc = find_nvcc()
+        config = os.path.join(pkg_dir, ".gradsync-build")
+        config_now = f"nvcc={nvcc} archs={os.environ.get('GRADSYNC_CUDA_ARCHS', '')}\n"
+        config_old = open(config).read() if os.path.exists(config) else ""
+        if self.force or newer(deps, lib) or config_now != config_old:
+            flags, objects, libs = list(C_FLAGS), [], []
+            if nvcc:
+                flags, objects, libs = self.compile_cuda(nvcc, cu_sources, flags)
             # Link to a temporary name and rename: a process loading the
             # library meanwhile sees the old file or the new one, never half.
             tmp = lib + ".tmp"
-            cmd = shlex.split(mpicc) + C_FLAGS + ["-I" + INCLUDE, "-shared", "-o", tmp] + \
-                sources + ["-Wl,-soname,libgradsync.so", "-ldl", "-lpthread", "-lm"]
+            cmd = shlex.split(mpicc) + flags + ["-I" + INCLUDE, "-shared", "-o", tmp] + \
+                sources + objects + libs + \
+                ["-Wl,-soname,libgradsync.so", "-ldl", "-lpthread", "-lm"]
             print(" ".join(cmd))
             subprocess.check_call(cmd)
             os.replace(tmp, lib)
+            with open(config, "w") as f:
+                f.write(config_now)
         cflags, lflags = mpi_flags(mpicc)
         for ext in self.extensions:
             ext.library_dirs.append(pkg_dir)
             ext.extra_compile_args += cflags
             ext.extra_link_args += lflags
         super().run()
+
+    def compile_cuda(self, nvcc, cu_sources, flags):
+        """Compiles the .cu files; returns (C flags, objects, link libraries)."""
+        inc, libdir = cuda_dirs(nvcc)
+        gencode, names = cuda_archs()
+        objdir = os.path.join(ROOT, "build", "cuda")
+        os.makedirs(objdir, exist_ok=True)
+        objects = []
+        for src in cu_sources:
+            obj = os.path.join(objdir, os.path.basename(src) + ".o")
+            cmd = [nvcc, "-std=c++17", "-O3", "--fmad=false", "-Xcompiler",
+                   "-fPIC,-fvisibility=hidden", "-I" + INCLUDE, "-I" + os.path.join(ROOT, "src"),
+                   "-DGS_BUILDING_LIBRARY"] + gencode + ["-c", src, "-o", obj]
+            print(" ".join(cmd))
+            subprocess.check_call(cmd)
+            objects.append(obj)
+        flags = flags + ["-DGS_HAVE_CUDA", f'-DGS_CUDA_ARCHS="{names}"', "-I" + inc]
+        nccl = find_nccl()
+        if nccl:
+            flags += ["-DGS_HAVE_NCCL", "-I" + nccl[0], f'-DGS_NCCL_LIBRARY="{nccl[1]}"']
+        else:
+            print("gradsync: NCCL header not found (NCCL_HOME or the nvidia-nccl-cu13 wheel); "
+                  "building without the NCCL backend")
+        libs = ["-L" + libdir, "-lcudart_static", "-lrt", "-lstdc++"]
+        return flags, objects, libs
 
 
 def extensions():
@@ -109,7 +209,7 @@ setup(
     version="0.1.0",
     description="Collective communication for distributed training: fused MPI/NCCL "
                 "collectives, Adasum and gradient kernels",
-    packages=["gradsync", "gradsync.bench"],
+    packages=["gradsync", "gradsync.bench", "gradsync.torch"],
     package_dir={"": "pyx"},
     package_data={"gradsync": ["*.pxd", "*.pxi", "*.pyx", "libgradsync.so"],
                   "gradsync.bench": ["gradient_shapes.json"]},

@@ -13,5 +13,6 @@
 #include "gs_shard.h"
 #include "gs_info.h"
 #include "gs_kernels.h"
+#include "gs_device.h"
 
 #endif

@@ -24,3 +24,14 @@ else
   fi
   "$PY" -c "import mpi4py" 2>/dev/null || pip_install "mpi4py>=4.0"
 fi
+
+# With nvcc present the CUDA code is built, and with it the NCCL backend,
+# whose header comes from the nvidia-nccl-cu13 wheel (or NCCL_HOME): so a
+# machine without a GPU still compiles every line a GPU machine would run.
+if [ "${GRADSYNC_CUDA:-}" != "0" ] && [ -z "${NCCL_HOME:-}" ] &&
+   { command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; }; then
+  "$PY" -c "import nvidia.nccl" 2>/dev/null || {
+    echo "gradsync: nvcc found: installing the NCCL header and library (nvidia-nccl-cu13)"
+    pip_install nvidia-nccl-cu13
+  }
+fi

@@ -12,29 +12,17 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gs_cuda.h"
 #include "gs_internal.h"
 
 #define ADASUM_TAG 0x6164
 #define SQRT_DBL_MIN 1.4916681462400413e-154 /* sqrt(DBL_MIN) */
 #define CHUNK ((int64_t)1 << 30)
 
-static gs_status_t tmp_reserve(gs_comm_t c, size_t bytes, void **out) {
-  if (bytes > c->adasum_tmp_bytes) {
-    void *p = NULL;
-    if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
-      return gs_fail(GS_ERR_NO_MEMORY, "adasum: cannot allocate %zu bytes", bytes);
-    free(c->adasum_tmp);
-    c->adasum_tmp = p;
-    c->adasum_tmp_bytes = bytes;
-  }
-  *out = c->adasum_tmp;
-  return GS_SUCCESS;
-}
-
 /* Sends scount elements and receives rcount from `peer`, in chunks MPI's
  * int counts can carry; either side may be empty. */
-static gs_status_t exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
-                            int64_t rcount, gs_dtype_t dtype, int peer) {
+static gs_status_t host_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
+                                 int64_t rcount, gs_dtype_t dtype, int peer) {
   MPI_Datatype dt;
   GS_CHECK(gs_mpi_datatype(dtype, &dt));
   size_t es = gs_dtype_size(dtype);
@@ -50,6 +38,17 @@ static gs_status_t exchange(gs_comm_t c, const void *sbuf, int64_t scount, void 
       if (req[k] != MPI_REQUEST_NULL) GS_CHECK(gs_mpi_wait(&req[k], "adasum exchange", NULL, NULL));
   }
   return GS_SUCCESS;
+}
+
+/* The exchange in the engine's memory: NCCL send/recv on the device, or
+ * MPI through pinned host memory. */
+static gs_status_t exchange(const gs_engine_t *e, const void *sbuf, int64_t scount, void *rbuf,
+                            int64_t rcount, gs_dtype_t dtype, int peer) {
+  gs_comm_t c = e->comm;
+  if (!gs_engine_on_device(e)) return host_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer);
+  if (c->dev_path == GS_PATH_NCCL)
+    return gs_nccl_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer);
+  return gs_staged_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer, host_exchange);
 }
 
 /* Level k's communicator groups blocks of 2^(k+1) ranks among 0..Q-1. Made
@@ -87,41 +86,82 @@ void gs_adasum_free(gs_comm_t c) {
   c->adasum_tmp_bytes = 0;
 }
 
-/* d[3j..3j+2] += <left,right>, <left,left>, <right,right> of slot j's part
- * inside [lo, hi); left/right hold elements lo..hi-1. */
-static void partial_dots(const gs_plan_t *plan, const gs_message_t *m, int64_t lo, int64_t hi,
-                         const char *left, const char *right, double *d) {
-  size_t es = gs_dtype_size(m->dtype);
-  memset(d, 0, 3 * (size_t)m->nslots * sizeof *d);
-  for (int64_t j = 0; j < m->nslots; j++) {
-    const gs_slot_t *s = &plan->slots[m->first + j];
-    int64_t a = s->offset > lo ? s->offset : lo;
-    int64_t b = s->offset + s->count < hi ? s->offset + s->count : hi;
-    if (b > a)
-      gs_cpu_adasum_dots(m->dtype, left + (size_t)(a - lo) * es, right + (size_t)(a - lo) * es,
-                         b - a, &d[3 * j]);
-  }
-}
-
-/* out = ca*left + cb*right per slot, with the pair formula's coefficients. */
-static void combine(const gs_plan_t *plan, const gs_message_t *m, int64_t lo, int64_t hi,
-                    const double *d, const char *left, const char *right, char *out) {
-  size_t es = gs_dtype_size(m->dtype);
+/* The slots' parts inside [lo, hi), as (start relative to lo, count) pairs
+ * and the slot each belongs to; returns how many. */
+static int64_t slot_parts(const gs_plan_t *plan, const gs_message_t *m, int64_t lo, int64_t hi,
+                          int64_t *start, int64_t *count, int64_t *slot) {
+  int64_t np = 0;
   for (int64_t j = 0; j < m->nslots; j++) {
     const gs_slot_t *s = &plan->slots[m->first + j];
     int64_t a = s->offset > lo ? s->offset : lo;
     int64_t b = s->offset + s->count < hi ? s->offset + s->count : hi;
     if (b <= a) continue;
-    double dot = d[3 * j], na = d[3 * j + 1], nb = d[3 * j + 2];
-    double ca = na >= SQRT_DBL_MIN ? 1.0 - dot / (2.0 * na) : 1.0;
-    double cb = nb >= SQRT_DBL_MIN ? 1.0 - dot / (2.0 * nb) : 1.0;
-    size_t o = (size_t)(a - lo) * es;
-    gs_cpu_adasum_combine(m->dtype, ca, left + o, cb, right + o, out + o, b - a);
+    start[np] = a - lo;
+    count[np] = b - a;
+    slot[np] = j;
+    np++;
   }
+  return np;
 }
 
-gs_status_t gs_adasum_message(gs_comm_t c, const gs_plan_t *plan, const gs_message_t *m,
-                              void *xv) {
+/* d[3j..3j+2] = <left,right>, <left,left>, <right,right> of slot j's part
+ * inside [lo, hi); left/right hold elements lo..hi-1. `work` has 3 * nslots
+ * int64 of room. */
+static gs_status_t partial_dots(const gs_engine_t *e, const gs_plan_t *plan,
+                                const gs_message_t *m, int64_t lo, int64_t hi, const char *left,
+                                const char *right, double *d, int64_t *work) {
+  size_t es = gs_dtype_size(m->dtype);
+  memset(d, 0, 3 * (size_t)m->nslots * sizeof *d);
+  int64_t *start = work, *count = work + m->nslots, *slot = work + 2 * m->nslots;
+  int64_t np = slot_parts(plan, m, lo, hi, start, count, slot);
+  if (!gs_engine_on_device(e)) {
+    for (int64_t k = 0; k < np; k++)
+      gs_cpu_adasum_dots(m->dtype, left + (size_t)start[k] * es, right + (size_t)start[k] * es,
+                         count[k], &d[3 * slot[k]]);
+    return GS_SUCCESS;
+  }
+  /* parts are in slot order; scatter their dots to their slots afterwards */
+  double *pd = malloc(3 * (size_t)(np ? np : 1) * sizeof *pd);
+  if (!pd) return gs_fail(GS_ERR_NO_MEMORY, "adasum: out of memory");
+  gs_status_t s = gs_cu_adasum_dots(m->dtype, left, right, start, count, np, pd, e->stream);
+  for (int64_t k = 0; s == GS_SUCCESS && k < np; k++)
+    for (int q = 0; q < 3; q++) d[3 * slot[k] + q] = pd[3 * k + q];
+  free(pd);
+  return s;
+}
+
+/* out = ca*left + cb*right per slot, with the pair formula's coefficients. */
+static gs_status_t combine(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                           int64_t lo, int64_t hi, const double *d, const char *left,
+                           const char *right, char *out, int64_t *work) {
+  size_t es = gs_dtype_size(m->dtype);
+  int64_t *start = work, *count = work + m->nslots, *slot = work + 2 * m->nslots;
+  int64_t np = slot_parts(plan, m, lo, hi, start, count, slot);
+  double *coef = malloc(2 * (size_t)(np ? np : 1) * sizeof *coef);
+  if (!coef) return gs_fail(GS_ERR_NO_MEMORY, "adasum: out of memory");
+  for (int64_t k = 0; k < np; k++) {
+    const double *dj = &d[3 * slot[k]];
+    double dot = dj[0], na = dj[1], nb = dj[2];
+    coef[2 * k] = na >= SQRT_DBL_MIN ? 1.0 - dot / (2.0 * na) : 1.0;
+    coef[2 * k + 1] = nb >= SQRT_DBL_MIN ? 1.0 - dot / (2.0 * nb) : 1.0;
+  }
+  gs_status_t s = GS_SUCCESS;
+  if (gs_engine_on_device(e)) {
+    s = gs_cu_adasum_combine(m->dtype, left, right, out, start, count, coef, np, e->stream);
+  } else {
+    for (int64_t k = 0; k < np; k++) {
+      size_t o = (size_t)start[k] * es;
+      gs_cpu_adasum_combine(m->dtype, coef[2 * k], left + o, coef[2 * k + 1], right + o, out + o,
+                            count[k]);
+    }
+  }
+  free(coef);
+  return s;
+}
+
+gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
+                              const gs_message_t *m, void *xv) {
+  gs_comm_t c = e->comm;
   int p = c->size, me = c->rank, q = 1, nlevels = 0;
   if (p == 1 || m->count == 0) return GS_SUCCESS;
   while (q * 2 <= p) { q *= 2; nlevels++; }
@@ -129,11 +169,13 @@ gs_status_t gs_adasum_message(gs_comm_t c, const gs_plan_t *plan, const gs_messa
   size_t es = gs_dtype_size(m->dtype);
   int64_t n = m->count;
   GS_CHECK(level_comms(c, q, nlevels));
-  GS_CHECK(tmp_reserve(c, (size_t)n * es, (void **)&tmp));
+  GS_CHECK(gs_scratch_reserve(e, (size_t)n * es, (void **)&tmp));
   double *d = malloc(3 * (size_t)m->nslots * sizeof *d + 1);
+  int64_t *work = malloc(3 * (size_t)m->nslots * sizeof *work + 1);
   int64_t (*ranges)[2] = malloc((size_t)(nlevels + 1) * sizeof *ranges);
-  if (!d || !ranges) {
+  if (!d || !ranges || !work) {
     free(d);
+    free(work);
     free(ranges);
     return gs_fail(GS_ERR_NO_MEMORY, "adasum: out of memory");
   }
@@ -143,13 +185,11 @@ gs_status_t gs_adasum_message(gs_comm_t c, const gs_plan_t *plan, const gs_messa
 
   /* Fold ranks Q..P-1 into 0..P-Q-1: h_i = adasum(g_i, g_{Q+i}). */
   if (me >= q) {
-    s = exchange(c, x, n, NULL, 0, m->dtype, me - q);
+    s = exchange(e, x, n, NULL, 0, m->dtype, me - q);
   } else if (me < p - q) {
-    s = exchange(c, NULL, 0, tmp, n, m->dtype, me + q);
-    if (s == GS_SUCCESS) {
-      partial_dots(plan, m, 0, n, x, tmp, d);
-      combine(plan, m, 0, n, d, x, tmp, x);
-    }
+    s = exchange(e, NULL, 0, tmp, n, m->dtype, me + q);
+    if (s == GS_SUCCESS) s = partial_dots(e, plan, m, 0, n, x, tmp, d, work);
+    if (s == GS_SUCCESS) s = combine(e, plan, m, 0, n, d, x, tmp, x, work);
   }
 
   if (me < q) {
@@ -161,18 +201,19 @@ gs_status_t gs_adasum_message(gs_comm_t c, const gs_plan_t *plan, const gs_messa
       int64_t glo = lower ? mid : lo, ghi = lower ? hi : mid; /* given */
       ranges[k][0] = lo;
       ranges[k][1] = hi;
-      s = exchange(c, x + (size_t)glo * es, ghi - glo, tmp, khi - klo, m->dtype, partner);
+      s = exchange(e, x + (size_t)glo * es, ghi - glo, tmp, khi - klo, m->dtype, partner);
       if (s != GS_SUCCESS) break;
       char *mine = x + (size_t)klo * es;
       const char *left = lower ? mine : tmp, *right = lower ? tmp : mine;
-      partial_dots(plan, m, klo, khi, left, right, d);
-      MPI_Request req;
-      int e = MPI_Iallreduce(MPI_IN_PLACE, d, (int)(3 * m->nslots), MPI_DOUBLE, MPI_SUM,
-                             c->adasum_levels[k], &req);
-      s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "adasum: level MPI_Iallreduce", NULL, NULL)
-                           : gs_mpi_fail(e, "adasum: level MPI_Iallreduce");
+      s = partial_dots(e, plan, m, klo, khi, left, right, d, work);
       if (s != GS_SUCCESS) break;
-      combine(plan, m, klo, khi, d, left, right, mine);
+      MPI_Request req;
+      int mpi_e = MPI_Iallreduce(MPI_IN_PLACE, d, (int)(3 * m->nslots), MPI_DOUBLE, MPI_SUM,
+                                 c->adasum_levels[k], &req);
+      s = mpi_e == MPI_SUCCESS ? gs_mpi_wait(&req, "adasum: level MPI_Iallreduce", NULL, NULL)
+                               : gs_mpi_fail(mpi_e, "adasum: level MPI_Iallreduce");
+      if (s != GS_SUCCESS) break;
+      s = combine(e, plan, m, klo, khi, d, left, right, mine, work);
       lo = klo;
       hi = khi;
     }
@@ -181,7 +222,7 @@ gs_status_t gs_adasum_message(gs_comm_t c, const gs_plan_t *plan, const gs_messa
       int partner = me ^ (1 << k);
       int64_t plo = ranges[k][0], phi = ranges[k][1];
       int64_t olo = lo == plo ? hi : plo, ohi = lo == plo ? phi : lo; /* partner's part */
-      s = exchange(c, x + (size_t)lo * es, hi - lo, x + (size_t)olo * es, ohi - olo, m->dtype,
+      s = exchange(e, x + (size_t)lo * es, hi - lo, x + (size_t)olo * es, ohi - olo, m->dtype,
                    partner);
       lo = plo;
       hi = phi;
@@ -190,10 +231,11 @@ gs_status_t gs_adasum_message(gs_comm_t c, const gs_plan_t *plan, const gs_messa
 
   /* Hand the result back to the folded ranks. */
   if (s == GS_SUCCESS) {
-    if (me < p - q) s = exchange(c, x, n, NULL, 0, m->dtype, me + q);
-    else if (me >= q) s = exchange(c, NULL, 0, x, n, m->dtype, me - q);
+    if (me < p - q) s = exchange(e, x, n, NULL, 0, m->dtype, me + q);
+    else if (me >= q) s = exchange(e, NULL, 0, x, n, m->dtype, me - q);
   }
   free(d);
+  free(work);
   free(ranges);
   return s;
 }

@@ -40,9 +40,11 @@ gs_status_t gs_allgather_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n,
 
 /* Gathers one message. Layout in `recv`: rank-major blocks; inside rank r's
  * block, that rank's pieces of the message's tensors in slot order. */
-static gs_status_t gather_message(gs_comm_t c, const gs_plan_t *plan, const gs_message_t *m,
-                                  const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
-                                  const int64_t *counts, int64_t *bcounts, int64_t *displs) {
+static gs_status_t gather_message(const gs_engine_t *e, const gs_plan_t *plan,
+                                  const gs_message_t *m, const gs_tensor_t *in,
+                                  const gs_tensor_t *out, int64_t n, const int64_t *counts,
+                                  int64_t *bcounts, int64_t *displs) {
+  gs_comm_t c = e->comm;
   int p = c->size;
   size_t es = gs_dtype_size(m->dtype);
   for (int r = 0; r < p; r++) {
@@ -53,32 +55,40 @@ static gs_status_t gather_message(gs_comm_t c, const gs_plan_t *plan, const gs_m
   }
   if (m->nslots == 1) { /* one tensor: its output already has the layout */
     int64_t t = plan->slots[m->first].tensor;
-    char *dst = (char *)out[t].data + (size_t)displs[c->rank] * es;
-    if (bcounts[c->rank]) memmove(dst, in[t].data, (size_t)bcounts[c->rank] * es);
-    return gs_mpi_transport.allgatherv(c, out[t].data, bcounts, displs, m->dtype);
+    gs_copy_t mine = {(char *)out[t].data + (size_t)displs[c->rank] * es, in[t].data,
+                      bcounts[c->rank]};
+    GS_CHECK(gs_copy_batch(e, m->dtype, &mine, 1, 1.0));
+    return e->transport->allgatherv(c, out[t].data, bcounts, displs, m->dtype);
   }
   void *buf = NULL;
-  GS_CHECK(gs_fusion_reserve(c, (size_t)m->count * es, &buf));
+  GS_CHECK(gs_buffer_reserve(e, (size_t)m->count * es, &buf));
+  /* every copy in and out of the buffer, as two batches */
+  gs_copy_t *copies = malloc((size_t)(p + 1) * (size_t)m->nslots * sizeof *copies);
+  if (!copies) return gs_fail(GS_ERR_NO_MEMORY, "gs_allgatherv: out of memory");
   char *mine = (char *)buf + (size_t)displs[c->rank] * es;
+  int64_t nc = 0;
   for (int64_t k = m->first; k < m->first + m->nslots; k++) {
     int64_t t = plan->slots[k].tensor;
-    size_t b = (size_t)in[t].count * es;
-    if (b) memcpy(mine, in[t].data, b);
-    mine += b;
+    copies[nc++] = (gs_copy_t){mine, in[t].data, in[t].count};
+    mine += (size_t)in[t].count * es;
   }
-  GS_CHECK(gs_mpi_transport.allgatherv(c, buf, bcounts, displs, m->dtype));
-  for (int r = 0; r < p; r++) {
+  gs_status_t s = gs_copy_batch(e, m->dtype, copies, nc, 1.0);
+  if (s == GS_SUCCESS) s = e->transport->allgatherv(c, buf, bcounts, displs, m->dtype);
+  nc = 0;
+  for (int r = 0; r < p && s == GS_SUCCESS; r++) {
     const char *src = (const char *)buf + (size_t)displs[r] * es;
     for (int64_t k = m->first; k < m->first + m->nslots; k++) {
       int64_t t = plan->slots[k].tensor;
       int64_t before = 0; /* rows of tensor t from ranks below r */
       for (int q = 0; q < r; q++) before += counts[(size_t)q * n + t];
-      size_t b = (size_t)counts[(size_t)r * n + t] * es;
-      if (b) memcpy((char *)out[t].data + (size_t)before * es, src, b);
-      src += b;
+      int64_t cnt = counts[(size_t)r * n + t];
+      copies[nc++] = (gs_copy_t){(char *)out[t].data + (size_t)before * es, src, cnt};
+      src += (size_t)cnt * es;
     }
   }
-  return GS_SUCCESS;
+  if (s == GS_SUCCESS) s = gs_copy_batch(e, m->dtype, copies, nc, 1.0);
+  free(copies);
+  return s;
 }
 
 gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
@@ -106,6 +116,7 @@ gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t 
       local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] has %lld elements, the gathered "
                       "tensor has %lld", fn, (long long)i, (long long)out[i].count, (long long)sum);
   }
+  if (local == GS_SUCCESS) local = gs_check_memory(c, fn, in, n, out, n);
   gs_call_t call = {GS_CALL_ALLGATHERV, GS_OP_SUM, 0, n, out, NULL, NULL, 0};
   GS_CHECK(gs_begin_call(c, &call, local));
   if (n == 0) return GS_SUCCESS;
@@ -114,10 +125,13 @@ gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t 
   GS_CHECK(gs_plan_tensors(&plan, out, n, c));
   int64_t *scratch = malloc(2 * (size_t)p * sizeof *scratch);
   gs_status_t s = scratch ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
+  gs_engine_t e;
+  if (s == GS_SUCCESS) s = gs_engine_open(c, out, n, &e);
+  else e.device = -1;
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
     if (plan.msgs[k].count > 0)
-      s = gather_message(c, &plan, &plan.msgs[k], in, out, n, counts, scratch, scratch + p);
+      s = gather_message(&e, &plan, &plan.msgs[k], in, out, n, counts, scratch, scratch + p);
   free(scratch);
   gs_plan_free(&plan);
-  return s;
+  return gs_engine_close(&e, s);
 }

@@ -28,10 +28,11 @@ gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
 
 /* One message. Memory that is already laid out like the message is reduced
  * where it is; otherwise the message goes through the fusion buffer. */
-static gs_status_t reduce_message(gs_comm_t c, const gs_plan_t *plan, const gs_message_t *m,
-                                  const gs_tensor_t *in, const gs_tensor_t *out,
-                                  gs_op_t op, double pre, double post) {
-  const gs_transport_t *tr = &gs_mpi_transport;
+static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
+                                  const gs_message_t *m, const gs_tensor_t *in,
+                                  const gs_tensor_t *out, gs_op_t op, double pre, double post) {
+  gs_comm_t c = e->comm;
+  const gs_transport_t *tr = e->transport;
   void *ibase = NULL, *obase = NULL, *buf = NULL;
   int icontig = gs_plan_contiguous(plan, m, in, &ibase);
   int ocontig = out ? gs_plan_contiguous(plan, m, out, &obase) : icontig;
@@ -41,57 +42,53 @@ static gs_status_t reduce_message(gs_comm_t c, const gs_plan_t *plan, const gs_m
     if (out && icontig && pre == 1.0 && ibase != obase) {
       GS_CHECK(tr->allreduce(c, ibase, obase, m->count, m->dtype, op));
     } else {
-      if (out || pre != 1.0) gs_pack(plan, m, in, obase, pre); /* into place */
+      if (out || pre != 1.0) GS_CHECK(gs_pack(e, plan, m, in, obase, pre)); /* into place */
       GS_CHECK(tr->allreduce(c, NULL, obase, m->count, m->dtype, op));
     }
-    gs_cpu_scale_copy(m->dtype, obase, obase, post == 1.0 ? 0 : m->count, post);
-    return GS_SUCCESS;
+    return gs_scale_copy(e, m->dtype, obase, obase, post == 1.0 ? 0 : m->count, post);
   }
-  GS_CHECK(gs_fusion_reserve(c, (size_t)m->count * gs_dtype_size(m->dtype), &buf));
+  GS_CHECK(gs_buffer_reserve(e, (size_t)m->count * gs_dtype_size(m->dtype), &buf));
   if (icontig && pre == 1.0) {
     GS_CHECK(tr->allreduce(c, ibase, buf, m->count, m->dtype, op));
   } else {
-    gs_pack(plan, m, in, buf, pre);
+    GS_CHECK(gs_pack(e, plan, m, in, buf, pre));
     GS_CHECK(tr->allreduce(c, NULL, buf, m->count, m->dtype, op));
   }
-  gs_unpack(plan, m, buf, out ? out : in, post);
-  return GS_SUCCESS;
+  return gs_unpack(e, plan, m, buf, out ? out : in, post);
 }
 
 /* Adasum of one message: it needs the message contiguous, so it runs in the
  * tensors' memory when they are back to back and in the fusion buffer
  * otherwise. */
-static gs_status_t adasum_message(gs_comm_t c, const gs_plan_t *plan, const gs_message_t *m,
-                                  const gs_tensor_t *in, const gs_tensor_t *out, double pre,
-                                  double post) {
+static gs_status_t adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
+                                  const gs_message_t *m, const gs_tensor_t *in,
+                                  const gs_tensor_t *out, double pre, double post) {
   void *ibase = NULL, *obase = NULL, *x = NULL;
   int icontig = gs_plan_contiguous(plan, m, in, &ibase);
   int ocontig = out ? gs_plan_contiguous(plan, m, out, &obase) : 0;
   int in_place_memory = 1;
   if (!out && icontig) {
     x = ibase;
-    gs_cpu_scale_copy(m->dtype, x, x, pre == 1.0 ? 0 : m->count, pre);
+    GS_CHECK(gs_scale_copy(e, m->dtype, x, x, pre == 1.0 ? 0 : m->count, pre));
   } else if (out && ocontig) {
     x = obase;
-    gs_pack(plan, m, in, x, pre);
+    GS_CHECK(gs_pack(e, plan, m, in, x, pre));
   } else {
-    GS_CHECK(gs_fusion_reserve(c, (size_t)m->count * gs_dtype_size(m->dtype), &x));
-    gs_pack(plan, m, in, x, pre);
+    GS_CHECK(gs_buffer_reserve(e, (size_t)m->count * gs_dtype_size(m->dtype), &x));
+    GS_CHECK(gs_pack(e, plan, m, in, x, pre));
     in_place_memory = 0;
   }
-  GS_CHECK(gs_adasum_message(c, plan, m, x));
+  GS_CHECK(gs_adasum_message(e, plan, m, x));
   if (in_place_memory)
-    gs_cpu_scale_copy(m->dtype, x, x, post == 1.0 ? 0 : m->count, post);
-  else
-    gs_unpack(plan, m, x, out ? out : in, post);
-  return GS_SUCCESS;
+    return gs_scale_copy(e, m->dtype, x, x, post == 1.0 ? 0 : m->count, post);
+  return gs_unpack(e, plan, m, x, out ? out : in, post);
 }
 
 /* Whether a call is small enough to travel inside the validation message.
  * Depends only on what the ranks validate (count, dtypes, sizes, op,
  * threshold), so ranks that agree on the call also agree on this. */
 static int rides_in_check(const gs_tensor_t *t, int64_t n, gs_op_t op, gs_comm_t c) {
-  if (n < 1 || op == GS_OP_ADASUM) return 0;
+  if (n < 1 || op == GS_OP_ADASUM || t[0].device.kind == GS_DEVICE_CUDA) return 0;
   int64_t bytes = 0;
   int64_t limit = c->fusion_threshold < GS_CHECK_PAYLOAD_BYTES ? c->fusion_threshold
                                                                : GS_CHECK_PAYLOAD_BYTES;
@@ -113,12 +110,13 @@ static gs_status_t small_allreduce(gs_comm_t c, const gs_call_t *call, const gs_
   GS_CHECK(gs_plan_tensors(&plan, in, call->n, c));
   const gs_message_t *m = &plan.msgs[0];
   uint64_t staging[GS_CHECK_PAYLOAD_BYTES / 8];
-  gs_pack(&plan, m, in, staging, pre);
+  gs_engine_t host = {c, -1, -1, NULL, &gs_mpi_transport};
+  gs_pack(&host, &plan, m, in, staging, pre);
   gs_payload_t payload = {staging, m->count, m->dtype, op};
   gs_status_t s = gs_check_call(c, call, GS_SUCCESS, &payload);
   if (s == GS_SUCCESS) {
     double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
-    gs_unpack(&plan, m, staging, out ? out : in, post);
+    gs_unpack(&host, &plan, m, staging, out ? out : in, post);
   }
   gs_plan_free(&plan);
   return s;
@@ -134,6 +132,7 @@ gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *
   if (local == GS_SUCCESS && out) local = gs_check_tensors(fn, "out", out, n);
   if (local == GS_SUCCESS && out) local = gs_check_outputs(fn, in, out, n);
   if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale, 1);
+  if (local == GS_SUCCESS) local = gs_check_memory(c, fn, in, n, out, out ? n : 0);
   gs_call_t call = {GS_CALL_ALLREDUCE, op, 0, n, in, NULL, NULL, 0};
   if (c->check && local == GS_SUCCESS && rides_in_check(in, n, op, c))
     return small_allreduce(c, &call, in, out, op, prescale, postscale);
@@ -142,13 +141,14 @@ gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *
 
   gs_plan_t plan;
   GS_CHECK(gs_plan_tensors(&plan, in, n, c));
+  gs_engine_t e;
+  gs_status_t s = gs_engine_open(c, in, n, &e);
   double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
-  gs_status_t s = GS_SUCCESS;
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
     if (plan.msgs[k].count > 0)
       s = op == GS_OP_ADASUM
-              ? adasum_message(c, &plan, &plan.msgs[k], in, out, prescale, postscale)
-              : reduce_message(c, &plan, &plan.msgs[k], in, out, op, prescale, post);
+              ? adasum_message(&e, &plan, &plan.msgs[k], in, out, prescale, postscale)
+              : reduce_message(&e, &plan, &plan.msgs[k], in, out, op, prescale, post);
   gs_plan_free(&plan);
-  return s;
+  return gs_engine_close(&e, s);
 }

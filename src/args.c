@@ -76,13 +76,20 @@ gs_status_t gs_check_tensors(const char *op_name, const char *name,
     if (t[i].count > 0 && !t[i].data)
       return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld].data is NULL", op_name, name,
                      (long long)i);
-    if (t[i].device.kind == GS_DEVICE_CUDA)
+    if (t[i].device.kind != GS_DEVICE_CPU && t[i].device.kind != GS_DEVICE_CUDA_HOST &&
+        t[i].device.kind != GS_DEVICE_CUDA)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld] has unknown device kind %d",
+                     op_name, name, (long long)i, (int)t[i].device.kind);
+    /* one call, one memory: host (plain or pinned) or one CUDA device */
+    int cuda = t[i].device.kind == GS_DEVICE_CUDA, cuda0 = t[0].device.kind == GS_DEVICE_CUDA;
+    if (cuda != cuda0 || (cuda && t[i].device.id != t[0].device.id))
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld] is in %s memory but %s[0] is in "
+                     "%s memory; one call takes tensors on one device", op_name, name,
+                     (long long)i, cuda ? "CUDA" : "host", name, cuda0 ? "CUDA" : "host");
+    if (cuda && !gs_cuda_built())
       return gs_fail(GS_ERR_UNSUPPORTED,
                      "%s: %s[%lld] is CUDA device memory; this build of gradsync has no GPU "
                      "support (build with nvcc present)", op_name, name, (long long)i);
-    if (t[i].device.kind != GS_DEVICE_CPU && t[i].device.kind != GS_DEVICE_CUDA_HOST)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld] has unknown device kind %d",
-                     op_name, name, (long long)i, (int)t[i].device.kind);
   }
   return GS_SUCCESS;
 }

@@ -9,27 +9,28 @@ gs_status_t gs_broadcast(gs_comm_t c, const gs_tensor_t *t, int64_t n, int root)
   if (local == GS_SUCCESS && (root < 0 || root >= c->size))
     local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank of a communicator of size %d",
                     fn, root, c->size);
+  if (local == GS_SUCCESS) local = gs_check_memory(c, fn, t, n, NULL, 0);
   gs_call_t call = {GS_CALL_BROADCAST, GS_OP_SUM, root, n, t, NULL, NULL, 0};
   GS_CHECK(gs_begin_call(c, &call, local));
   if (n == 0) return GS_SUCCESS;
 
   gs_plan_t plan;
   GS_CHECK(gs_plan_tensors(&plan, t, n, c));
-  gs_status_t s = GS_SUCCESS;
+  gs_engine_t e;
+  gs_status_t s = gs_engine_open(c, t, n, &e);
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++) {
     const gs_message_t *m = &plan.msgs[k];
     if (m->count == 0) continue;
     void *base = NULL;
     if (gs_plan_contiguous(&plan, m, t, &base)) {
-      s = gs_mpi_transport.broadcast(c, base, m->count, m->dtype, root);
+      s = e.transport->broadcast(c, base, m->count, m->dtype, root);
       continue;
     }
-    s = gs_fusion_reserve(c, (size_t)m->count * gs_dtype_size(m->dtype), &base);
-    if (s != GS_SUCCESS) break;
-    if (c->rank == root) gs_pack(&plan, m, t, base, 1.0);
-    s = gs_mpi_transport.broadcast(c, base, m->count, m->dtype, root);
-    if (s == GS_SUCCESS && c->rank != root) gs_unpack(&plan, m, base, t, 1.0);
+    s = gs_buffer_reserve(&e, (size_t)m->count * gs_dtype_size(m->dtype), &base);
+    if (s == GS_SUCCESS && c->rank == root) s = gs_pack(&e, &plan, m, t, base, 1.0);
+    if (s == GS_SUCCESS) s = e.transport->broadcast(c, base, m->count, m->dtype, root);
+    if (s == GS_SUCCESS && c->rank != root) s = gs_unpack(&e, &plan, m, base, t, 1.0);
   }
   gs_plan_free(&plan);
-  return s;
+  return gs_engine_close(&e, s);
 }

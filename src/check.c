@@ -81,6 +81,8 @@ static uint64_t mix(uint64_t h, uint64_t v) {
 
 static uint64_t tensor_hash(const gs_call_t *call) {
   uint64_t h = 0x6772616473796e63ull;
+  /* host or CUDA memory: ranks must agree (the paths differ) */
+  if (call->n) h = mix(h, call->tensors[0].device.kind == GS_DEVICE_CUDA ? 2u : 1u);
   for (int64_t i = 0; i < call->n; i++) {
     h = mix(h, (uint64_t)call->tensors[i].dtype);
     if (!call->counts_vary) h = mix(h, (uint64_t)call->tensors[i].count);

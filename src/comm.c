@@ -108,6 +108,7 @@ gs_status_t gs_comm_free(gs_comm_t *comm) {
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
   gs_adasum_free(c);
+  gs_device_path_free(c);
   if (init && !fin) {
     drain_notices(c->notice);
     MPI_Comm_free(&c->notice);

@@ -231,6 +231,7 @@ static gs_status_t check_floats(const char *fn, const char *name, const gs_tenso
 gs_status_t gs_zero(const gs_tensor_t *t, int64_t n) {
   gs_clear_error();
   GS_CHECK(gs_check_tensors("gs_zero", "tensors", t, n));
+  if (n && t[0].device.kind == GS_DEVICE_CUDA) return gs_device_zero(t, n);
   for (int64_t i = 0; i < n; i++)
     if (t[i].count) memset(t[i].data, 0, (size_t)t[i].count * gs_dtype_size(t[i].dtype));
   return GS_SUCCESS;
@@ -247,6 +248,11 @@ gs_status_t gs_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64
       return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: acc[%lld] has %lld elements but grad[%lld] "
                      "has %lld", fn, (long long)i, (long long)acc[i].count, (long long)i,
                      (long long)grad[i].count);
+  if (n && (acc[0].device.kind == GS_DEVICE_CUDA) != (grad[0].device.kind == GS_DEVICE_CUDA))
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: acc is in %s memory but grad is in %s memory",
+                   fn, acc[0].device.kind == GS_DEVICE_CUDA ? "CUDA" : "host",
+                   grad[0].device.kind == GS_DEVICE_CUDA ? "CUDA" : "host");
+  if (n && acc[0].device.kind == GS_DEVICE_CUDA) return gs_device_accumulate(acc, grad, n, overwrite);
   item_t *it;
   int64_t k, total;
   GS_CHECK(work_list(acc, n, &it, &k, &total));
@@ -266,6 +272,7 @@ gs_status_t gs_all_finite(const gs_tensor_t *t, int64_t n, int *finite) {
   gs_clear_error();
   GS_CHECK(gs_check_tensors("gs_all_finite", "tensors", t, n));
   if (!finite) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_all_finite: finite is NULL");
+  if (n && t[0].device.kind == GS_DEVICE_CUDA) return gs_device_all_finite(t, n, finite);
   item_t *it;
   int64_t k, total;
   GS_CHECK(work_list(t, n, &it, &k, &total));
@@ -286,6 +293,7 @@ gs_status_t gs_all_finite(const gs_tensor_t *t, int64_t n, int *finite) {
 gs_status_t gs_scale(const gs_tensor_t *t, int64_t n, double factor) {
   gs_clear_error();
   GS_CHECK(check_floats("gs_scale", "tensors", t, n));
+  if (n && t[0].device.kind == GS_DEVICE_CUDA) return gs_device_scale(t, n, factor);
   item_t *it;
   int64_t k, total;
   GS_CHECK(work_list(t, n, &it, &k, &total));

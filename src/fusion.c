@@ -75,23 +75,3 @@ int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m,
   *base = b;
   return 1;
 }
-
-void gs_pack(const gs_plan_t *plan, const gs_message_t *m, const gs_tensor_t *t,
-             void *buf, double scale) {
-  size_t es = gs_dtype_size(m->dtype);
-  for (int64_t k = m->first; k < m->first + m->nslots; k++) {
-    const gs_slot_t *s = &plan->slots[k];
-    gs_cpu_scale_copy(m->dtype, t[s->tensor].data, (char *)buf + (size_t)s->offset * es,
-                      s->count, scale);
-  }
-}
-
-void gs_unpack(const gs_plan_t *plan, const gs_message_t *m, const void *buf,
-               const gs_tensor_t *t, double scale) {
-  size_t es = gs_dtype_size(m->dtype);
-  for (int64_t k = m->first; k < m->first + m->nslots; k++) {
-    const gs_slot_t *s = &plan->slots[k];
-    gs_cpu_scale_copy(m->dtype, (const char *)buf + (size_t)s->offset * es,
-                      t[s->tensor].data, s->count, scale);
-  }
-}

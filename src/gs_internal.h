@@ -76,7 +76,19 @@ struct gs_comm {
   size_t adasum_tmp_bytes;
   void *fusion;            /* persistent fusion buffer, grows on demand */
   size_t fusion_bytes;
+  /* CUDA memory (engine.c): the path is chosen at the first such call */
+  int dev_path;            /* GS_PATH_* */
+  int dev_id;              /* the CUDA device this communicator serves */
+  void *dev_stream;
+  void *nccl;              /* ncclComm_t on GS_PATH_NCCL */
+  void *dev_fusion;        /* device fusion buffer */
+  size_t dev_fusion_bytes;
+  void *dev_tmp;           /* device scratch: Adasum's received halves */
+  size_t dev_tmp_bytes;
+  void *pinned;            /* pinned host staging for GS_PATH_STAGED */
+  size_t pinned_bytes;
 };
+enum { GS_PATH_NONE = 0, GS_PATH_NCCL = 1, GS_PATH_STAGED = 2 };
 #define GS_COMM_MAGIC 0x67736331u /* "gsc1" */
 
 /* Validates a handle at an API entry point. */
@@ -127,6 +139,70 @@ typedef struct gs_transport {
 } gs_transport_t;
 
 extern const gs_transport_t gs_mpi_transport;
+
+/* NCCL (nccl.c): opened at run time; these fail cleanly when it is absent. */
+extern const gs_transport_t gs_nccl_transport;
+/* MPI over host staging for device buffers (staged.c). */
+extern const gs_transport_t gs_staged_transport;
+typedef gs_status_t (*gs_exchange_fn)(gs_comm_t, const void *, int64_t, void *, int64_t,
+                                      gs_dtype_t, int);
+/* A pairwise exchange of device buffers through pinned memory, by `host_exchange`. */
+gs_status_t gs_staged_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
+                               int64_t rcount, gs_dtype_t dtype, int peer,
+                               gs_exchange_fn host_exchange);
+int gs_nccl_loadable(void);
+gs_status_t gs_nccl_comm_init(gs_comm_t c);           /* collective over c->mpi */
+void gs_nccl_comm_free(gs_comm_t c);
+/* Sends scount elements to `peer` and receives rcount from it (either may be
+ * 0), device memory, on c->dev_stream. */
+gs_status_t gs_nccl_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
+                             int64_t rcount, gs_dtype_t dtype, int peer);
+
+/* ---- where a call's data lives (engine.c) --------------------------------
+ * Every collective opens an engine after validation: host memory goes to the
+ * MPI transport and the host kernels; CUDA memory to NCCL or staged MPI and
+ * the CUDA kernels, queued on gradsync's stream and awaited at close. */
+typedef struct gs_engine {
+  gs_comm_t comm;
+  int device;        /* CUDA ordinal; -1: host memory */
+  int previous;      /* the caller's current CUDA device, restored at close */
+  void *stream;
+  const gs_transport_t *transport;
+} gs_engine_t;
+
+/* Local check before validation: in and out on the same memory, and CUDA
+ * memory on the device this communicator serves. */
+gs_status_t gs_check_memory(gs_comm_t c, const char *fn, const gs_tensor_t *a, int64_t na,
+                            const gs_tensor_t *b, int64_t nb);
+gs_status_t gs_engine_open(gs_comm_t c, const gs_tensor_t *t, int64_t n, gs_engine_t *e);
+/* Waits for the call's device work; returns `s`, or the wait's error. */
+gs_status_t gs_engine_close(gs_engine_t *e, gs_status_t s);
+static inline int gs_engine_on_device(const gs_engine_t *e) { return e->device >= 0; }
+/* dst = src * scale over count elements (gs_cpu_scale_copy's arithmetic). */
+gs_status_t gs_scale_copy(const gs_engine_t *e, gs_dtype_t dtype, const void *src, void *dst,
+                          int64_t count, double scale);
+/* Many copies of one dtype, dst = src * scale (1.0: bits): one launch on a
+ * device. */
+typedef struct gs_copy {
+  void *dst;
+  const void *src;
+  int64_t count;
+} gs_copy_t;
+gs_status_t gs_copy_batch(const gs_engine_t *e, gs_dtype_t dtype, const gs_copy_t *copies,
+                          int64_t n, double scale);
+/* Sets `bytes` bytes at dst to zero in the engine's memory. */
+gs_status_t gs_zero_bytes(const gs_engine_t *e, void *dst, size_t bytes);
+/* The fusion buffer in the engine's memory. */
+gs_status_t gs_buffer_reserve(const gs_engine_t *e, size_t bytes, void **buf);
+/* Adasum's scratch in the engine's memory. */
+gs_status_t gs_scratch_reserve(const gs_engine_t *e, size_t bytes, void **buf);
+void gs_device_path_free(gs_comm_t c);
+/* The CUDA side of the kernels API (engine.c). */
+gs_status_t gs_device_zero(const gs_tensor_t *t, int64_t n);
+gs_status_t gs_device_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64_t n,
+                                 int overwrite);
+gs_status_t gs_device_all_finite(const gs_tensor_t *t, int64_t n, int *finite);
+gs_status_t gs_device_scale(const gs_tensor_t *t, int64_t n, double factor);
 
 /* ---- cross-rank validation (check.c) ------------------------------------ */
 
@@ -232,12 +308,13 @@ int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m,
                        const gs_tensor_t *t, void **base);
 
 /* Copies message m's tensors from `t` into buf, times `scale` (1.0: plain
- * copy), rounded once to the dtype. */
-void gs_pack(const gs_plan_t *plan, const gs_message_t *m,
-             const gs_tensor_t *t, void *buf, double scale);
+ * copy), rounded once to the dtype; on a device, in one launch. */
+struct gs_engine;
+gs_status_t gs_pack(const struct gs_engine *e, const gs_plan_t *plan, const gs_message_t *m,
+                    const gs_tensor_t *t, void *buf, double scale);
 /* Copies buf back out into `t`, times `scale`. */
-void gs_unpack(const gs_plan_t *plan, const gs_message_t *m, const void *buf,
-               const gs_tensor_t *t, double scale);
+gs_status_t gs_unpack(const struct gs_engine *e, const gs_plan_t *plan, const gs_message_t *m,
+                      const void *buf, const gs_tensor_t *t, double scale);
 
 /* ---- host element kernels (cpu_scale.c) --------------------------------- */
 
@@ -263,8 +340,8 @@ void gs_cpu_adasum_combine(gs_dtype_t dtype, double ca, const void *a, double cb
 /* Adasum over one message held contiguously in `x` (the message's elements,
  * tensor boundaries from the plan's slots). The result replaces x on every
  * rank. */
-gs_status_t gs_adasum_message(gs_comm_t comm, const gs_plan_t *plan, const gs_message_t *m,
-                              void *x);
+gs_status_t gs_adasum_message(const struct gs_engine *e, const gs_plan_t *plan,
+                              const gs_message_t *m, void *x);
 /* Frees the per-level communicators Adasum caches on a communicator. */
 void gs_adasum_free(gs_comm_t comm);
 

@@ -7,10 +7,23 @@
 #include <stdint.h>
 #include <string.h>
 
-static inline float gs_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline uint32_t gs_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+/* The same conversions run in the CUDA kernels, so host and device results
+ * agree bit for bit. */
+#ifdef __CUDACC__
+#define GS_HD __host__ __device__
+#else
+#define GS_HD
+#endif
 
-static inline float gs_half_to_float(uint16_t h) {
+#ifdef __CUDA_ARCH__
+static inline GS_HD float gs_bits_to_float(uint32_t u) { return __uint_as_float(u); }
+static inline GS_HD uint32_t gs_float_to_bits(float f) { return __float_as_uint(f); }
+#else
+static inline GS_HD float gs_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline GS_HD uint32_t gs_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+#endif
+
+static inline GS_HD float gs_half_to_float(uint16_t h) {
   uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t man = h & 0x3ffu;
@@ -24,7 +37,7 @@ static inline float gs_half_to_float(uint16_t h) {
   return gs_bits_to_float(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
-static inline uint16_t gs_float_to_half(float f) {
+static inline GS_HD uint16_t gs_float_to_half(float f) {
   uint32_t u = gs_float_to_bits(f);
   uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
   uint32_t a = u & 0x7fffffffu;
@@ -42,11 +55,11 @@ static inline uint16_t gs_float_to_half(float f) {
   return sign | (uint16_t)(a >> 13);
 }
 
-static inline float gs_bf16_to_float(uint16_t b) {
+static inline GS_HD float gs_bf16_to_float(uint16_t b) {
   return gs_bits_to_float((uint32_t)b << 16);
 }
 
-static inline uint16_t gs_float_to_bf16(float f) {
+static inline GS_HD uint16_t gs_float_to_bf16(float f) {
   uint32_t u = gs_float_to_bits(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) /* nan: keep it quiet */
     return (uint16_t)((u >> 16) | 0x0040u);
@@ -58,7 +71,7 @@ static inline uint16_t gs_float_to_bf16(float f) {
  * anything was lost. A following round-to-nearest-even to a format with at
  * least two fewer significand bits (float16: 11, bfloat16: 8, against 24)
  * then rounds the double exactly once. */
-static inline float gs_double_to_float_odd(double d) {
+static inline GS_HD float gs_double_to_float_odd(double d) {
   float f = (float)d;
   if ((double)f == d || d != d) return f;
   uint32_t u = gs_float_to_bits(f);
@@ -68,7 +81,7 @@ static inline float gs_double_to_float_odd(double d) {
   return gs_bits_to_float(u | 1u);
 }
 
-static inline uint16_t gs_double_to_half(double d) { return gs_float_to_half(gs_double_to_float_odd(d)); }
-static inline uint16_t gs_double_to_bf16(double d) { return gs_float_to_bf16(gs_double_to_float_odd(d)); }
+static inline GS_HD uint16_t gs_double_to_half(double d) { return gs_float_to_half(gs_double_to_float_odd(d)); }
+static inline GS_HD uint16_t gs_double_to_bf16(double d) { return gs_float_to_bf16(gs_double_to_float_odd(d)); }
 
 #endif

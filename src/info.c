@@ -19,5 +19,3 @@ int gs_simd_avx2(void) { return strcmp(gs_simd_level(), "avx2") == 0; }
 
 int gs_check_payload_bytes(void) { return GS_CHECK_PAYLOAD_BYTES; }
 
-int gs_cuda_version(void) { return 0; }
-int gs_nccl_version(void) { return 0; }

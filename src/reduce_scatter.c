@@ -20,10 +20,11 @@ static int64_t row_elems_of(const gs_tensor_t *t, const int64_t *rows, int64_t i
   return r ? t[i].count / r : 0;
 }
 
-static gs_status_t scatter_message(gs_comm_t c, const gs_plan_t *plan, const gs_message_t *m,
-                                   const gs_tensor_t *in, const gs_tensor_t *out,
-                                   const int64_t *rows, gs_op_t op, double pre, double post,
-                                   int64_t *bcounts) {
+static gs_status_t scatter_message(const gs_engine_t *e, const gs_plan_t *plan,
+                                   const gs_message_t *m, const gs_tensor_t *in,
+                                   const gs_tensor_t *out, const int64_t *rows, gs_op_t op,
+                                   double pre, double post, int64_t *bcounts) {
+  gs_comm_t c = e->comm;
   int p = c->size;
   size_t es = gs_dtype_size(m->dtype);
   int64_t first, cnt;
@@ -37,28 +38,35 @@ static gs_status_t scatter_message(gs_comm_t c, const gs_plan_t *plan, const gs_
   }
   if (m->nslots == 1 && pre == 1.0) { /* one tensor: already rank-major */
     int64_t t = plan->slots[m->first].tensor;
-    GS_CHECK(gs_mpi_transport.reduce_scatter(c, in[t].data, out[t].data, bcounts, m->dtype, op));
-    gs_cpu_scale_copy(m->dtype, out[t].data, out[t].data, post == 1.0 ? 0 : out[t].count, post);
-    return GS_SUCCESS;
+    GS_CHECK(e->transport->reduce_scatter(c, in[t].data, out[t].data, bcounts, m->dtype, op));
+    return gs_scale_copy(e, m->dtype, out[t].data, out[t].data, post == 1.0 ? 0 : out[t].count,
+                         post);
   }
   size_t send_bytes = ((size_t)m->count * es + 63) & ~(size_t)63;
   void *buf = NULL;
-  GS_CHECK(gs_fusion_reserve(c, send_bytes + (size_t)bcounts[c->rank] * es, &buf));
+  GS_CHECK(gs_buffer_reserve(e, send_bytes + (size_t)bcounts[c->rank] * es, &buf));
+  gs_copy_t *copies = malloc((size_t)p * (size_t)m->nslots * sizeof *copies);
+  if (!copies) return gs_fail(GS_ERR_NO_MEMORY, "gs_reduce_scatter: out of memory");
   char *dst = buf, *recv = (char *)buf + send_bytes;
+  int64_t nc = 0;
   for (int r = 0; r < p; r++)
     for (int64_t k = m->first; k < m->first + m->nslots; k++) {
       int64_t t = plan->slots[k].tensor;
       gs_block_range(rows ? rows[t] : in[t].count, row_elems_of(in, rows, t), p, r, &first, &cnt);
-      gs_cpu_scale_copy(m->dtype, (const char *)in[t].data + (size_t)first * es, dst, cnt, pre);
+      copies[nc++] = (gs_copy_t){dst, (const char *)in[t].data + (size_t)first * es, cnt};
       dst += (size_t)cnt * es;
     }
-  GS_CHECK(gs_mpi_transport.reduce_scatter(c, buf, recv, bcounts, m->dtype, op));
+  gs_status_t s = gs_copy_batch(e, m->dtype, copies, nc, pre);
+  if (s == GS_SUCCESS) s = e->transport->reduce_scatter(c, buf, recv, bcounts, m->dtype, op);
+  nc = 0;
   for (int64_t k = m->first; k < m->first + m->nslots; k++) {
     int64_t t = plan->slots[k].tensor;
-    gs_cpu_scale_copy(m->dtype, recv, out[t].data, out[t].count, post);
+    copies[nc++] = (gs_copy_t){out[t].data, recv, out[t].count};
     recv += (size_t)out[t].count * es;
   }
-  return GS_SUCCESS;
+  if (s == GS_SUCCESS) s = gs_copy_batch(e, m->dtype, copies, nc, post);
+  free(copies);
+  return s;
 }
 
 gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
@@ -85,6 +93,7 @@ gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tenso
       local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] has %lld elements; this rank's "
                       "block has %lld", fn, (long long)i, (long long)out[i].count, (long long)cnt);
   }
+  if (local == GS_SUCCESS) local = gs_check_memory(c, fn, in, n, out, n);
   gs_call_t call = {GS_CALL_REDUCE_SCATTER, op, 0, n, in, rows, "number of rows", 0};
   GS_CHECK(gs_begin_call(c, &call, local));
   if (n == 0) return GS_SUCCESS;
@@ -94,10 +103,13 @@ gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tenso
   int64_t *bcounts = malloc((size_t)c->size * sizeof *bcounts);
   gs_status_t s = bcounts ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
   double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
+  gs_engine_t e;
+  if (s == GS_SUCCESS) s = gs_engine_open(c, in, n, &e);
+  else e.device = -1;
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
     if (plan.msgs[k].count > 0)
-      s = scatter_message(c, &plan, &plan.msgs[k], in, out, rows, op, prescale, post, bcounts);
+      s = scatter_message(&e, &plan, &plan.msgs[k], in, out, rows, op, prescale, post, bcounts);
   free(bcounts);
   gs_plan_free(&plan);
-  return s;
+  return gs_engine_close(&e, s);
 }

@@ -55,6 +55,7 @@ static gs_status_t shard_begin(gs_comm_t c, const char *fn, gs_call_kind_t kind,
                       gs_dtype_name(t[i].dtype));
   if (local == GS_SUCCESS && kind == GS_CALL_REDUCE_SCATTER_SHARDS)
     local = gs_check_op(fn, op, t, n, pre, post, 0);
+  if (local == GS_SUCCESS) local = gs_check_memory(c, fn, t, n, NULL, 0);
   int64_t *counts = malloc((size_t)(n > 0 ? n : 1) * sizeof *counts);
   *offsets = malloc((size_t)(n > 0 ? n : 1) * sizeof **offsets);
   *owners = malloc((size_t)(n > 0 ? n : 1) * sizeof **owners);
@@ -94,20 +95,30 @@ gs_status_t gs_allgather_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n) {
     size_t es = gs_dtype_size(t[0].dtype);
     void *buf = NULL;
     int p = c->size;
+    gs_engine_t e;
     int64_t *scratch = malloc(2 * (size_t)p * sizeof *scratch);
-    s = scratch ? gs_fusion_reserve(c, (size_t)lay.padded * es, &buf)
-                : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
+    gs_copy_t *copies = malloc((size_t)n * sizeof *copies);
+    s = scratch && copies ? gs_engine_open(c, t, n, &e)
+                          : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
+    if (s != GS_SUCCESS) e.device = -1;
+    if (s == GS_SUCCESS) s = gs_buffer_reserve(&e, (size_t)lay.padded * es, &buf);
+    int64_t nc = 0;
     if (s == GS_SUCCESS) {
       for (int r = 0; r < p; r++) { scratch[r] = lay.rank_count; scratch[p + r] = r * lay.rank_count; }
       for (int64_t i = 0; i < n; i++)
-        if (own[i] == c->rank && t[i].count)
-          memcpy((char *)buf + (size_t)off[i] * es, t[i].data, (size_t)t[i].count * es);
-      s = gs_mpi_transport.allgatherv(c, buf, scratch, scratch + p, t[0].dtype);
+        if (own[i] == c->rank)
+          copies[nc++] = (gs_copy_t){(char *)buf + (size_t)off[i] * es, t[i].data, t[i].count};
+      s = gs_copy_batch(&e, t[0].dtype, copies, nc, 1.0);
     }
+    if (s == GS_SUCCESS) s = e.transport->allgatherv(c, buf, scratch, scratch + p, t[0].dtype);
+    nc = 0;
     for (int64_t i = 0; s == GS_SUCCESS && i < n; i++)
-      if (own[i] != c->rank && t[i].count)
-        memcpy(t[i].data, (char *)buf + (size_t)off[i] * es, (size_t)t[i].count * es);
+      if (own[i] != c->rank)
+        copies[nc++] = (gs_copy_t){t[i].data, (char *)buf + (size_t)off[i] * es, t[i].count};
+    if (s == GS_SUCCESS) s = gs_copy_batch(&e, t[0].dtype, copies, nc, 1.0);
+    s = gs_engine_close(&e, s);
     free(scratch);
+    free(copies);
   }
   free(off);
   free(own);
@@ -130,26 +141,34 @@ gs_status_t gs_reduce_scatter_shards(gs_comm_t c, const gs_tensor_t *t, int64_t 
     int p = c->size;
     size_t send_bytes = ((size_t)lay.padded * es + 63) & ~(size_t)63;
     void *buf = NULL;
+    gs_engine_t e;
     int64_t *counts = malloc((size_t)p * sizeof *counts);
-    s = counts ? gs_fusion_reserve(c, send_bytes + (size_t)lay.rank_count * es, &buf)
-               : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
+    gs_copy_t *copies = malloc((size_t)n * sizeof *copies);
+    s = counts && copies ? gs_engine_open(c, t, n, &e)
+                         : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
+    if (s != GS_SUCCESS) e.device = -1;
+    if (s == GS_SUCCESS) s = gs_buffer_reserve(&e, send_bytes + (size_t)lay.rank_count * es, &buf);
     if (s == GS_SUCCESS) {
       char *recv = (char *)buf + send_bytes;
       for (int r = 0; r < p; r++) counts[r] = lay.rank_count;
       for (int64_t i = 0; i < n; i++)
-        gs_cpu_scale_copy(t[0].dtype, t[i].data, (char *)buf + (size_t)off[i] * es, t[i].count,
-                          prescale);
+        copies[i] = (gs_copy_t){(char *)buf + (size_t)off[i] * es, t[i].data, t[i].count};
+      s = gs_copy_batch(&e, t[0].dtype, copies, n, prescale);
       /* the padding is reduced too: give it defined values */
-      memset((char *)buf + (size_t)lay.total * es, 0, (size_t)(lay.padded - lay.total) * es);
-      s = gs_mpi_transport.reduce_scatter(c, buf, recv, counts, t[0].dtype, op);
+      if (s == GS_SUCCESS)
+        s = gs_zero_bytes(&e, (char *)buf + (size_t)lay.total * es,
+                          (size_t)(lay.padded - lay.total) * es);
+      if (s == GS_SUCCESS) s = e.transport->reduce_scatter(c, buf, recv, counts, t[0].dtype, op);
       double post = op == GS_OP_AVERAGE ? postscale * (1.0 / p) : postscale;
-      int64_t base = (int64_t)c->rank * lay.rank_count;
-      for (int64_t i = 0; s == GS_SUCCESS && i < n; i++)
+      int64_t base = (int64_t)c->rank * lay.rank_count, nc = 0;
+      for (int64_t i = 0; i < n; i++)
         if (own[i] == c->rank)
-          gs_cpu_scale_copy(t[0].dtype, recv + (size_t)(off[i] - base) * es, t[i].data,
-                            t[i].count, post);
+          copies[nc++] = (gs_copy_t){t[i].data, recv + (size_t)(off[i] - base) * es, t[i].count};
+      if (s == GS_SUCCESS) s = gs_copy_batch(&e, t[0].dtype, copies, nc, post);
     }
+    s = gs_engine_close(&e, s);
     free(counts);
+    free(copies);
   }
   free(off);
   free(own);

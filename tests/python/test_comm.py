@@ -1,6 +1,7 @@
 """gs.Communicator basics, build_info and op names."""
 
 import os
+import re
 import time
 
 import numpy as np
@@ -173,8 +174,13 @@ def test_build_info(comm):
         assert mpi_keys, "no MPI library/version key: %s" % sorted(info)
         text = " ".join(str(info[k]) for k in mpi_keys)
         assert "MPICH" in text or "Open MPI" in text or "MPI" in text, text
-        assert info[_find(info, "cuda", "cuda_version")] is None
-        assert info[_find(info, "nccl", "nccl_version")] is None
+        cuda, nccl = info["cuda"], info["nccl"]
+        assert cuda is None or re.fullmatch(r"\d+\.\d+", cuda), cuda
+        assert nccl is None or re.fullmatch(r"\d+\.\d+\.\d+", nccl), nccl
+        assert (info["cuda_archs"] is None) == (cuda is None), (info["cuda_archs"], cuda)
+        assert nccl is None or cuda is not None, (cuda, nccl)
+        assert isinstance(info["cuda_devices"], int) and info["cuda_devices"] >= 0
+        assert cuda is not None or info["cuda_devices"] == 0
         simd = info[_find(info, "simd", "simd_level")]
         assert simd in ("avx2", "portable", "f16c", "avx512", "neon"), simd
         ft = info[_find(info, "fusion_threshold")]
