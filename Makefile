@@ -20,7 +20,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: all deps build test c-tests py-tests demo bench check-memory clean
+.PHONY: all deps build test c-tests py-tests test-emulated demo bench check-memory clean
 
 all: build
 
@@ -62,7 +62,33 @@ py-tests: build
 	    done; \
 	else echo "== tests/torch skipped: torch is not importable by $(PYTHON) (pip install torch)"; fi
 
-test: c-tests py-tests
+# The device paths on a machine without a GPU: the same C sources linked with
+# a host stand-in for the CUDA runtime and kernels (tests/emulated_cuda), so
+# engines, staged MPI, batched packing and device Adasum run in every CI.
+NVCC ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+CUDA_TOP = $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$$ TOP=//p')
+CUDA_INCLUDE ?= $(firstword $(wildcard $(CUDA_TOP)/targets/x86_64-linux/include $(CUDA_TOP)/include /usr/local/cuda/include))
+EMULATED_LIB := build/emulated/libgradsync.so
+
+$(EMULATED_LIB): $(wildcard src/*.c src/*.h include/*.h) tests/emulated_cuda/cuda_emulation.c
+	@mkdir -p build/emulated
+	$(MPICC_RESOLVED) -O1 -g -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter \
+	    -fvisibility=hidden -ffp-contract=off -fopenmp -DGS_BUILDING_LIBRARY -DGS_HAVE_CUDA \
+	    -DGS_CUDA_ARCHS='"emulated"' -I$(CUDA_INCLUDE) -Iinclude -Isrc -shared -o $@ \
+	    $(wildcard src/*.c) tests/emulated_cuda/cuda_emulation.c -Wl,-soname,libgradsync.so \
+	    -ldl -lpthread -lm
+
+test-emulated: build tests/c/bin/test_device_paths
+	@if [ -z "$(NVCC)" ] || [ -z "$(CUDA_INCLUDE)" ]; then \
+	    echo "== test-emulated: no CUDA toolkit, skipped"; exit 0; fi; \
+	$(MAKE) --no-print-directory $(EMULATED_LIB) && \
+	for n in $(NP_LIST); do \
+	    echo "== tests/c/bin/test_device_paths at $$n ranks (emulated CUDA)"; \
+	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
+	        tests/c/bin/test_device_paths || exit 1; \
+	done
+
+test: c-tests py-tests test-emulated
 
 demo: build
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(PYTHON) scripts/demo.py
@@ -78,6 +104,12 @@ check-memory: build $(C_TESTS)
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 valgrind -q --error-exitcode=3 \
 	        --leak-check=full --errors-for-leak-kinds=definite \
 	        --suppressions=tests/c/valgrind.supp $$t || exit 1; done
+	@if [ -n "$(NVCC)" ] && [ -n "$(CUDA_INCLUDE)" ]; then \
+	    $(MAKE) --no-print-directory $(EMULATED_LIB) && \
+	    echo "== valgrind tests/c/bin/test_device_paths (emulated CUDA)" && \
+	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 \
+	        valgrind -q --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite \
+	        --suppressions=tests/c/valgrind.supp tests/c/bin/test_device_paths; fi
 
 clean:
 	rm -rf build tests/c/bin pyx/gradsync/*.so pyx/gradsync/_core.c pyx/*.egg-info *.egg-info

@@ -46,6 +46,10 @@ gs_status_t gs_mpi_fail(int mpi_err, const char *what);
  * against one message's latency), so such tensors are never packed. */
 #define GS_DEFAULT_DIRECT_BYTES ((int64_t)262144)
 int64_t gs_env_direct_bytes(void);     /* GRADSYNC_DIRECT_BYTES */
+/* Device data staged through host memory moves in pieces this large, so
+ * copies overlap MPI (4 MiB: PCIe and shared-memory MPI both near peak). */
+#define GS_DEFAULT_STAGE_CHUNK_BYTES ((int64_t)4 << 20)
+int64_t gs_env_stage_chunk_bytes(void); /* GRADSYNC_STAGE_CHUNK_BYTES */
 int64_t gs_env_fusion_threshold(void); /* GRADSYNC_FUSION_THRESHOLD */
 int gs_env_check(void);                /* GRADSYNC_CHECK */
 double gs_env_stall_seconds(void);     /* GRADSYNC_STALL_SECONDS */

@@ -8,7 +8,6 @@
 #include "gs_cuda.h"
 #include "gs_internal.h"
 
-#define STAGE_CHUNK_BYTES ((int64_t)4 << 20)
 
 static gs_status_t pinned(gs_comm_t c, size_t bytes, void **buf) {
   GS_CHECK(gs_cu_reserve(&c->pinned, &c->pinned_bytes, bytes, 1));
@@ -32,14 +31,15 @@ static gs_status_t staged_allreduce(gs_comm_t c, const void *send, void *recv, i
                                     gs_dtype_t dtype, gs_op_t op) {
   if (count == 0) return GS_SUCCESS;
   size_t es = gs_dtype_size(dtype);
-  int64_t per = STAGE_CHUNK_BYTES / (int64_t)es;
+  int64_t chunk_bytes = gs_env_stage_chunk_bytes() / 64 * 64; /* aligned halves */
+  int64_t per = chunk_bytes / (int64_t)es;
   int64_t nchunks = (count + per - 1) / per;
   const char *src = send ? send : recv;
   char *host[2];
   void *pin;
-  GS_CHECK(pinned(c, 2 * (size_t)STAGE_CHUNK_BYTES, &pin));
+  GS_CHECK(pinned(c, 2 * (size_t)chunk_bytes, &pin));
   host[0] = pin;
-  host[1] = (char *)pin + STAGE_CHUNK_BYTES;
+  host[1] = (char *)pin + chunk_bytes;
   MPI_Datatype dt;
   MPI_Op mop;
   GS_CHECK(gs_mpi_datatype(dtype, &dt));
