@@ -18,11 +18,13 @@ _check_same_mpi(MPI, _core)
 from gradsync._core import (  # noqa: E402
     ArgumentError,
     ClosedError,
+    DeviceArray,
     DtypeError,
     Error,
     MismatchError,
     UnsupportedError,
     bfloat16,
+    to_device,
 )
 from gradsync.communicator import Communicator  # noqa: E402
 from gradsync.kernels import accumulate_, accumulate_v2_, all_finite, scale_, zero_  # noqa: E402
@@ -37,8 +39,10 @@ _THREAD_LEVELS = {0: "single", 1: "funneled", 2: "serialized", 3: "multiple"}
 
 def build_info():
     """What this gradsync was built with and runs on: MPI library and version,
-    thread level, CUDA and NCCL versions (None when absent), SIMD level and
-    the default fusion threshold."""
+    thread level, CUDA and NCCL versions ("13.0", "2.32.3"; None when absent),
+    the GPU architectures compiled ("sm_80,sm_90,compute_90"; None without
+    CUDA), the CUDA devices this process sees, SIMD level and the default
+    fusion threshold."""
     c = _core.build_info_c()
     return {
         "version": c["version"],
@@ -47,17 +51,34 @@ def build_info():
         "mpi_library_path": c["mpi_library_path"],
         "mpi_version": "%d.%d" % MPI.Get_version(),
         "mpi_thread_level": _THREAD_LEVELS.get(c["mpi_thread_level"], "unknown"),
-        "cuda": c["cuda_version"] or None,
-        "nccl": c["nccl_version"] or None,
+        "cuda": _cuda_version(c["cuda_version"]),
+        "nccl": _nccl_version(c["nccl_version"]),
+        "cuda_archs": c["cuda_archs"] or None,
+        "cuda_devices": c["cuda_devices"],
         "simd": c["simd"],
         "fusion_threshold": c["default_fusion_threshold"],
         "check_payload_bytes": c["check_payload_bytes"],
     }
 
 
+def _cuda_version(v):
+    """CUDART_VERSION (1000 * major + 10 * minor) as "13.0"; None for 0."""
+    return "%d.%d" % (v // 1000, v % 1000 // 10) if v else None
+
+
+def _nccl_version(v):
+    """NCCL_VERSION_CODE as "2.32.3": 10000 * major + 100 * minor + patch since
+    2.9, 1000 * major + 100 * minor + patch before; None for 0."""
+    if not v:
+        return None
+    if v >= 10000:
+        return "%d.%d.%d" % (v // 10000, v % 10000 // 100, v % 100)
+    return "%d.%d.%d" % (v // 1000, v % 1000 // 100, v % 100)
+
+
 __all__ = [
-    "AllSumReduce", "ArgumentError", "ClosedError", "Communicator", "DtypeError", "Error",
-    "MismatchError", "Op", "Partition", "ShardLayout", "UnsupportedError", "accumulate_",
-    "accumulate_v2_", "all_finite", "bfloat16", "build_info", "scale_", "zero_",
+    "AllSumReduce", "ArgumentError", "ClosedError", "Communicator", "DeviceArray", "DtypeError",
+    "Error", "MismatchError", "Op", "Partition", "ShardLayout", "UnsupportedError", "accumulate_",
+    "accumulate_v2_", "all_finite", "bfloat16", "build_info", "scale_", "to_device", "zero_",
     "zero_volume_array",
 ]

@@ -3,7 +3,7 @@
 and checks arguments, calls C with the GIL released, and turns status codes
 into exceptions. gradsync/__init__.py builds the friendly classes on it."""
 
-from libc.stdint cimport int64_t, uintptr_t
+from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 cimport numpy as cnp
 import numpy as np
@@ -15,11 +15,14 @@ from gradsync.gs_collectives cimport *
 from gradsync.gs_shard cimport *
 from gradsync.gs_info cimport *
 from gradsync.gs_kernels cimport *
+from gradsync.gs_device cimport *
+from gradsync.dlpack cimport *
 
 cnp.import_array()
 
 include "_errors.pxi"
 include "_tensors.pxi"
+include "_device.pxi"
 include "_kernels.pxi"
 
 OPS = {"sum": GS_OP_SUM, "average": GS_OP_AVERAGE, "min": GS_OP_MIN,
@@ -45,6 +48,9 @@ def version():
 
 def build_info_c():
     """What the compiled library reports about itself."""
+    cdef int cuda_devices = 0
+    if gs_cuda_device_count(&cuda_devices) != GS_SUCCESS:
+        cuda_devices = 0
     return {
         "version": gs_version().decode(),
         "mpi_library_version": gs_mpi_library_version().decode(errors="replace").strip(),
@@ -53,6 +59,9 @@ def build_info_c():
         "simd": gs_simd_level().decode(),
         "cuda_version": gs_cuda_version(),
         "nccl_version": gs_nccl_version(),
+        "cuda_built": bool(gs_cuda_built()),
+        "cuda_archs": gs_cuda_archs().decode(),
+        "cuda_devices": cuda_devices,
         "default_fusion_threshold": gs_default_fusion_threshold(),
         "check_payload_bytes": gs_check_payload_bytes(),
     }
@@ -195,19 +204,46 @@ cdef class Comm:
         with nogil:
             CHKERR(gs_allreduce(h, tin.t, po, tin.n, cop, prescale, postscale))
 
+    def new_like(self, list objs, bint copy, str name, bint indexed):
+        """Arrays for an out-of-place call's results, one per object: its shape
+        and dtype in its kind of memory (numpy.ndarray for host memory, a
+        DeviceArray on the same CUDA device), holding its values with copy."""
+        cdef TensorList tl = self.tensors(objs, name, indexed, False)
+        cdef Py_ssize_t i
+        outs = []
+        try:
+            for i in range(tl.n):
+                a = tl.arrays[i]
+                if type(a) is np.ndarray:
+                    outs.append(np.array(a, copy=True) if copy else np.empty_like(a))
+                    continue
+                out = new_array(a, a.shape)
+                if copy:
+                    copy_memory(out, &tl.t[i])
+                outs.append(out)
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
+        return outs
+
     def allreduce_inplace(self, tensors, op="sum", double prescale=1.0,
                           double postscale=1.0):
-        """In-place allreduce that returns its argument. One ndarray takes a
-        path with no per-call allocation: small calls are latency bound."""
+        """In-place allreduce that returns its argument. One ndarray or
+        DeviceArray takes a path with no per-call allocation: small calls are
+        latency bound."""
         cdef gs_comm_t h = self.live()
         cdef gs_tensor_t t
         cdef gs_op_t cop
-        if type(tensors) is not np.ndarray:
+        cdef bint device_array = type(tensors) is DeviceArray
+        if type(tensors) is not np.ndarray and not device_array:
             self.allreduce(tensors, None, op, prescale, postscale)
             return tensors
         try:
             cop = parse_op(op)
-            fill_tensor(&t, tensors, "tensor", 0, False, True)
+            if device_array:
+                fill_ref(&t, <_TensorRef>tensors, "tensor", 0, False, True)
+            else:
+                fill_tensor(&t, tensors, "tensor", 0, False, True)
         except BaseException as exc:
             self.abandon(exc)
             raise
@@ -251,8 +287,7 @@ cdef class Comm:
                 total = 0
                 for r in range(size):
                     total += counts[r * n + i]
-                outs.append(np.empty((total // rows_elems[i],) + a.shape[1:], dtype=a.dtype)
-                            if a.size or total else np.empty((0,) + a.shape[1:], dtype=a.dtype))
+                outs.append(new_array(a, (total // rows_elems[i],) + a.shape[1:]))
         except BaseException as exc:
             self.abandon(exc)
             raise
@@ -282,7 +317,7 @@ cdef class Comm:
                                         "needs at least one dimension", GS_ERR_INVALID_ARGUMENT)
                 rows[i] = a.shape[0]
                 first, nrows = block_range(a.shape[0], size, rank)
-                outs.append(np.empty((nrows,) + a.shape[1:], dtype=a.dtype))
+                outs.append(new_array(a, (nrows,) + a.shape[1:]))
         except BaseException as exc:
             self.abandon(exc)
             raise

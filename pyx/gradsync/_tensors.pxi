@@ -1,7 +1,31 @@
-# The one path by which arrays enter gradsync (included by _core.pyx):
-# NumPy arrays directly, anything else through DLPack or the buffer protocol.
+# The one path by which arrays enter gradsync (included by _core.pyx).
+#
+#   numpy.ndarray              used as it is (the fast path: no Python work)
+#   gradsync.DeviceArray       read from its fields
+#   DLPack C exchange API      types with __dlpack_c_exchange_api__ (DLPack
+#                              1.3; torch.Tensor): the tensor is read by one C
+#                              call, and gradsync's stream is ordered after the
+#                              producer's current stream (once per call and
+#                              device, not per tensor).
+#   __dlpack__ objects         host or CUDA; the capsule is parsed here. A 1.x
+#                              (versioned) capsule is asked for, a legacy one
+#                              accepted. For CUDA memory the producer is given
+#                              gradsync's stream on that device (gs_cuda_stream)
+#                              and orders it after its own work.
+#   __cuda_array_interface__   CUDA memory (v2/v3); a 'stream' entry orders
+#                              gradsync's stream after that stream. The
+#                              interface carries no device, so the memory is
+#                              taken to be on the calling thread's current
+#                              CUDA device (as CuPy and Numba leave it).
+#   the buffer protocol        host memory, through numpy.asarray
+#
+# gradsync's calls are synchronous for the caller: they return once every
+# result is in place, so nothing gradsync does is left pending on any stream.
 
 import ml_dtypes
+from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer, PyCapsule_SetName
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
+from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 
 bfloat16 = ml_dtypes.bfloat16
 
@@ -15,39 +39,379 @@ _DTYPES = {
     np.dtype(np.int32): GS_INT32,
     np.dtype(np.int64): GS_INT64,
 }
+_NP_DTYPES = [dt for dt, code in sorted(_DTYPES.items(), key=lambda kv: kv[1])]  # by gs_dtype_t
 _DTYPE_NAMES = ", ".join(["float16", "bfloat16", "float32", "float64",
                           "int8", "uint8", "int32", "int64"])
-_DLPACK_CPU = 1
-_DLPACK_CUDA_HOST = 3
+
+# DLPack (type code, bits) -> gs_dtype_t
+_DL_DTYPES = {
+    (kDLFloat, 16): GS_FLOAT16, (kDLBfloat, 16): GS_BFLOAT16, (kDLFloat, 32): GS_FLOAT32,
+    (kDLFloat, 64): GS_FLOAT64, (kDLInt, 8): GS_INT8, (kDLUInt, 8): GS_UINT8,
+    (kDLInt, 32): GS_INT32, (kDLInt, 64): GS_INT64,
+}
 
 
-cdef object as_ndarray(object obj, str name):
-    """A host ndarray viewing obj's memory (no copy), or a clear error."""
-    if isinstance(obj, np.ndarray):
-        return obj
-    dev = getattr(obj, "__dlpack_device__", None)
-    if dev is not None:
-        kind = dev()[0]
-        if kind not in (_DLPACK_CPU, _DLPACK_CUDA_HOST):
-            raise UnsupportedError(
-                f"{name} lives on device {tuple(dev())} (CUDA or another accelerator); "
-                "this build of gradsync handles host memory only (GPU support needs a "
-                "build with nvcc and CUDA)", GS_ERR_UNSUPPORTED)
-        return np.from_dlpack(obj)
-    if hasattr(obj, "__cuda_array_interface__"):
-        raise UnsupportedError(
-            f"{name} is a CUDA array (__cuda_array_interface__); this build of gradsync "
-            "handles host memory only", GS_ERR_UNSUPPORTED)
-    try:
-        memoryview(obj)
-    except TypeError:
-        raise TypeError(f"{name} must be a numpy.ndarray or an object with __dlpack__ "
-                        f"or the buffer protocol, not {type(obj).__name__}") from None
-    return np.asarray(obj)
+cdef int dl_dtype(DLDataType t) noexcept:
+    """The gs_dtype_t of a DLPack dtype, or -1."""
+    if t.lanes != 1:
+        return -1
+    if t.code == kDLFloat:
+        return GS_FLOAT16 if t.bits == 16 else GS_FLOAT32 if t.bits == 32 else \
+            GS_FLOAT64 if t.bits == 64 else -1
+    if t.code == kDLBfloat:
+        return GS_BFLOAT16 if t.bits == 16 else -1
+    if t.code == kDLInt:
+        return GS_INT8 if t.bits == 8 else GS_INT32 if t.bits == 32 else \
+            GS_INT64 if t.bits == 64 else -1
+    if t.code == kDLUInt:
+        return GS_UINT8 if t.bits == 8 else -1
+    return -1
+
+
+_DL_CODE_NAMES = {kDLInt: "int", kDLUInt: "uint", kDLFloat: "float", kDLBfloat: "bfloat",
+                  kDLComplex: "complex", kDLBool: "bool", kDLOpaqueHandle: "opaque"}
+
+# __cuda_array_interface__ typestr -> gs_dtype_t. bfloat16 has no typestr of
+# its own ('<V2' is any 2-byte record): it is read as bfloat16 only when descr
+# says so, as DeviceArray writes it: [('bfloat16', '<V2')].
+_CAI_DTYPES = {
+    "<f2": GS_FLOAT16, "<f4": GS_FLOAT32, "<f8": GS_FLOAT64,
+    "|i1": GS_INT8, "<i1": GS_INT8, "|u1": GS_UINT8, "<u1": GS_UINT8,
+    "<i4": GS_INT32, "<i8": GS_INT64,
+}
+_CAI_BF16_DESCR = [("bfloat16", "<V2")]
+
+_DLPACK_CPU = kDLCPU
+_DLPACK_CUDA = kDLCUDA
+_DLPACK_CUDA_HOST = kDLCUDAHost
+
+
+cdef class TensorList  # defined at the end
 
 
 cdef str label(str name, Py_ssize_t i, bint indexed):
     return f"{name}[{i}]" if indexed else name
+
+
+cdef str device_words(gs_device_t d):
+    if d.kind == GS_DEVICE_CUDA:
+        return f"CUDA device {d.id}"
+    return "pinned host" if d.kind == GS_DEVICE_CUDA_HOST else "host"
+
+
+cdef int check_status(gs_status_t s, str where) except -1:
+    """CHKERR for calls made while reading an argument: names the argument."""
+    if s == GS_SUCCESS:
+        return 0
+    exc = error_for(s)
+    if isinstance(exc, Error):
+        raise type(exc)(f"{where}: {exc}", s)
+    raise exc
+
+
+cdef class _TensorRef:
+    """One array's memory as gradsync sees it: what a gs_tensor_t needs, plus
+    shape and dtype. DeviceArray is one; the binding makes others (internal)
+    for arrays it borrows, keeping their owner alive."""
+    cdef void *data
+    cdef int64_t count
+    cdef gs_dtype_t gsdtype
+    cdef gs_device_t dev
+    cdef bint readonly
+    cdef bint copied      # the producer handed over a copy (DLPack IS_COPIED)
+    cdef tuple _shape
+    cdef object _dtype    # numpy dtype
+    cdef object owner     # keeps the memory alive (DLPack owner, the exporting object)
+
+    @property
+    def shape(self):
+        """The shape, a tuple of ints."""
+        return self._shape
+
+    @property
+    def dtype(self):
+        """The element type as a numpy dtype (bfloat16 is ml_dtypes.bfloat16)."""
+        return self._dtype
+
+    @property
+    def ndim(self):
+        """Number of dimensions."""
+        return len(self._shape)
+
+    @property
+    def size(self):
+        """Number of elements."""
+        return self.count
+
+
+cdef class _DLPackOwner:
+    """Holds a consumed DLPack managed tensor; its deleter runs when this goes."""
+    cdef DLManagedTensorVersioned *versioned
+    cdef DLManagedTensor *legacy
+
+    def __dealloc__(self):
+        if self.versioned != NULL and self.versioned.deleter != NULL:
+            self.versioned.deleter(self.versioned)
+        elif self.legacy != NULL and self.legacy.deleter != NULL:
+            self.legacy.deleter(self.legacy)
+
+
+cdef bint contiguous(int ndim, const int64_t *shape, const int64_t *strides,
+                     int64_t unit) noexcept:
+    """C order, with strides counted in `unit`s; size-1 dimensions may have any
+    stride, and an empty array is contiguous."""
+    cdef int d
+    cdef int64_t expect = unit
+    if strides == NULL:
+        return True
+    for d in range(ndim):
+        if shape[d] == 0:
+            return True
+    for d in range(ndim - 1, -1, -1):
+        if shape[d] != 1 and strides[d] != expect:
+            return False
+        expect *= shape[d]
+    return True
+
+
+cdef str dl_dtype_name(DLDataType t):
+    base = _DL_CODE_NAMES.get(t.code, f"type code {t.code} ")
+    return f"{base}{t.bits}" + (f"x{t.lanes}" if t.lanes != 1 else "")
+
+
+cdef _TensorRef ref_from_dltensor(const DLTensor *dl, uint64_t flags, str name,
+                                  Py_ssize_t i, bint indexed):
+    """Checks a DLTensor (device, dtype, layout) and describes its memory."""
+    cdef int64_t count = 1
+    cdef int d
+    cdef _TensorRef ref = _TensorRef.__new__(_TensorRef)
+    kind = dl.device.device_type
+    if kind == kDLCUDA:
+        ref.dev.kind = GS_DEVICE_CUDA
+        ref.dev.id = dl.device.device_id
+    elif kind == kDLCPU or kind == kDLCUDAHost:
+        ref.dev.kind = GS_DEVICE_CPU if kind == kDLCPU else GS_DEVICE_CUDA_HOST
+        ref.dev.id = 0
+    else:
+        raise UnsupportedError(
+            f"{label(name, i, indexed)} lives on DLPack device "
+            f"{(kind, dl.device.device_id)}; gradsync takes host and CUDA memory",
+            GS_ERR_UNSUPPORTED)
+    cdef int code = dl_dtype(dl.dtype)
+    if code < 0:
+        raise DtypeError(f"{label(name, i, indexed)} has dtype {dl_dtype_name(dl.dtype)}, "
+                         f"which gradsync does not support; use one of {_DTYPE_NAMES}",
+                         GS_ERR_TYPE)
+    if dl.ndim < 0 or (dl.ndim > 0 and dl.shape == NULL):
+        raise ArgumentError(f"{label(name, i, indexed)}: the DLPack tensor has no valid "
+                            "shape", GS_ERR_INVALID_ARGUMENT)
+    shape = PyTuple_New(dl.ndim)
+    for d in range(dl.ndim):
+        count *= dl.shape[d]
+        dim = dl.shape[d]
+        Py_INCREF(dim)
+        PyTuple_SET_ITEM(shape, d, dim)
+    if not contiguous(dl.ndim, dl.shape, dl.strides, 1):
+        where = label(name, i, indexed)
+        raise ArgumentError(f"{where} is not C-contiguous; pass a contiguous copy of {where}",
+                            GS_ERR_INVALID_ARGUMENT)
+    ref.gsdtype = <gs_dtype_t>code
+    ref._dtype = _NP_DTYPES[code]
+    ref._shape = shape
+    ref.count = count
+    ref.data = (<char *>dl.data) + dl.byte_offset if dl.data != NULL else NULL
+    ref.readonly = (flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0
+    ref.copied = (flags & DLPACK_FLAG_BITMASK_IS_COPIED) != 0
+    return ref
+
+
+cdef _TensorRef from_dlpack(object obj, str name, Py_ssize_t i, bint indexed):
+    """Reads obj through __dlpack__: asks for a 1.x capsule (legacy if the
+    producer does not take max_version) and, for CUDA memory, passes
+    gradsync's stream. The capsule's tensor is released with the reference."""
+    cdef void *stream = NULL
+    cdef _DLPackOwner holder = _DLPackOwner()
+    cdef DLTensor *dl
+    cdef uint64_t flags = 0
+    cdef _TensorRef ref
+    dev = obj.__dlpack_device__()
+    kind = int(dev[0])
+    if kind == kDLCUDA:
+        check_status(gs_cuda_stream(int(dev[1]), &stream), label(name, i, indexed))
+        kwargs = {"stream": <uintptr_t>stream}
+    elif kind == kDLCPU or kind == kDLCUDAHost:
+        kwargs = {}
+    else:
+        raise UnsupportedError(
+            f"{label(name, i, indexed)} lives on DLPack device {(kind, int(dev[1]))}; "
+            "gradsync takes host and CUDA memory", GS_ERR_UNSUPPORTED)
+    try:
+        try:
+            capsule = obj.__dlpack__(max_version=(DLPACK_MAJOR_VERSION, DLPACK_MINOR_VERSION),
+                                     **kwargs)
+        except TypeError:  # a producer from before DLPack 1.0
+            capsule = obj.__dlpack__(**kwargs)
+    except Exception as exc:
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"(raised by {label(name, i, indexed)}.__dlpack__, called by gradsync)")
+        raise
+    if PyCapsule_IsValid(capsule, b"dltensor_versioned"):
+        holder.versioned = <DLManagedTensorVersioned *>PyCapsule_GetPointer(
+            capsule, b"dltensor_versioned")
+        PyCapsule_SetName(capsule, b"used_dltensor_versioned")
+        if holder.versioned.version.major != DLPACK_MAJOR_VERSION:
+            raise UnsupportedError(
+                f"{label(name, i, indexed)} came as a DLPack {holder.versioned.version.major}."
+                f"{holder.versioned.version.minor} tensor; gradsync reads DLPack 1.x",
+                GS_ERR_UNSUPPORTED)
+        dl = &holder.versioned.dl_tensor
+        flags = holder.versioned.flags
+    elif PyCapsule_IsValid(capsule, b"dltensor"):
+        holder.legacy = <DLManagedTensor *>PyCapsule_GetPointer(capsule, b"dltensor")
+        PyCapsule_SetName(capsule, b"used_dltensor")
+        dl = &holder.legacy.dl_tensor
+    else:
+        raise TypeError(f"{label(name, i, indexed)}.__dlpack__() returned "
+                        f"{type(capsule).__name__}, not an unused DLPack capsule")
+    ref = ref_from_dltensor(dl, flags, name, i, indexed)
+    ref.owner = holder
+    return ref
+
+
+_EXCHANGE_APIS = {}  # type -> its DLPackExchangeAPI* as an int (0: none usable)
+
+
+cdef const DLPackExchangeAPI *exchange_api(type tp):
+    """The DLPack C exchange API of a type, or NULL (looked up once per type)."""
+    cdef const DLPackExchangeAPI *api = NULL
+    found = _EXCHANGE_APIS.get(tp)
+    if found is None:
+        cap = getattr(tp, "__dlpack_c_exchange_api__", None)
+        if cap is not None and PyCapsule_IsValid(cap, b"dlpack_exchange_api"):
+            api = <const DLPackExchangeAPI *>PyCapsule_GetPointer(cap, b"dlpack_exchange_api")
+            if api != NULL and (api.header.version.major != DLPACK_MAJOR_VERSION
+                                or api.dltensor_from_py_object_no_sync == NULL
+                                or api.current_work_stream == NULL):
+                api = NULL
+        found = _EXCHANGE_APIS[tp] = <uintptr_t>api
+    return <const DLPackExchangeAPI *><uintptr_t>found
+
+
+cdef _TensorRef from_exchange_api(object obj, const DLPackExchangeAPI *api, str name,
+                                  Py_ssize_t i, bint indexed, TensorList tl):
+    """Reads obj through its type's C exchange API (no capsule, no Python
+    call); obj itself keeps the memory alive. gradsync's stream is ordered
+    after the producer's current stream on that device."""
+    cdef DLTensor dl
+    cdef void *stream = NULL
+    cdef _TensorRef ref
+    try:
+        api.dltensor_from_py_object_no_sync(<void *>obj, &dl)
+    except Exception as exc:
+        if hasattr(exc, "add_note"):
+            exc.add_note(f"(raised reading {label(name, i, indexed)} through DLPack)")
+        raise
+    ref = ref_from_dltensor(&dl, 0, name, i, indexed)
+    ref.owner = obj
+    if ref.dev.kind == GS_DEVICE_CUDA and (tl.ordered_api != api
+                                           or tl.ordered_device != ref.dev.id):
+        api.current_work_stream(kDLCUDA, ref.dev.id, &stream)
+        # NULL is the legacy default stream, which gradsync's (blocking)
+        # stream already follows
+        if stream != NULL:
+            check_status(gs_cuda_order_after(ref.dev.id, <uintptr_t>stream),
+                         label(name, i, indexed))
+        tl.ordered_api = api
+        tl.ordered_device = ref.dev.id
+    return ref
+
+
+cdef _TensorRef from_cuda_array_interface(object obj, str name, Py_ssize_t i, bint indexed):
+    """Reads obj's __cuda_array_interface__ (versions 2 and 3)."""
+    cdef int dev_id = 0
+    cdef int64_t count = 1, itemsize
+    cdef int d, ndim
+    cdef int64_t[::1] shape_c, strides_c
+    cdef _TensorRef ref
+    cai = obj.__cuda_array_interface__
+    where = label(name, i, indexed)
+    try:
+        typestr = cai["typestr"]
+        shape = tuple([int(s) for s in cai["shape"]])
+        ptr, ro = cai["data"]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ArgumentError(f"{where} has an invalid __cuda_array_interface__ ({exc!r}): it "
+                            "needs 'typestr', 'shape' and 'data'",
+                            GS_ERR_INVALID_ARGUMENT) from None
+    code = _CAI_DTYPES.get(typestr)
+    if code is None and typestr in ("<V2", "|V2") and cai.get("descr") == _CAI_BF16_DESCR:
+        code = GS_BFLOAT16
+    if code is None:
+        hint = (" (a 2-byte record: gradsync reads it as bfloat16 only with descr "
+                f"{_CAI_BF16_DESCR})" if typestr in ("<V2", "|V2") else "")
+        raise DtypeError(f"{where} has typestr {typestr!r}{hint}, which gradsync does not "
+                         f"support; use one of {_DTYPE_NAMES}", GS_ERR_TYPE)
+    if cai.get("mask") is not None:
+        raise ArgumentError(f"{where} is a masked CUDA array; gradsync takes plain arrays",
+                            GS_ERR_INVALID_ARGUMENT)
+    for s in shape:
+        count *= s
+    strides = cai.get("strides")
+    if strides is not None:
+        ndim = len(shape)
+        if len(strides) != ndim:
+            raise ArgumentError(f"{where}: __cuda_array_interface__ has {len(strides)} strides "
+                                f"for {ndim} dimensions", GS_ERR_INVALID_ARGUMENT)
+        itemsize = gs_dtype_size(<gs_dtype_t><int>code)
+        shape_c = np.array(shape + (0,), dtype=np.int64)
+        strides_c = np.array(tuple(strides) + (0,), dtype=np.int64)
+        if not contiguous(ndim, &shape_c[0], &strides_c[0], itemsize):
+            raise ArgumentError(f"{where} is not C-contiguous; pass a contiguous copy of "
+                                f"{where}", GS_ERR_INVALID_ARGUMENT)
+    if count > 0 and not ptr:
+        raise ArgumentError(f"{where}: __cuda_array_interface__ data pointer is NULL",
+                            GS_ERR_INVALID_ARGUMENT)
+    stream = cai.get("stream")
+    if stream is not None and (not isinstance(stream, int) or stream <= 0):
+        raise ArgumentError(f"{where}: __cuda_array_interface__ stream {stream!r} is not a "
+                            "stream (1: legacy default, 2: per-thread default, else a "
+                            "cudaStream_t; 0 is disallowed)", GS_ERR_INVALID_ARGUMENT)
+    check_status(gs_cuda_get_device(&dev_id), where)
+    if stream is not None:
+        check_status(gs_cuda_order_after(dev_id, <uintptr_t>stream), where)
+    ref = _TensorRef.__new__(_TensorRef)
+    ref.owner = obj
+    ref.data = <void *><uintptr_t>ptr
+    ref.count = count
+    ref.gsdtype = <gs_dtype_t><int>code
+    ref.dev.kind = GS_DEVICE_CUDA
+    ref.dev.id = dev_id
+    ref.readonly = bool(ro)
+    ref._shape = shape
+    ref._dtype = _NP_DTYPES[code]
+    return ref
+
+
+cdef object as_array(object obj, str name, Py_ssize_t i, bint indexed, TensorList tl):
+    """An ndarray (host memory) or a _TensorRef viewing obj's memory, or a
+    clear error. Never copies."""
+    if isinstance(obj, (np.ndarray, _TensorRef)):
+        return obj
+    cdef const DLPackExchangeAPI *api = exchange_api(type(obj))
+    if api != NULL:
+        return from_exchange_api(obj, api, name, i, indexed, tl)
+    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        return from_dlpack(obj, name, i, indexed)
+    if hasattr(obj, "__cuda_array_interface__"):
+        return from_cuda_array_interface(obj, name, i, indexed)
+    try:
+        memoryview(obj)
+    except TypeError:
+        raise TypeError(f"{label(name, i, indexed)} must be a numpy.ndarray, a "
+                        "gradsync.DeviceArray or an object with __dlpack__, "
+                        "__cuda_array_interface__ or the buffer protocol, not "
+                        f"{type(obj).__name__}") from None
+    return np.asarray(obj)
 
 
 cdef int fill_tensor(gs_tensor_t *t, cnp.ndarray arr, str name, Py_ssize_t i,
@@ -72,21 +436,44 @@ cdef int fill_tensor(gs_tensor_t *t, cnp.ndarray arr, str name, Py_ssize_t i,
     return 0
 
 
+cdef int fill_ref(gs_tensor_t *t, _TensorRef ref, str name, Py_ssize_t i,
+                  bint indexed, bint writable) except -1:
+    if writable and ref.readonly:
+        raise ArgumentError(f"{label(name, i, indexed)} is read-only, but this call writes "
+                            "into it", GS_ERR_INVALID_ARGUMENT)
+    if writable and ref.copied:
+        raise ArgumentError(f"{label(name, i, indexed)} was exported as a copy (DLPack "
+                            "IS_COPIED), so what this call writes into it would be lost",
+                            GS_ERR_INVALID_ARGUMENT)
+    t.data = ref.data
+    t.count = ref.count
+    t.dtype = ref.gsdtype
+    t.device = ref.dev
+    return 0
+
+
 cdef class TensorList:
     """A C array of gs_tensor_t describing Python arrays, which it keeps alive."""
     cdef gs_tensor_t *t
     cdef Py_ssize_t n
-    cdef list arrays  # ndarrays viewing each object's memory
+    cdef list arrays  # per tensor: the ndarray or _TensorRef its gs_tensor_t views
+    # the producer (C exchange API) and device gradsync's stream was last
+    # ordered after in this call
+    cdef const DLPackExchangeAPI *ordered_api
+    cdef int ordered_device
 
     def __cinit__(self):
         self.t = NULL
         self.n = 0
+        self.ordered_api = NULL
+        self.ordered_device = -1
 
     def __dealloc__(self):
         PyMem_Free(self.t)
 
     cdef int load(self, list objs, str name, bint indexed, bint writable) except -1:
         cdef Py_ssize_t i, n = len(objs)
+        cdef bint cuda
         self.t = <gs_tensor_t *>PyMem_Malloc(max(n, 1) * sizeof(gs_tensor_t))
         if self.t == NULL:
             raise MemoryError()
@@ -97,7 +484,22 @@ cdef class TensorList:
             if type(obj) is not np.ndarray:
                 if self.arrays is objs:
                     self.arrays = list(objs)
-                obj = as_ndarray(obj, label(name, i, indexed))
+                obj = as_array(obj, name, i, indexed, self)
                 self.arrays[i] = obj
+                if isinstance(obj, _TensorRef):
+                    fill_ref(&self.t[i], <_TensorRef>obj, name, i, indexed, writable)
+                    continue
             fill_tensor(&self.t[i], obj, name, i, indexed, writable)
+        # one call, one memory: host (plain or pinned) or one CUDA device
+        for i in range(1, n):
+            cuda = self.t[i].device.kind == GS_DEVICE_CUDA
+            if cuda != (self.t[0].device.kind == GS_DEVICE_CUDA) or (
+                    cuda and self.t[i].device.id != self.t[0].device.id):
+                raise ArgumentError(
+                    f"{label(name, i, indexed)} is in {device_words(self.t[i].device)} memory "
+                    f"but {label(name, 0, indexed)} is in {device_words(self.t[0].device)} "
+                    "memory; one call takes tensors on one device", GS_ERR_INVALID_ARGUMENT)
         return 0
+
+    cdef bint on_cuda(self):
+        return self.n > 0 and self.t[0].device.kind == GS_DEVICE_CUDA

@@ -107,8 +107,8 @@ class Communicator:
         arrays, was_list = _as_list(tensors)
         outs = [np.empty_like(np.asarray(a)) if isinstance(a, np.ndarray) else None
                 for a in arrays]
-        if any(o is None for o in outs):
-            outs = [np.empty_like(_host_view(a)) for a in arrays]
+        if any(o is None for o in outs):  # host or CUDA memory like each input
+            outs = self.handle.new_like(arrays, False, "tensors", was_list)
         self._allreduce(arrays if was_list else arrays[0], outs, op, prescale, postscale)
         return _answer(outs, was_list)
 
@@ -121,7 +121,10 @@ class Communicator:
     def broadcast(self, tensors, root=0):
         """New arrays holding root's values (inputs unchanged)."""
         arrays, was_list = _as_list(tensors)
-        outs = [np.array(_host_view(a), copy=True) for a in arrays]
+        if all(isinstance(a, np.ndarray) for a in arrays):
+            outs = [np.array(a, copy=True) for a in arrays]
+        else:  # host or CUDA memory like each input
+            outs = self.handle.new_like(arrays, True, "tensors", was_list)
         self.handle.broadcast(outs, int(root), "tensors", was_list)
         return _answer(outs, was_list)
 
@@ -151,13 +154,3 @@ class Communicator:
         self.handle.reduce_scatter_shards(arrays, op, prescale, postscale, "tensors", was_list)
         return tensors
 
-
-def _host_view(a):
-    if isinstance(a, np.ndarray):
-        return a
-    if hasattr(a, "__dlpack__"):
-        try:
-            return np.from_dlpack(a)
-        except Exception:  # the binding raises the precise error
-            return np.empty(0)
-    return np.asarray(a)

@@ -1,0 +1,409 @@
+# gradsync.DeviceArray (included by _core.pyx): memory from gs_malloc that
+# gradsync's calls take directly and other libraries take zero-copy through
+# DLPack and __cuda_array_interface__.
+
+import operator
+
+from libc.stdlib cimport malloc, free
+
+cdef extern from "Python.h":
+    ctypedef void (*capsule_destructor "PyCapsule_Destructor")(PyObject *)
+    object capsule_new "PyCapsule_New"(void *ptr, const char *name,
+                                       capsule_destructor destructor)
+
+cdef extern from "Python.h" nogil:
+    # borrowed (PyObject *) forms: a capsule destructor runs on a dead object
+    int capsule_is_valid "PyCapsule_IsValid"(PyObject *capsule, const char *name)
+    void *capsule_pointer "PyCapsule_GetPointer"(PyObject *capsule, const char *name)
+    int Py_IsInitialized()
+
+# gs_dtype_t -> DLPack (type code, bits)
+_GS_TO_DL = {code: key for key, code in _DL_DTYPES.items()}
+
+
+cdef void release_export(void *owner) noexcept nogil:
+    """Drops the reference a DLPack export holds on its DeviceArray. Consumers
+    may call deleters from any thread, with or without the GIL."""
+    if owner == NULL or not Py_IsInitialized():
+        return  # at interpreter exit: leave it rather than touch a dying runtime
+    with gil:
+        Py_DECREF(<object>owner)
+
+
+cdef void delete_versioned(DLManagedTensorVersioned *m) noexcept nogil:
+    cdef void *owner
+    if m != NULL:
+        owner = m.manager_ctx
+        free(m)
+        release_export(owner)
+
+
+cdef void delete_legacy(DLManagedTensor *m) noexcept nogil:
+    cdef void *owner
+    if m != NULL:
+        owner = m.manager_ctx
+        free(m)
+        release_export(owner)
+
+
+cdef void capsule_free(PyObject *capsule) noexcept:
+    """PyCapsule destructor: a capsule nobody consumed releases its tensor (a
+    consumer renames it to used_*, and then owns the deleter call)."""
+    cdef DLManagedTensorVersioned *mv
+    cdef DLManagedTensor *m
+    if capsule_is_valid(capsule, b"dltensor_versioned"):
+        mv = <DLManagedTensorVersioned *>capsule_pointer(capsule, b"dltensor_versioned")
+        mv.deleter(mv)
+    elif capsule_is_valid(capsule, b"dltensor"):
+        m = <DLManagedTensor *>capsule_pointer(capsule, b"dltensor")
+        m.deleter(m)
+
+
+cdef int cuda_ordinal(object device, str what) except -1:
+    """Checks that CUDA device `device` (None: the current one) exists."""
+    cdef int n = 0, current = 0
+    CHKERR(gs_cuda_device_count(&n))
+    if not gs_cuda_built():
+        raise UnsupportedError(f"{what}: CUDA memory needs a gradsync built with CUDA (nvcc "
+                               "present when it was built); this build is CPU-only. "
+                               "device='cpu' gives host memory", GS_ERR_UNSUPPORTED)
+    if n == 0:
+        raise Error(f"{what}: no CUDA device is visible to this process (check the driver "
+                    "and CUDA_VISIBLE_DEVICES); device='cpu' gives host memory", GS_ERR_CUDA)
+    if device is None:
+        CHKERR(gs_cuda_get_device(&current))
+        return current
+    if device < 0 or device >= n:
+        raise ArgumentError(f"{what}: CUDA device {device} does not exist; this process sees "
+                            f"{n} CUDA device{'s' if n != 1 else ''}", GS_ERR_INVALID_ARGUMENT)
+    return device
+
+
+cdef gs_device_t parse_device(object device, str what) except *:
+    """None or 'cuda': the current CUDA device; an int or 'cuda:N': CUDA device
+    N; 'cpu': host memory; 'cuda_host': pinned host memory; a DLPack
+    (kind, id) tuple: that device."""
+    cdef gs_device_t d
+    d.kind = GS_DEVICE_CUDA
+    d.id = 0
+    if device is None:
+        d.id = cuda_ordinal(None, what)
+    elif isinstance(device, str):
+        s = device.strip().lower()
+        if s == "cpu":
+            d.kind = GS_DEVICE_CPU
+        elif s in ("cuda_host", "pinned"):
+            d.kind = GS_DEVICE_CUDA_HOST
+        elif s == "cuda":
+            d.id = cuda_ordinal(None, what)
+        elif s.startswith("cuda:") and s[5:].isdigit():
+            d.id = cuda_ordinal(int(s[5:]), what)
+        else:
+            raise ArgumentError(f"{what}: device {device!r} is not one of 'cpu', 'cuda', "
+                                "'cuda:N', 'cuda_host'", GS_ERR_INVALID_ARGUMENT)
+    elif isinstance(device, tuple) and len(device) == 2:
+        kind, ordinal = int(device[0]), int(device[1])
+        if kind == kDLCPU or kind == kDLCUDAHost:
+            d.kind = GS_DEVICE_CPU if kind == kDLCPU else GS_DEVICE_CUDA_HOST
+        elif kind == kDLCUDA:
+            d.id = cuda_ordinal(ordinal, what)
+        else:
+            raise ArgumentError(f"{what}: DLPack device {device} is not host (1), CUDA (2) or "
+                                "pinned host (3) memory", GS_ERR_INVALID_ARGUMENT)
+    elif isinstance(device, int) and not isinstance(device, bool):
+        d.id = cuda_ordinal(device, what)
+    else:
+        raise TypeError(f"{what}: device must be None, a CUDA ordinal, 'cpu', 'cuda', "
+                        f"'cuda:N', 'cuda_host' or a DLPack (kind, id) tuple, not {device!r}")
+    return d
+
+
+cdef int copy_memory(object dst, const gs_tensor_t *src) except -1:
+    """dst (an ndarray or a _TensorRef of src's size) takes src's bytes."""
+    cdef void *p
+    cdef gs_device_t dev
+    cdef size_t nbytes = <size_t>src.count * gs_dtype_size(src.dtype)
+    if isinstance(dst, _TensorRef):
+        p = (<_TensorRef>dst).data
+        dev = (<_TensorRef>dst).dev
+    else:
+        p = cnp.PyArray_DATA(<cnp.ndarray>dst)
+        dev.kind = GS_DEVICE_CPU
+        dev.id = 0
+    with nogil:
+        CHKERR(gs_memcpy(p, dev, src.data, src.device, nbytes))
+    return 0
+
+
+cdef object new_array(object like, tuple shape):
+    """A new, uninitialised array of like's dtype in like's kind of memory: a
+    DeviceArray on like's CUDA device, else a numpy.ndarray."""
+    if isinstance(like, _TensorRef) and (<_TensorRef>like).dev.kind == GS_DEVICE_CUDA:
+        return DeviceArray(shape, like.dtype, (kDLCUDA, (<_TensorRef>like).dev.id))
+    return np.empty(shape, dtype=like.dtype)
+
+
+cdef class DeviceArray(_TensorRef):
+    """A C-contiguous array in memory that gradsync allocated (gs_malloc).
+
+    ``DeviceArray(shape, dtype, device=None)``: ``device`` None (or 'cuda') is
+    the current CUDA device, an int (or 'cuda:N') that CUDA device, 'cpu' host
+    memory and 'cuda_host' pinned host memory. dtype is one of gradsync's
+    (bfloat16 is ml_dtypes.bfloat16). The contents start uninitialised.
+
+    Every gradsync call takes it directly. Other libraries take it zero-copy:
+    ``torch.from_dlpack(a)``, ``cupy.from_dlpack(a)`` (DLPack 1.x or legacy
+    capsules), or ``__cuda_array_interface__`` (CUDA memory only). gradsync's
+    calls finish their work on an array before they return and its copies are
+    synchronous, so a consumer's stream never has gradsync work to wait for:
+    ``__dlpack__`` accepts any valid stream and needs no synchronisation, and
+    the interface's 'stream' is None.
+    """
+    cdef int64_t *shape_c    # shape and C strides (in elements) for DLPack exports
+    cdef int64_t *strides_c
+    cdef object __weakref__
+
+    def __cinit__(self, shape, dtype, device=None):
+        cdef Py_ssize_t d, ndim
+        cdef int64_t stride = 1
+        cdef size_t nbytes
+        dims = (operator.index(shape),) if not isinstance(shape, (tuple, list)) \
+            else tuple([operator.index(s) for s in shape])
+        dt = np.dtype(dtype)
+        code = _DTYPES.get(dt)
+        if code is None:
+            raise DtypeError(f"DeviceArray: dtype {dt} is not one gradsync supports; use one "
+                             f"of {_DTYPE_NAMES}", GS_ERR_TYPE)
+        count = 1
+        for s in dims:
+            if s < 0:
+                raise ArgumentError(f"DeviceArray: negative dimension in shape {dims}",
+                                    GS_ERR_INVALID_ARGUMENT)
+            count *= s
+        if count * dt.itemsize >= 2**62:
+            raise ArgumentError(f"DeviceArray: shape {dims} is too large",
+                                GS_ERR_INVALID_ARGUMENT)
+        self.dev = parse_device(device, "DeviceArray")
+        ndim = len(dims)
+        self.shape_c = <int64_t *>PyMem_Malloc(max(ndim, 1) * sizeof(int64_t))
+        self.strides_c = <int64_t *>PyMem_Malloc(max(ndim, 1) * sizeof(int64_t))
+        if self.shape_c == NULL or self.strides_c == NULL:
+            raise MemoryError()
+        for d in range(ndim - 1, -1, -1):
+            self.shape_c[d] = dims[d]
+            self.strides_c[d] = stride
+            stride *= max(<int64_t>dims[d], 1)
+        self._shape = dims
+        self._dtype = dt
+        self.gsdtype = <gs_dtype_t><int>code
+        self.count = count
+        nbytes = <size_t>(count * dt.itemsize)
+        with nogil:
+            CHKERR(gs_malloc(self.dev, nbytes, &self.data))
+
+    def __dealloc__(self):
+        if self.data != NULL:
+            gs_free(self.dev, self.data)  # cannot report from here; frees what it can
+        PyMem_Free(self.shape_c)
+        PyMem_Free(self.strides_c)
+
+    # ---- what it is -------------------------------------------------------
+    @property
+    def nbytes(self):
+        """Bytes of memory the elements take."""
+        return self.count * self._dtype.itemsize
+
+    @property
+    def device(self):
+        """Where the memory is, as DLPack numbers it: (1, 0) host, (2, N) CUDA
+        device N, (3, 0) pinned host memory."""
+        return (<int>self.dev.kind, <int>self.dev.id)
+
+    @property
+    def ptr(self):
+        """The address of the first element, an int."""
+        return <uintptr_t>self.data
+
+    def __repr__(self):
+        where = {GS_DEVICE_CPU: "'cpu'", GS_DEVICE_CUDA_HOST: "'cuda_host'"}.get(
+            self.dev.kind, f"'cuda:{self.dev.id}'")
+        return f"DeviceArray(shape={self._shape}, dtype={self._dtype}, device={where})"
+
+    # ---- copies -----------------------------------------------------------
+    @staticmethod
+    def from_numpy(arr, device=None):
+        """A new DeviceArray on ``device`` (as in the constructor) holding a
+        copy of ``arr``: a NumPy array or anything gradsync's calls take
+        (DLPack, __cuda_array_interface__, another DeviceArray)."""
+        if isinstance(arr, np.ndarray):
+            arr = np.ascontiguousarray(arr)
+        elif not (isinstance(arr, _TensorRef) or hasattr(arr, "__dlpack__")
+                  or hasattr(arr, "__cuda_array_interface__")):
+            arr = np.ascontiguousarray(np.asarray(arr))
+        cdef TensorList tl = TensorList()
+        tl.load([arr], "arr", False, False)
+        src = tl.arrays[0]
+        out = DeviceArray(src.shape, src.dtype, device)
+        copy_memory(out, &tl.t[0])
+        return out
+
+    def copy_from(self, src):
+        """Copies ``src`` into this array and returns it. src is anything
+        gradsync's calls take (a NumPy array, DLPack or CUDA array interface
+        object, a DeviceArray) with this array's shape and dtype; other values
+        (lists, scalars) go through numpy.asarray."""
+        if not (isinstance(src, (np.ndarray, _TensorRef)) or hasattr(src, "__dlpack__")
+                or hasattr(src, "__cuda_array_interface__")):
+            src = np.asarray(src, dtype=self._dtype)
+        cdef TensorList tl = TensorList()
+        tl.load([src], "src", False, False)
+        a = tl.arrays[0]
+        if a.dtype != self._dtype or tuple(a.shape) != self._shape:
+            raise ArgumentError(f"copy_from: src has shape {tuple(a.shape)} and dtype "
+                                f"{a.dtype}, this array {self._shape} and {self._dtype}",
+                                GS_ERR_INVALID_ARGUMENT)
+        copy_memory(self, &tl.t[0])
+        return self
+
+    def numpy(self):
+        """A new numpy.ndarray holding a copy of the values (also for host
+        memory: the array returned never aliases this one)."""
+        out = np.empty(self._shape, dtype=self._dtype)
+        cdef void *dst = cnp.PyArray_DATA(<cnp.ndarray>out)
+        cdef gs_device_t host
+        cdef size_t nbytes = <size_t>self.count * gs_dtype_size(self.gsdtype)
+        host.kind = GS_DEVICE_CPU
+        host.id = 0
+        with nogil:
+            CHKERR(gs_memcpy(dst, host, self.data, self.dev, nbytes))
+        return out
+
+    # ---- DLPack producer --------------------------------------------------
+    def __dlpack_device__(self):
+        """(device type, device id) as DLPack numbers them."""
+        return self.device
+
+    def __dlpack__(self, *, stream=None, max_version=None, dl_device=None, copy=None):
+        """A DLPack capsule viewing this array: a 1.x "dltensor_versioned"
+        capsule when the consumer's max_version is (1, x) or later, else a
+        legacy "dltensor" one. The capsule keeps the array alive until the
+        consumer calls the deleter (or, never consumed, until it is freed).
+
+        stream: the stream the consumer will use (CUDA: 1 legacy default, 2
+        per-thread default, a cudaStream_t, -1 none, None). No work of
+        gradsync's is ever pending on a DeviceArray, so no wait is needed.
+        dl_device: export to that device; CUDA and host memory are copied
+        between (refused with copy=False), pinned memory is host memory.
+        copy: True always exports a copy, False never does."""
+        cdef DeviceArray src = self
+        cdef gs_device_t target = self.dev
+        cdef uint64_t flags = 0
+        cdef bint versioned = max_version is not None and int(max_version[0]) >= 1
+        self.check_stream(stream)
+        if dl_device is not None:
+            kind, ordinal = int(dl_device[0]), int(dl_device[1])
+            if kind == kDLCPU or kind == kDLCUDAHost:
+                target.kind = GS_DEVICE_CPU if kind == kDLCPU else GS_DEVICE_CUDA_HOST
+                target.id = 0
+            elif kind == kDLCUDA:
+                target.kind = GS_DEVICE_CUDA
+                target.id = ordinal
+            else:
+                raise BufferError(f"DeviceArray cannot be exported to DLPack device "
+                                  f"{tuple(dl_device)}; it exports to host (1), CUDA (2) "
+                                  "and pinned host (3) memory")
+        # pinned host memory is host memory: it exports as CPU without a copy
+        same = (target.kind == self.dev.kind and target.id == self.dev.id) or (
+            self.dev.kind == GS_DEVICE_CUDA_HOST and target.kind == GS_DEVICE_CPU)
+        if copy or not same:
+            if copy is False:
+                raise BufferError(f"DeviceArray on {self.device} cannot be exported to "
+                                  f"{tuple(dl_device)} without a copy, and copy=False")
+            src = DeviceArray(self._shape, self._dtype, (<int>target.kind, target.id))
+            src.copy_from(self)
+            flags |= DLPACK_FLAG_BITMASK_IS_COPIED
+        return src.export(versioned, target, flags)
+
+    cdef int check_stream(self, stream) except -1:
+        if stream is None:
+            return 0
+        if not isinstance(stream, int) or isinstance(stream, bool):
+            raise TypeError(f"__dlpack__: stream must be an int or None, not {stream!r}")
+        if self.dev.kind == GS_DEVICE_CPU and stream != -1:
+            raise ValueError(f"__dlpack__: stream must be None for host memory, got {stream}")
+        if stream == 0 or stream < -1:
+            raise ValueError(f"__dlpack__: stream {stream} is not a CUDA stream (1: legacy "
+                             "default, 2: per-thread default, else a cudaStream_t, -1: none; "
+                             "0 is ambiguous and disallowed)")
+        return 0
+
+    cdef object export(self, bint versioned, gs_device_t device, uint64_t flags):
+        cdef DLManagedTensorVersioned *mv = NULL
+        cdef DLManagedTensor *m = NULL
+        cdef DLTensor *t
+        code, bits = _GS_TO_DL[self.gsdtype]
+        if versioned:
+            mv = <DLManagedTensorVersioned *>malloc(sizeof(DLManagedTensorVersioned))
+            if mv == NULL:
+                raise MemoryError()
+            mv.version.major = DLPACK_MAJOR_VERSION
+            mv.version.minor = DLPACK_MINOR_VERSION
+            mv.manager_ctx = <void *>self
+            mv.deleter = delete_versioned
+            mv.flags = flags
+            t = &mv.dl_tensor
+        else:
+            m = <DLManagedTensor *>malloc(sizeof(DLManagedTensor))
+            if m == NULL:
+                raise MemoryError()
+            m.manager_ctx = <void *>self
+            m.deleter = delete_legacy
+            t = &m.dl_tensor
+        t.data = self.data
+        t.device.device_type = <int32_t>device.kind  # gs device kinds are DLPack's
+        t.device.device_id = device.id
+        t.ndim = <int32_t>len(self._shape)
+        t.dtype.code = code
+        t.dtype.bits = bits
+        t.dtype.lanes = 1
+        t.shape = self.shape_c
+        t.strides = self.strides_c
+        t.byte_offset = 0
+        Py_INCREF(self)  # released by the deleter
+        try:
+            if versioned:
+                return capsule_new(mv, b"dltensor_versioned", capsule_free)
+            return capsule_new(m, b"dltensor", capsule_free)
+        except BaseException:
+            free(mv)
+            free(m)
+            Py_DECREF(self)
+            raise
+
+    # ---- CUDA array interface ---------------------------------------------
+    @property
+    def __cuda_array_interface__(self):
+        """Version 3 of the CUDA array interface (Numba, CuPy, PyTorch).
+        CUDA memory only: for host memory this attribute does not exist, so
+        consumers that probe for it never mistake host memory for device
+        memory. 'stream' is None: no gradsync work is pending. bfloat16 is
+        typestr '<V2' with descr [('bfloat16', '<V2')]."""
+        if self.dev.kind != GS_DEVICE_CUDA:
+            raise AttributeError("__cuda_array_interface__: this DeviceArray holds host memory "
+                                 f"(device {self.device}); use __dlpack__ or numpy()")
+        typestr = self._dtype.str
+        return {
+            "shape": self._shape,
+            "typestr": typestr,
+            "descr": list(_CAI_BF16_DESCR) if self.gsdtype == GS_BFLOAT16 else [("", typestr)],
+            "data": (<uintptr_t>self.data, False),
+            "strides": None,
+            "stream": None,
+            "version": 3,
+        }
+
+
+def to_device(arr, device=None):
+    """DeviceArray.from_numpy: a copy of ``arr`` on ``device`` (None: the
+    current CUDA device; 'cpu' host memory; see DeviceArray)."""
+    return DeviceArray.from_numpy(arr, device)

@@ -1,0 +1,85 @@
+"""pytest setup for the GPU suite (tests/gpu).
+
+Run with:
+    PYTHONPATH=pyx mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/gpu
+
+Every test here is skipped when this process sees no CUDA device
+(gs.build_info()["cuda_devices"] == 0), so the directory can always be run.
+Ranks share the GPUs round robin (local rank modulo the device count): 2 to 4
+ranks on one GPU exercise the MPI device path, one rank NCCL.
+
+GRADSYNC_GPU_TESTS_ON_HOST=1 runs the tests that use gradsync's own arrays
+with host memory (DeviceArray(device="cpu")) instead, skipping those that need
+torch or CuPy on a GPU: it checks the tests themselves on a machine without a
+GPU, nothing about the CUDA code.
+"""
+
+import faulthandler
+import os
+import sys
+
+import pytest
+
+import gradsync as gs
+from mpi4py import MPI
+
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(TESTS, "python"))
+
+from gsutil import Inputs  # noqa: E402
+
+ON_HOST = os.environ.get("GRADSYNC_GPU_TESTS_ON_HOST", "") == "1"
+CUDA_DEVICES = gs.build_info()["cuda_devices"]
+WATCHDOG_SECONDS = float(os.environ.get("GS_TEST_WATCHDOG", "300"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if CUDA_DEVICES == 0 and not ON_HOST:
+        skip = pytest.mark.skip(reason="no CUDA device visible to this process "
+                                       "(gs.build_info()['cuda_devices'] == 0)")
+        for item in items:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _watchdog():
+    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+@pytest.fixture(scope="session")
+def comm():
+    c = gs.Communicator(MPI.COMM_WORLD)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def small_comm():
+    """4 KiB fusion threshold: lists go out in several fused messages."""
+    c = gs.Communicator(MPI.COMM_WORLD, fusion_threshold=4096)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="session")
+def device(comm):
+    """Where this rank's arrays live: a CUDA ordinal, or 'cpu' with
+    GRADSYNC_GPU_TESTS_ON_HOST=1."""
+    if ON_HOST:
+        return "cpu"
+    try:
+        import torch
+    except ImportError:
+        # __cuda_array_interface__ inputs are read as on the current device,
+        # which only torch sets here: without it every rank uses device 0
+        return 0
+    ordinal = comm.local_rank % max(CUDA_DEVICES, 1)
+    torch.cuda.set_device(ordinal)
+    return ordinal
+
+
+@pytest.fixture
+def inputs(request):
+    return Inputs(request.node.nodeid, MPI.COMM_WORLD.size)
