@@ -8,10 +8,13 @@ Every test here is skipped when this process sees no CUDA device
 Ranks share the GPUs round robin (local rank modulo the device count): 2 to 4
 ranks on one GPU exercise the MPI device path, one rank NCCL.
 
-GRADSYNC_GPU_TESTS_ON_HOST=1 runs the tests that use gradsync's own arrays
-with host memory (DeviceArray(device="cpu")) instead, skipping those that need
-torch or CuPy on a GPU: it checks the tests themselves on a machine without a
-GPU, nothing about the CUDA code.
+Without a GPU, two ways to check the tests themselves (nothing about the CUDA
+arithmetic), skipping what needs torch or CuPy on a GPU:
+- against the emulated CUDA runtime (`make build/emulated/libgradsync.so`,
+  then LD_PRELOAD=$PWD/build/emulated/libgradsync.so): one "CUDA device" whose
+  memory is host memory, so the Python device path runs end to end;
+- GRADSYNC_GPU_TESTS_ON_HOST=1: gradsync's own arrays in host memory
+  (DeviceArray(device="cpu")).
 """
 
 import faulthandler
@@ -71,7 +74,10 @@ def device(comm):
         return "cpu"
     try:
         import torch
+        has_torch_cuda = torch.cuda.is_available()
     except ImportError:
+        has_torch_cuda = False
+    if not has_torch_cuda:
         # __cuda_array_interface__ inputs are read as on the current device,
         # which only torch sets here: without it every rank uses device 0
         return 0
