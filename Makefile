@@ -20,7 +20,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: all deps build test c-tests py-tests test-emulated demo bench check-memory clean
+.PHONY: all deps build test c-tests py-tests test-emulated gpu-test demo bench check-memory clean
 
 all: build
 
@@ -49,7 +49,8 @@ py-tests: build
 	done
 	@for n in $(ADASUM_NP_LIST); do \
 	    echo "== pytest tests/python/test_adasum.py at $$n ranks"; \
-	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_adasum.py || exit 1; \
+	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_adasum.py \
+	        tests/python/test_adasum_hierarchical.py || exit 1; \
 	done
 	@for n in $(PARTITION_NP_LIST); do \
 	    echo "== pytest tests/python/test_partition.py at $$n ranks"; \
@@ -86,9 +87,28 @@ test-emulated: build tests/c/bin/test_device_paths
 	    echo "== tests/c/bin/test_device_paths at $$n ranks (emulated CUDA)"; \
 	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
 	        tests/c/bin/test_device_paths || exit 1; \
+	    echo "== pytest tests/gpu tests/python/test_dlpack.py at $$n ranks (emulated CUDA)"; \
+	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
+	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1; \
 	done
 
 test: c-tests py-tests test-emulated
+
+# On a machine with a GPU: the device C test on the real runtime, the GPU
+# pytest suite at 1 rank (NCCL) and at GPU_NP ranks sharing the GPU (staged
+# MPI), then the figures for docs/GPU.md. Skipped cleanly without a GPU.
+GPU_NP ?= 2
+gpu-test: build tests/c/bin/test_device_paths
+	@if ! $(PYTHON) -c "import gradsync as g, sys; sys.exit(0 if g.build_info()['cuda_devices'] else 1)"; then \
+	    echo "== gpu-test: no CUDA device visible, skipped"; exit 0; fi; \
+	for n in 1 $(GPU_NP); do \
+	    echo "== tests/c/bin/test_device_paths at $$n ranks (CUDA)"; \
+	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n tests/c/bin/test_device_paths || exit 1; \
+	    echo "== pytest tests/gpu at $$n ranks"; \
+	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/gpu || exit 1; \
+	done; \
+	echo "== scripts/bench_gpu.py"; \
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTHON) scripts/bench_gpu.py --json gpu-bench.json
 
 demo: build
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(PYTHON) scripts/demo.py

@@ -30,6 +30,11 @@ GS_API gs_status_t gs_cuda_device_count(int *count);
 /* The calling thread's current CUDA device. */
 GS_API gs_status_t gs_cuda_get_device(int *device);
 
+/* Where `ptr` points: *device receives its kind and CUDA ordinal (CUDA for
+ * device memory, CUDA_HOST for pinned or managed-on-host, CPU for memory CUDA
+ * does not know). */
+GS_API gs_status_t gs_pointer_device(const void *ptr, gs_device_t *device);
+
 /* `bytes` of memory on `device`: CPU memory is 64-byte aligned, CUDA memory
  * comes from cudaMalloc on device.id, CUDA_HOST memory is pinned. bytes == 0
  * gives a valid pointer that must still be freed. */

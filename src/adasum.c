@@ -130,16 +130,18 @@ static gs_status_t partial_dots(const gs_engine_t *e, const gs_plan_t *plan,
   return s;
 }
 
-/* out = ca*left + cb*right per slot, with the pair formula's coefficients. */
+/* out = ca*left + cb*right per slot, with the pair formula's coefficients;
+ * d == NULL: ca = cb = plain (hierarchical mode's sums inside a group). */
 static gs_status_t combine(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
-                           int64_t lo, int64_t hi, const double *d, const char *left,
-                           const char *right, char *out, int64_t *work) {
+                           int64_t lo, int64_t hi, const double *d, double plain,
+                           const char *left, const char *right, char *out, int64_t *work) {
   size_t es = gs_dtype_size(m->dtype);
   int64_t *start = work, *count = work + m->nslots, *slot = work + 2 * m->nslots;
   int64_t np = slot_parts(plan, m, lo, hi, start, count, slot);
   double *coef = malloc(2 * (size_t)(np ? np : 1) * sizeof *coef);
   if (!coef) return gs_fail(GS_ERR_NO_MEMORY, "adasum: out of memory");
-  for (int64_t k = 0; k < np; k++) {
+  for (int64_t k = 0; k < np && !d; k++) coef[2 * k] = coef[2 * k + 1] = plain;
+  for (int64_t k = 0; k < np && d; k++) {
     const double *dj = &d[3 * slot[k]];
     double dot = dj[0], na = dj[1], nb = dj[2];
     coef[2 * k] = na >= SQRT_DBL_MIN ? 1.0 - dot / (2.0 * na) : 1.0;
@@ -159,8 +161,27 @@ static gs_status_t combine(const gs_engine_t *e, const gs_plan_t *plan, const gs
   return s;
 }
 
+gs_status_t gs_adasum_group_size(gs_comm_t c, const char *fn, int *size) {
+  int g = gs_env_hierarchy_size(), from_env = g > 0;
+  if (!from_env) g = c->local_size;
+  *size = 1;
+  if (g & (g - 1))
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: hierarchical adasum needs a power-of-two "
+                   "number of ranks per %s; it is %d", fn, from_env ? "group" : "node", g);
+  if (c->size % g != 0 || ((c->size / g) & (c->size / g - 1)))
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: hierarchical adasum needs a power-of-two "
+                   "number of equal %s; %d ranks do not make one with %d ranks each", fn,
+                   from_env ? "groups" : "nodes", c->size, g);
+  if (!from_env && c->local_rank != c->rank % g)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: hierarchical adasum needs each node's ranks "
+                   "to be consecutive (rank %d is local rank %d of %d); place ranks by node, "
+                   "or set GRADSYNC_HIERARCHY_SIZE", fn, c->rank, c->local_rank, g);
+  *size = g;
+  return GS_SUCCESS;
+}
+
 gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
-                              const gs_message_t *m, void *xv) {
+                              const gs_message_t *m, void *xv, int sum_levels) {
   gs_comm_t c = e->comm;
   int p = c->size, me = c->rank, q = 1, nlevels = 0;
   if (p == 1 || m->count == 0) return GS_SUCCESS;
@@ -189,7 +210,7 @@ gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
   } else if (me < p - q) {
     s = exchange(e, NULL, 0, tmp, n, m->dtype, me + q);
     if (s == GS_SUCCESS) s = partial_dots(e, plan, m, 0, n, x, tmp, d, work);
-    if (s == GS_SUCCESS) s = combine(e, plan, m, 0, n, d, x, tmp, x, work);
+    if (s == GS_SUCCESS) s = combine(e, plan, m, 0, n, d, 1.0, x, tmp, x, work);
   }
 
   if (me < q) {
@@ -205,6 +226,13 @@ gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
       if (s != GS_SUCCESS) break;
       char *mine = x + (size_t)klo * es;
       const char *left = lower ? mine : tmp, *right = lower ? tmp : mine;
+      if (k < sum_levels) { /* inside a group: a sum, the last level makes it the mean */
+        double plain = k == sum_levels - 1 ? 1.0 / (double)(1 << sum_levels) : 1.0;
+        s = combine(e, plan, m, klo, khi, NULL, plain, left, right, mine, work);
+        lo = klo;
+        hi = khi;
+        continue;
+      }
       s = partial_dots(e, plan, m, klo, khi, left, right, d, work);
       if (s != GS_SUCCESS) break;
       MPI_Request req;
@@ -213,7 +241,7 @@ gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
       s = mpi_e == MPI_SUCCESS ? gs_mpi_wait(&req, "adasum: level MPI_Iallreduce", NULL, NULL)
                                : gs_mpi_fail(mpi_e, "adasum: level MPI_Iallreduce");
       if (s != GS_SUCCESS) break;
-      s = combine(e, plan, m, klo, khi, d, left, right, mine, work);
+      s = combine(e, plan, m, klo, khi, d, 1.0, left, right, mine, work);
       lo = klo;
       hi = khi;
     }

@@ -62,7 +62,8 @@ static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
  * otherwise. */
 static gs_status_t adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
                                   const gs_message_t *m, const gs_tensor_t *in,
-                                  const gs_tensor_t *out, double pre, double post) {
+                                  const gs_tensor_t *out, double pre, double post,
+                                  int sum_levels) {
   void *ibase = NULL, *obase = NULL, *x = NULL;
   int icontig = gs_plan_contiguous(plan, m, in, &ibase);
   int ocontig = out ? gs_plan_contiguous(plan, m, out, &obase) : 0;
@@ -78,7 +79,7 @@ static gs_status_t adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
     GS_CHECK(gs_pack(e, plan, m, in, x, pre));
     in_place_memory = 0;
   }
-  GS_CHECK(gs_adasum_message(e, plan, m, x));
+  GS_CHECK(gs_adasum_message(e, plan, m, x, sum_levels));
   if (in_place_memory)
     return gs_scale_copy(e, m->dtype, x, x, post == 1.0 ? 0 : m->count, post);
   return gs_unpack(e, plan, m, x, out ? out : in, post);
@@ -88,7 +89,7 @@ static gs_status_t adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
  * Depends only on what the ranks validate (count, dtypes, sizes, op,
  * threshold), so ranks that agree on the call also agree on this. */
 static int rides_in_check(const gs_tensor_t *t, int64_t n, gs_op_t op, gs_comm_t c) {
-  if (n < 1 || op == GS_OP_ADASUM || t[0].device.kind == GS_DEVICE_CUDA) return 0;
+  if (n < 1 || gs_op_is_adasum(op) || t[0].device.kind == GS_DEVICE_CUDA) return 0;
   int64_t bytes = 0;
   int64_t limit = c->fusion_threshold < GS_CHECK_PAYLOAD_BYTES ? c->fusion_threshold
                                                                : GS_CHECK_PAYLOAD_BYTES;
@@ -133,6 +134,10 @@ gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *
   if (local == GS_SUCCESS && out) local = gs_check_outputs(fn, in, out, n);
   if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale, 1);
   if (local == GS_SUCCESS) local = gs_check_memory(c, fn, in, n, out, out ? n : 0);
+  int group = 1, sum_levels = 0; /* hierarchical: levels inside a group only sum */
+  if (local == GS_SUCCESS && op == GS_OP_ADASUM_HIERARCHICAL)
+    local = gs_adasum_group_size(c, fn, &group);
+  while ((1 << sum_levels) < group) sum_levels++;
   gs_call_t call = {GS_CALL_ALLREDUCE, op, 0, n, in, NULL, NULL, 0};
   if (c->check && local == GS_SUCCESS && rides_in_check(in, n, op, c))
     return small_allreduce(c, &call, in, out, op, prescale, postscale);
@@ -144,10 +149,11 @@ gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *
   gs_engine_t e;
   gs_status_t s = gs_engine_open(c, in, n, &e);
   double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
+  if (gs_op_is_adasum(op)) post = postscale; /* hierarchical: averaged inside the tree */
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
     if (plan.msgs[k].count > 0)
-      s = op == GS_OP_ADASUM
-              ? adasum_message(&e, &plan, &plan.msgs[k], in, out, prescale, postscale)
+      s = gs_op_is_adasum(op)
+              ? adasum_message(&e, &plan, &plan.msgs[k], in, out, prescale, post, sum_levels)
               : reduce_message(&e, &plan, &plan.msgs[k], in, out, op, prescale, post);
   gs_plan_free(&plan);
   return gs_engine_close(&e, s);

@@ -98,13 +98,14 @@ gs_status_t gs_check_op(const char *op_name, gs_op_t op, const gs_tensor_t *t,
                         int64_t n, double prescale, double postscale, int allow_adasum) {
   if ((unsigned)op >= GS_NUM_OPS)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: op %d is not a gradsync op", op_name, (int)op);
-  if (op == GS_OP_ADASUM && !allow_adasum)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: op adasum exists only for allreduce", op_name);
-  if (op == GS_OP_ADASUM)
+  if (gs_op_is_adasum(op) && !allow_adasum)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: op %s exists only for allreduce", op_name,
+                   gs_op_name(op));
+  if (gs_op_is_adasum(op))
     for (int64_t i = 0; i < n; i++)
       if (!gs_dtype_is_float(t[i].dtype))
-        return gs_fail(GS_ERR_TYPE, "%s: op adasum needs floating dtypes, but tensor %lld is %s",
-                       op_name, (long long)i, gs_dtype_name(t[i].dtype));
+        return gs_fail(GS_ERR_TYPE, "%s: op %s needs floating dtypes, but tensor %lld is %s",
+                       op_name, gs_op_name(op), (long long)i, gs_dtype_name(t[i].dtype));
   int scaled = op == GS_OP_AVERAGE || prescale != 1.0 || postscale != 1.0;
   if (!scaled) return GS_SUCCESS;
   for (int64_t i = 0; i < n; i++)

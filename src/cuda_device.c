@@ -78,6 +78,29 @@ gs_status_t gs_cuda_get_device(int *device) {
 #endif
 }
 
+gs_status_t gs_pointer_device(const void *ptr, gs_device_t *device) {
+  gs_clear_error();
+  if (!device) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_pointer_device: device is NULL");
+  device->kind = GS_DEVICE_CPU;
+  device->id = 0;
+#ifdef GS_HAVE_CUDA
+  struct cudaPointerAttributes attr;
+  if (ptr && cudaPointerGetAttributes(&attr, ptr) == cudaSuccess) {
+    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) {
+      device->kind = GS_DEVICE_CUDA;
+      device->id = attr.device;
+    } else if (attr.type == cudaMemoryTypeHost) {
+      device->kind = GS_DEVICE_CUDA_HOST;
+    }
+  } else {
+    cudaGetLastError(); /* an unregistered host pointer is not an error */
+  }
+#else
+  (void)ptr;
+#endif
+  return GS_SUCCESS;
+}
+
 gs_status_t gs_cu_enter(int device, void **stream, int *previous) {
 #ifdef GS_HAVE_CUDA
   if (device < 0 || device >= MAX_DEVICES)

@@ -15,6 +15,7 @@ static const struct {
 static const char *const op_names[GS_NUM_OPS] = {
     [GS_OP_SUM] = "sum", [GS_OP_AVERAGE] = "average", [GS_OP_MIN] = "min",
     [GS_OP_MAX] = "max", [GS_OP_PROD] = "prod",       [GS_OP_ADASUM] = "adasum",
+    [GS_OP_ADASUM_HIERARCHICAL] = "adasum_hierarchical",
 };
 
 int gs_dtype_valid(gs_dtype_t d) { return (unsigned)d < GS_NUM_DTYPES; }

@@ -46,6 +46,11 @@ double gs_env_stall_seconds(void) {
 
 long long gs_default_fusion_threshold(void) { return gs_env_fusion_threshold(); }
 
+int gs_env_hierarchy_size(void) {
+  int64_t v;
+  return (env_int64("GRADSYNC_HIERARCHY_SIZE", &v) && v > 0 && v < (1 << 30)) ? (int)v : 0;
+}
+
 int64_t gs_env_stage_chunk_bytes(void) {
   int64_t v;
   return (env_int64("GRADSYNC_STAGE_CHUNK_BYTES", &v) && v >= 64) ? v : GS_DEFAULT_STAGE_CHUNK_BYTES;

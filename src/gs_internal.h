@@ -58,6 +58,12 @@ int gs_env_simd_portable(void);        /* GRADSYNC_SIMD=portable: no AVX2 kernel
 /* ---- dtypes and element conversions (dtype.c, half.h) ------------------- */
 
 int gs_dtype_valid(gs_dtype_t dtype);
+static inline int gs_op_is_adasum(gs_op_t op) {
+  return op == GS_OP_ADASUM || op == GS_OP_ADASUM_HIERARCHICAL;
+}
+/* Ranks per averaging group of hierarchical Adasum: GRADSYNC_HIERARCHY_SIZE,
+ * else 0 (then: the ranks of a node). */
+int gs_env_hierarchy_size(void);
 int gs_dtype_is_float(gs_dtype_t dtype);
 
 /* ---- communicator (comm.c) --------------------------------------------- */
@@ -345,7 +351,10 @@ void gs_cpu_adasum_combine(gs_dtype_t dtype, double ca, const void *a, double cb
  * tensor boundaries from the plan's slots). The result replaces x on every
  * rank. */
 gs_status_t gs_adasum_message(const struct gs_engine *e, const gs_plan_t *plan,
-                              const gs_message_t *m, void *x);
+                              const gs_message_t *m, void *x, int sum_levels);
+/* Hierarchical Adasum's group size for this communicator, or an argument
+ * error naming the unmet condition (checked before the ranks meet). */
+gs_status_t gs_adasum_group_size(gs_comm_t comm, const char *fn, int *size);
 /* Frees the per-level communicators Adasum caches on a communicator. */
 void gs_adasum_free(gs_comm_t comm);
 

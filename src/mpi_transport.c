@@ -91,7 +91,7 @@ gs_status_t gs_mpi_datatype(gs_dtype_t dtype, MPI_Datatype *out) {
 
 gs_status_t gs_mpi_op(gs_dtype_t dtype, gs_op_t op, MPI_Op *out) {
   if (op == GS_OP_AVERAGE) op = GS_OP_SUM;
-  if (!gs_dtype_valid(dtype) || (unsigned)op >= GS_NUM_OPS || op == GS_OP_ADASUM)
+  if (!gs_dtype_valid(dtype) || (unsigned)op >= GS_NUM_OPS || gs_op_is_adasum(op))
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "op %s has no MPI reduction", gs_op_name(op));
   if (user_fns[dtype][op]) {
     GS_CHECK(ensure_objects());
@@ -99,7 +99,7 @@ gs_status_t gs_mpi_op(gs_dtype_t dtype, gs_op_t op, MPI_Op *out) {
     return GS_SUCCESS;
   }
   static const MPI_Op builtin[GS_NUM_OPS] = {MPI_SUM, MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD,
-                                             MPI_OP_NULL};
+                                             MPI_OP_NULL, MPI_OP_NULL};
   *out = builtin[op];
   return GS_SUCCESS;
 }

@@ -26,7 +26,8 @@ include "_device.pxi"
 include "_kernels.pxi"
 
 OPS = {"sum": GS_OP_SUM, "average": GS_OP_AVERAGE, "min": GS_OP_MIN,
-       "max": GS_OP_MAX, "prod": GS_OP_PROD, "adasum": GS_OP_ADASUM}
+       "max": GS_OP_MAX, "prod": GS_OP_PROD, "adasum": GS_OP_ADASUM,
+       "adasum_hierarchical": GS_OP_ADASUM_HIERARCHICAL}
 _OP_CODES = dict(OPS)
 _OP_CODES.update({v: v for v in OPS.values()})
 
@@ -40,6 +41,16 @@ cdef gs_op_t parse_op(op) except *:
             raise ArgumentError(f"op must be one of {', '.join(OPS)} (or gradsync.Op), "
                                 f"got {op!r}", GS_ERR_INVALID_ARGUMENT)
     return <gs_op_t><int>code
+
+
+cdef gs_op_t adasum_mode(gs_op_t op, object mode) except *:
+    """op="adasum" with adasum="flat" or "hierarchical" (DESIGN section 4)."""
+    if mode is None or mode == "flat":
+        return op
+    if mode != "hierarchical":
+        raise ArgumentError(f"adasum must be 'flat' or 'hierarchical', got {mode!r}",
+                            GS_ERR_INVALID_ARGUMENT)
+    return GS_OP_ADASUM_HIERARCHICAL if op == GS_OP_ADASUM else op
 
 
 def version():
@@ -93,6 +104,7 @@ cdef class Comm:
     """Handle of a C gs_comm_t. Collective methods take lists of arrays."""
     cdef gs_comm_t handle
     cdef public object mpi_comm
+    cdef public object adasum  # default Adasum mode: None/"flat" or "hierarchical"
 
     def __cinit__(self):
         self.handle = NULL
@@ -183,7 +195,7 @@ cdef class Comm:
         return tl
 
     def allreduce(self, tensors, list outputs, op="sum", double prescale=1.0,
-                  double postscale=1.0):
+                  double postscale=1.0, adasum=None):
         """tensors: one array or a list/tuple; outputs None: in place."""
         cdef gs_comm_t h = self.live()
         cdef gs_op_t cop
@@ -193,7 +205,7 @@ cdef class Comm:
             else [tensors]
         cdef str name = "tensors" if indexed else "tensor"
         try:
-            cop = parse_op(op)
+            cop = adasum_mode(parse_op(op), self.adasum if adasum is None else adasum)
         except BaseException as exc:
             self.abandon(exc)
             raise
@@ -227,7 +239,7 @@ cdef class Comm:
         return outs
 
     def allreduce_inplace(self, tensors, op="sum", double prescale=1.0,
-                          double postscale=1.0):
+                          double postscale=1.0, adasum=None):
         """In-place allreduce that returns its argument. One ndarray or
         DeviceArray takes a path with no per-call allocation: small calls are
         latency bound."""
@@ -236,10 +248,12 @@ cdef class Comm:
         cdef gs_op_t cop
         cdef bint device_array = type(tensors) is DeviceArray
         if type(tensors) is not np.ndarray and not device_array:
-            self.allreduce(tensors, None, op, prescale, postscale)
+            self.allreduce(tensors, None, op, prescale, postscale, adasum)
             return tensors
         try:
             cop = parse_op(op)
+            if cop == GS_OP_ADASUM:
+                cop = adasum_mode(cop, self.adasum if adasum is None else adasum)
             if device_array:
                 fill_ref(&t, <_TensorRef>tensors, "tensor", 0, False, True)
             else:

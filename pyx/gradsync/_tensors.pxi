@@ -329,6 +329,7 @@ cdef _TensorRef from_exchange_api(object obj, const DLPackExchangeAPI *api, str 
 cdef _TensorRef from_cuda_array_interface(object obj, str name, Py_ssize_t i, bint indexed):
     """Reads obj's __cuda_array_interface__ (versions 2 and 3)."""
     cdef int dev_id = 0
+    cdef gs_device_t where_is
     cdef int64_t count = 1, itemsize
     cdef int d, ndim
     cdef int64_t[::1] shape_c, strides_c
@@ -376,7 +377,15 @@ cdef _TensorRef from_cuda_array_interface(object obj, str name, Py_ssize_t i, bi
         raise ArgumentError(f"{where}: __cuda_array_interface__ stream {stream!r} is not a "
                             "stream (1: legacy default, 2: per-thread default, else a "
                             "cudaStream_t; 0 is disallowed)", GS_ERR_INVALID_ARGUMENT)
-    check_status(gs_cuda_get_device(&dev_id), where)
+    # the pointer's own device: the array may live on a GPU other than the current one
+    if count > 0:
+        check_status(gs_pointer_device(<void *><uintptr_t>ptr, &where_is), where)
+        if where_is.kind != GS_DEVICE_CUDA:
+            raise ArgumentError(f"{where}: its __cuda_array_interface__ pointer is not CUDA "
+                                "device memory", GS_ERR_INVALID_ARGUMENT)
+        dev_id = where_is.id
+    else:
+        check_status(gs_cuda_get_device(&dev_id), where)
     if stream is not None:
         check_status(gs_cuda_order_after(dev_id, <uintptr_t>stream), where)
     ref = _TensorRef.__new__(_TensorRef)

@@ -25,13 +25,18 @@ class Communicator:
     caps one fused message (default: GRADSYNC_FUSION_THRESHOLD, else 128 MiB);
     ``stall_seconds`` is how long a rank waits for the others before it warns
     (default: GRADSYNC_STALL_SECONDS, else 60; 0 turns the warning off).
+    ``adasum`` ("flat" or "hierarchical") is how op="adasum" runs by default:
+    hierarchical averages inside each node and runs Adasum across nodes
+    (DESIGN section 4); any call can say otherwise with its own ``adasum=``.
     Close it with ``close()`` or a ``with`` block; closing twice is harmless.
     """
 
     def __init__(self, mpi_comm=None, *, fusion_threshold=None, stall_seconds=None,
-                 _handle=None):
+                 adasum="flat", _handle=None):
         from gradsync import MPI
 
+        if adasum not in ("flat", "hierarchical"):
+            raise ValueError(f"adasum must be 'flat' or 'hierarchical', got {adasum!r}")
         if _handle is None:
             mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
             if not isinstance(mpi_comm, MPI.Intracomm):
@@ -45,6 +50,7 @@ class Communicator:
                 raise ValueError(f"stall_seconds must be >= 0, got {stall_seconds}")
             _handle = _core.Comm.create(mpi_comm, threshold, -1, stall)
         self.handle = _handle
+        self.handle.adasum = adasum
         (self.rank, self.size, self.local_rank, self.local_size, _,
          self.check) = self.handle.info()
         self._allreduce = self.handle.allreduce
@@ -91,25 +97,26 @@ class Communicator:
         """Ranks with equal color form a new Communicator, ordered by (key, rank).
         A negative color returns None on that rank."""
         handle = self.handle.split(int(color), int(key))
-        return None if handle is None else Communicator(_handle=handle)
+        return None if handle is None else Communicator(_handle=handle, adasum=self.handle.adasum)
 
     def barrier(self):
         """Waits for every rank (validated like a collective)."""
         self.handle.barrier()
 
     # ---- collectives ------------------------------------------------------
-    def allreduce_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
+    def allreduce_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
         """Reduces in place over ranks; returns what it was given."""
-        return self.handle.allreduce_inplace(tensors, op, prescale, postscale)
+        return self.handle.allreduce_inplace(tensors, op, prescale, postscale, adasum)
 
-    def allreduce(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
+    def allreduce(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
         """Reduces over ranks into new arrays; the inputs are not changed."""
         arrays, was_list = _as_list(tensors)
         outs = [np.empty_like(np.asarray(a)) if isinstance(a, np.ndarray) else None
                 for a in arrays]
         if any(o is None for o in outs):  # host or CUDA memory like each input
             outs = self.handle.new_like(arrays, False, "tensors", was_list)
-        self._allreduce(arrays if was_list else arrays[0], outs, op, prescale, postscale)
+        self._allreduce(arrays if was_list else arrays[0], outs, op, prescale, postscale,
+                        adasum)
         return _answer(outs, was_list)
 
     def broadcast_(self, tensors, root=0):

@@ -8,6 +8,7 @@ cdef extern from "gs_device.h" nogil:
     const char *gs_cuda_archs()
     gs_status_t gs_cuda_device_count(int *count)
     gs_status_t gs_cuda_get_device(int *device)
+    gs_status_t gs_pointer_device(const void *ptr, gs_device_t *device)
 
     gs_status_t gs_malloc(gs_device_t device, size_t bytes, void **ptr)
     gs_status_t gs_free(gs_device_t device, void *ptr)

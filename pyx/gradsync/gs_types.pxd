@@ -19,6 +19,7 @@ cdef extern from "gs_types.h" nogil:
         GS_OP_MAX
         GS_OP_PROD
         GS_OP_ADASUM
+        GS_OP_ADASUM_HIERARCHICAL
 
     ctypedef enum gs_device_kind_t:
         GS_DEVICE_CPU

@@ -11,3 +11,4 @@ class Op(enum.IntEnum):
     MAX = 3
     PROD = 4
     ADASUM = 5
+    ADASUM_HIERARCHICAL = 6  # also op="adasum" with adasum="hierarchical"

@@ -145,6 +145,19 @@ static void allreduces(gs_comm_t c, int exact) {
   /* the device's dot products sum in their own order: not bitwise on a GPU */
   compare(a.host, a.dev, a.n, exact && strcmp(gs_cuda_archs(), "emulated") == 0, "adasum");
   free_list(&a);
+  /* hierarchical: groups of two ranks where that makes a power-of-two count */
+  int p = gs_test_size();
+  if (p % 2 == 0 && ((p / 2) & (p / 2 - 1)) == 0) {
+    SECTION("hierarchical adasum, groups of 2");
+    setenv("GRADSYNC_HIERARCHY_SIZE", "2", 1);
+    make_list(&a, 310, 4, 1, 0);
+    GS_OK(gs_allreduce(c, a.host, NULL, a.n, GS_OP_ADASUM_HIERARCHICAL, 1.0, 1.0));
+    GS_OK(gs_allreduce(c, a.dev, NULL, a.n, GS_OP_ADASUM_HIERARCHICAL, 1.0, 1.0));
+    compare(a.host, a.dev, a.n, exact && strcmp(gs_cuda_archs(), "emulated") == 0,
+            "hierarchical adasum");
+    free_list(&a);
+    unsetenv("GRADSYNC_HIERARCHY_SIZE");
+  }
 }
 
 static void broadcasts_and_gathers(gs_comm_t c, int exact) {

@@ -75,6 +75,14 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *prop, int device) {
   return cudaSuccess;
 }
 
+/* Emulated device memory is host memory: every pointer is on device 0. */
+cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr) {
+  memset(attr, 0, sizeof *attr);
+  attr->type = ptr ? cudaMemoryTypeDevice : cudaMemoryTypeUnregistered;
+  attr->device = 0;
+  return cudaSuccess;
+}
+
 /* ---- the kernels, on the host ------------------------------------------------ */
 
 static gs_tensor_t host(void *p, int64_t n, int32_t dtype) {
