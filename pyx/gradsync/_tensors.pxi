@@ -208,7 +208,7 @@ cdef _TensorRef ref_from_dltensor(const DLTensor *dl, uint64_t flags, str name,
     shape = PyTuple_New(dl.ndim)
     for d in range(dl.ndim):
         count *= dl.shape[d]
-        dim = dl.shape[d]
+        dim = <object>dl.shape[d]   # a Python int that the tuple owns a reference to
         Py_INCREF(dim)
         PyTuple_SET_ITEM(shape, d, dim)
     if not contiguous(dl.ndim, dl.shape, dl.strides, 1):
