@@ -14,5 +14,6 @@
 #include "gs_info.h"
 #include "gs_kernels.h"
 #include "gs_device.h"
+#include "gs_async.h"
 
 #endif

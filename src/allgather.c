@@ -8,7 +8,7 @@
 gs_status_t gs_allgather_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n,
                                 const int64_t *row_elems, int64_t *counts_out) {
   static const char fn[] = "gs_allgather_counts";
-  GS_CHECK(gs_comm_valid(c, fn));
+  GS_CHECK(gs_comm_enter(c, fn));
   gs_clear_error();
   gs_status_t local = gs_check_tensors(fn, "in", in, n);
   if (local == GS_SUCCESS && n > 0 && !counts_out)
@@ -94,7 +94,7 @@ static gs_status_t gather_message(const gs_engine_t *e, const gs_plan_t *plan,
 gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
                           int64_t n, const int64_t *counts) {
   static const char fn[] = "gs_allgatherv";
-  GS_CHECK(gs_comm_valid(c, fn));
+  GS_CHECK(gs_comm_enter(c, fn));
   gs_clear_error();
   int p = c->size;
   gs_status_t local = gs_check_tensors(fn, "in", in, n);

@@ -126,7 +126,7 @@ static gs_status_t small_allreduce(gs_comm_t c, const gs_call_t *call, const gs_
 gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
                          int64_t n, gs_op_t op, double prescale, double postscale) {
   static const char fn[] = "gs_allreduce";
-  GS_CHECK(gs_comm_valid(c, fn));
+  GS_CHECK(gs_comm_enter(c, fn));
   gs_clear_error();
   if (out == in) out = NULL;
   gs_status_t local = gs_check_tensors(fn, "in", in, n);

@@ -3,7 +3,7 @@
 
 gs_status_t gs_broadcast(gs_comm_t c, const gs_tensor_t *t, int64_t n, int root) {
   static const char fn[] = "gs_broadcast";
-  GS_CHECK(gs_comm_valid(c, fn));
+  GS_CHECK(gs_comm_enter(c, fn));
   gs_clear_error();
   gs_status_t local = gs_check_tensors(fn, "tensors", t, n);
   if (local == GS_SUCCESS && (root < 0 || root >= c->size))

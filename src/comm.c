@@ -26,6 +26,12 @@ static gs_status_t mpi_ready(const char *where) {
   return GS_SUCCESS;
 }
 
+gs_status_t gs_comm_enter(gs_comm_t comm, const char *where) {
+  GS_CHECK(gs_comm_valid(comm, where));
+  gs_async_drain();
+  return GS_SUCCESS;
+}
+
 /* Takes ownership of `mine` (already a private communicator). */
 static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *out) {
   gs_status_t s = GS_SUCCESS;
@@ -103,7 +109,7 @@ static void drain_notices(MPI_Comm notice) {
 gs_status_t gs_comm_free(gs_comm_t *comm) {
   if (!comm || !*comm) return GS_SUCCESS;
   gs_comm_t c = *comm;
-  GS_CHECK(gs_comm_valid(c, "gs_comm_free"));
+  GS_CHECK(gs_comm_enter(c, "gs_comm_free"));
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
@@ -124,7 +130,7 @@ gs_status_t gs_comm_free(gs_comm_t *comm) {
 gs_status_t gs_comm_split(gs_comm_t comm, int color, int key, gs_comm_t *out) {
   if (!out) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_split: out is NULL");
   *out = NULL;
-  GS_CHECK(gs_comm_valid(comm, "gs_comm_split"));
+  GS_CHECK(gs_comm_enter(comm, "gs_comm_split"));
   MPI_Comm sub;
   GS_MPI_CHECK(MPI_Comm_split(comm->mpi, color < 0 ? MPI_UNDEFINED : color, key, &sub),
                "gs_comm_split: MPI_Comm_split");
@@ -191,7 +197,7 @@ gs_status_t gs_fusion_reserve(gs_comm_t comm, size_t bytes, void **buf) {
 }
 
 gs_status_t gs_barrier(gs_comm_t comm) {
-  GS_CHECK(gs_comm_valid(comm, "gs_barrier"));
+  GS_CHECK(gs_comm_enter(comm, "gs_barrier"));
   gs_clear_error();
   gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
   if (comm->check) return gs_begin_call(comm, &call, GS_SUCCESS);
@@ -223,7 +229,7 @@ int gs_mpi_thread_level(void) {
 }
 
 gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reason) {
-  GS_CHECK(gs_comm_valid(comm, "gs_comm_abandon"));
+  GS_CHECK(gs_comm_enter(comm, "gs_comm_abandon"));
   if (status == GS_SUCCESS) status = GS_ERR_INVALID_ARGUMENT;
   gs_fail(status, "%s", reason ? reason : "invalid arguments");
   gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};

@@ -103,6 +103,11 @@ enum { GS_PATH_NONE = 0, GS_PATH_NCCL = 1, GS_PATH_STAGED = 2 };
 
 /* Validates a handle at an API entry point. */
 gs_status_t gs_comm_valid(gs_comm_t comm, const char *where);
+/* gs_comm_valid, then waits for queued asynchronous collectives (async.c):
+ * the entry of every blocking collective, so call order stays issue order. */
+gs_status_t gs_comm_enter(gs_comm_t comm, const char *where);
+void gs_async_drain(void);
+int gs_async_in_worker(void);
 /* Makes the fusion buffer at least `bytes` long; *buf receives it. */
 gs_status_t gs_fusion_reserve(gs_comm_t comm, size_t bytes, void **buf);
 

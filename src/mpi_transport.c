@@ -5,6 +5,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "gs_internal.h"
 
@@ -126,7 +127,14 @@ gs_status_t gs_mpi_wait(MPI_Request *req, const char *what, gs_wait_tick tick, v
     /* Past the first microseconds, hand the core to whoever we wait for:
      * with more ranks than cores, MPI's own blocking calls spin for a whole
      * time slice per step (milliseconds) while the peer cannot run. */
-    sched_yield();
+    if (gs_async_in_worker() && spins > 8192) {
+      /* the background thread, waiting long: leave the cores to the
+       * caller's computation, which is what it overlaps with */
+      struct timespec nap = {0, 20000};
+      nanosleep(&nap, NULL);
+    } else {
+      sched_yield();
+    }
     if (tick) {
       double t = gs_now();
       if (t0 == 0) t0 = t;

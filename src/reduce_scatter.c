@@ -73,7 +73,7 @@ gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tenso
                               int64_t n, const int64_t *rows, gs_op_t op, double prescale,
                               double postscale) {
   static const char fn[] = "gs_reduce_scatter";
-  GS_CHECK(gs_comm_valid(c, fn));
+  GS_CHECK(gs_comm_enter(c, fn));
   gs_clear_error();
   gs_status_t local = gs_check_tensors(fn, "in", in, n);
   if (local == GS_SUCCESS) local = gs_check_tensors(fn, "out", out, n);

@@ -84,7 +84,7 @@ static gs_status_t shard_begin(gs_comm_t c, const char *fn, gs_call_kind_t kind,
 
 gs_status_t gs_allgather_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n) {
   static const char fn[] = "gs_allgather_shards";
-  GS_CHECK(gs_comm_valid(c, fn));
+  GS_CHECK(gs_comm_enter(c, fn));
   gs_clear_error();
   gs_shard_layout_t lay;
   int64_t *off;
@@ -128,7 +128,7 @@ gs_status_t gs_allgather_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n) {
 gs_status_t gs_reduce_scatter_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n, gs_op_t op,
                                      double prescale, double postscale) {
   static const char fn[] = "gs_reduce_scatter_shards";
-  GS_CHECK(gs_comm_valid(c, fn));
+  GS_CHECK(gs_comm_enter(c, fn));
   gs_clear_error();
   gs_shard_layout_t lay;
   int64_t *off;

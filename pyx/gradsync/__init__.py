@@ -22,10 +22,12 @@ from gradsync._core import (  # noqa: E402
     DtypeError,
     Error,
     MismatchError,
+    Request,
     UnsupportedError,
     bfloat16,
     to_device,
 )
+from gradsync.arena import Arena  # noqa: E402
 from gradsync.communicator import Communicator  # noqa: E402
 from gradsync.kernels import accumulate_, accumulate_v2_, all_finite, scale_, zero_  # noqa: E402
 from gradsync.ops import Op  # noqa: E402
@@ -77,8 +79,8 @@ def _nccl_version(v):
 
 
 __all__ = [
-    "AllSumReduce", "ArgumentError", "ClosedError", "Communicator", "DeviceArray", "DtypeError",
-    "Error", "MismatchError", "Op", "Partition", "ShardLayout", "UnsupportedError", "accumulate_",
+    "AllSumReduce", "Arena", "ArgumentError", "ClosedError", "Communicator", "DeviceArray", "DtypeError",
+    "Error", "MismatchError", "Op", "Request", "Partition", "ShardLayout", "UnsupportedError", "accumulate_",
     "accumulate_v2_", "all_finite", "bfloat16", "build_info", "scale_", "to_device", "zero_",
     "zero_volume_array",
 ]

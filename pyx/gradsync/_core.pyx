@@ -16,6 +16,7 @@ from gradsync.gs_shard cimport *
 from gradsync.gs_info cimport *
 from gradsync.gs_kernels cimport *
 from gradsync.gs_device cimport *
+from gradsync.gs_async cimport *
 from gradsync.dlpack cimport *
 
 cnp.import_array()
@@ -24,6 +25,7 @@ include "_errors.pxi"
 include "_tensors.pxi"
 include "_device.pxi"
 include "_kernels.pxi"
+include "_async.pxi"
 
 OPS = {"sum": GS_OP_SUM, "average": GS_OP_AVERAGE, "min": GS_OP_MIN,
        "max": GS_OP_MAX, "prod": GS_OP_PROD, "adasum": GS_OP_ADASUM,
@@ -339,6 +341,55 @@ cdef class Comm:
         with nogil:
             CHKERR(gs_reduce_scatter(h, tin.t, tout.t, n, &rows[0], cop, prescale, postscale))
         return outs
+
+    # ---- asynchronous, in place: a Request; errors surface at wait() ----------
+    def allreduce_async(self, tensors, op, double prescale, double postscale, adasum):
+        cdef gs_comm_t h = self.live()
+        cdef gs_op_t cop
+        cdef bint indexed = type(tensors) is list or type(tensors) is tuple
+        cdef list objs = list(tensors) if indexed else [tensors]
+        try:
+            cop = adasum_mode(parse_op(op), self.adasum if adasum is None else adasum)
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
+        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True)
+        cdef Request r = new_request(tl, tensors)
+        CHKERR(gs_allreduce_async(h, tl.t, tl.n, cop, prescale, postscale, &r.req))
+        return r
+
+    def broadcast_async(self, tensors, int root):
+        cdef gs_comm_t h = self.live()
+        cdef bint indexed = type(tensors) is list or type(tensors) is tuple
+        cdef list objs = list(tensors) if indexed else [tensors]
+        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True)
+        cdef Request r = new_request(tl, tensors)
+        CHKERR(gs_broadcast_async(h, tl.t, tl.n, root, &r.req))
+        return r
+
+    def allgather_shards_async(self, tensors):
+        cdef gs_comm_t h = self.live()
+        cdef bint indexed = type(tensors) is list or type(tensors) is tuple
+        cdef list objs = list(tensors) if indexed else [tensors]
+        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True)
+        cdef Request r = new_request(tl, tensors)
+        CHKERR(gs_allgather_shards_async(h, tl.t, tl.n, &r.req))
+        return r
+
+    def reduce_scatter_shards_async(self, tensors, op, double prescale, double postscale):
+        cdef gs_comm_t h = self.live()
+        cdef gs_op_t cop
+        cdef bint indexed = type(tensors) is list or type(tensors) is tuple
+        cdef list objs = list(tensors) if indexed else [tensors]
+        try:
+            cop = parse_op(op)
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
+        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True)
+        cdef Request r = new_request(tl, tensors)
+        CHKERR(gs_reduce_scatter_shards_async(h, tl.t, tl.n, cop, prescale, postscale, &r.req))
+        return r
 
     def allgather_shards(self, list tensors, str name, bint indexed):
         cdef gs_comm_t h = self.live()

@@ -119,6 +119,28 @@ class Communicator:
                         adasum)
         return _answer(outs, was_list)
 
+    # ---- asynchronous (in place): return a gs.Request --------------------------
+    def allreduce_async_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0,
+                         adasum=None):
+        """Starts an in-place allreduce and returns at once: a Request whose
+        ``wait()`` returns ``tensors`` once reduced (``test()``, ``done``). The
+        collectives run in issue order on the runtime's background thread; a
+        blocking collective waits for them first. Don't touch the tensors
+        until the request is done."""
+        return self.handle.allreduce_async(tensors, op, prescale, postscale, adasum)
+
+    def broadcast_async_(self, tensors, root=0):
+        """Starts an in-place broadcast from ``root``; returns a Request."""
+        return self.handle.broadcast_async(tensors, int(root))
+
+    def allgather_shards_async_(self, tensors):
+        """Starts allgather_shards_; returns a Request."""
+        return self.handle.allgather_shards_async(tensors)
+
+    def reduce_scatter_shards_async_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
+        """Starts reduce_scatter_shards_; returns a Request."""
+        return self.handle.reduce_scatter_shards_async(tensors, op, prescale, postscale)
+
     def broadcast_(self, tensors, root=0):
         """Every rank's tensors take root's values, in place."""
         arrays, was_list = _as_list(tensors)

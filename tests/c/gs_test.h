@@ -40,6 +40,17 @@ static char gs_test_section_[256] = "";
 static inline int gs_test_rank(void) { return gs_test_rank_; }
 static inline int gs_test_size(void) { return gs_test_size_; }
 
+/* MPI_Init_thread at `level`; returns the level MPI provides. */
+static inline int gs_test_init_thread(int *argc, char ***argv, const char *name, int level) {
+  int provided = 0;
+  MPI_Init_thread(argc, argv, level, &provided);
+  MPI_Comm_rank(MPI_COMM_WORLD, &gs_test_rank_);
+  MPI_Comm_size(MPI_COMM_WORLD, &gs_test_size_);
+  gs_test_name_ = name;
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  return provided;
+}
+
 static inline void gs_test_init(int *argc, char ***argv, const char *name) {
   MPI_Init(argc, argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &gs_test_rank_);

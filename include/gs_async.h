@@ -1,0 +1,58 @@
+/* gradsync: collectives that return at once and complete in the background.
+ *
+ * An asynchronous call queues the collective and returns a request. One
+ * background thread of the runtime runs the queued collectives in the order
+ * they were issued (process-wide), each exactly as its blocking twin would,
+ * so progress needs no polling by the caller. A blocking collective waits
+ * for the queued ones first, which keeps every rank's call order the same
+ * and gradsync's MPI calls on one thread at a time: MPI_THREAD_SERIALIZED is
+ * enough (and required). Calling MPI yourself while requests are pending
+ * needs MPI_THREAD_MULTIPLE.
+ *
+ * The tensor descriptors are copied; the memory they point to must stay
+ * valid and untouched until the request completes. Errors (argument errors
+ * and mismatches included) are reported by gs_request_wait/test, on every
+ * rank, as the blocking call would report them. */
+#ifndef GRADSYNC_ASYNC_H
+#define GRADSYNC_ASYNC_H
+
+#include <stdint.h>
+
+#include "gs_comm.h"
+#include "gs_export.h"
+#include "gs_status.h"
+#include "gs_types.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct gs_request *gs_request_t;
+
+/* In-place allreduce of `tensors` (as gs_allreduce with out == NULL). */
+GS_API gs_status_t gs_allreduce_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
+                                      gs_op_t op, double prescale, double postscale,
+                                      gs_request_t *request);
+GS_API gs_status_t gs_broadcast_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
+                                      int root, gs_request_t *request);
+GS_API gs_status_t gs_allgather_shards_async(gs_comm_t comm, const gs_tensor_t *tensors,
+                                             int64_t n, gs_request_t *request);
+GS_API gs_status_t gs_reduce_scatter_shards_async(gs_comm_t comm, const gs_tensor_t *tensors,
+                                                  int64_t n, gs_op_t op, double prescale,
+                                                  double postscale, gs_request_t *request);
+
+/* *done = 1 once the collective has finished; returns its status then (and
+ * GS_SUCCESS while it runs). */
+GS_API gs_status_t gs_request_test(gs_request_t request, int *done);
+/* Waits for the collective; returns its status, with its message in
+ * gs_last_error(). */
+GS_API gs_status_t gs_request_wait(gs_request_t request);
+/* Waits if needed, then frees the request; *request becomes NULL. */
+GS_API gs_status_t gs_request_free(gs_request_t *request);
+/* Requests queued or running, process-wide. */
+GS_API int64_t gs_requests_pending(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,25 @@
+# Mirrors include/gs_async.h.
+from libc.stdint cimport int64_t
+from gradsync.gs_comm cimport gs_comm_t
+from gradsync.gs_status cimport gs_status_t
+from gradsync.gs_types cimport gs_op_t, gs_tensor_t
+
+cdef extern from "gs_async.h" nogil:
+    ctypedef struct gs_request:
+        pass
+    ctypedef gs_request *gs_request_t
+
+    gs_status_t gs_allreduce_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
+                                   gs_op_t op, double prescale, double postscale,
+                                   gs_request_t *request)
+    gs_status_t gs_broadcast_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
+                                   int root, gs_request_t *request)
+    gs_status_t gs_allgather_shards_async(gs_comm_t comm, const gs_tensor_t *tensors,
+                                          int64_t n, gs_request_t *request)
+    gs_status_t gs_reduce_scatter_shards_async(gs_comm_t comm, const gs_tensor_t *tensors,
+                                               int64_t n, gs_op_t op, double prescale,
+                                               double postscale, gs_request_t *request)
+    gs_status_t gs_request_test(gs_request_t request, int *done)
+    gs_status_t gs_request_wait(gs_request_t request)
+    gs_status_t gs_request_free(gs_request_t *request)
+    int64_t gs_requests_pending()
