@@ -280,3 +280,6 @@ class AllSumReduce(torch.nn.Module):
 
     def extra_repr(self):
         return f"axes_reduce={self.axes_reduce}, axes_keep={self.axes_keep}"
+
+from gradsync.torch.optimizer import (  # noqa: E402,F401  (data-parallel training)
+    DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters)
