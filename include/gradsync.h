@@ -15,5 +15,6 @@
 #include "gs_kernels.h"
 #include "gs_device.h"
 #include "gs_async.h"
+#include "gs_timeline.h"
 
 #endif

@@ -213,9 +213,16 @@ gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
     if (s == GS_SUCCESS) s = combine(e, plan, m, 0, n, d, 1.0, x, tmp, x, work);
   }
 
+  static const char *const level_names[] = {
+      "adasum level 0",  "adasum level 1",  "adasum level 2",  "adasum level 3",
+      "adasum level 4",  "adasum level 5",  "adasum level 6",  "adasum level 7",
+      "adasum level 8",  "adasum level 9",  "adasum level 10", "adasum level 11",
+      "adasum level 12", "adasum level 13", "adasum level 14", "adasum level 15+"};
+  int64_t row = 1 + (m - plan->msgs);
   if (me < q) {
     int64_t lo = 0, hi = n;
     for (int k = 0; k < nlevels && s == GS_SUCCESS; k++) {
+      double t0 = GS_TL_START();
       int partner = me ^ (1 << k), lower = me < partner;
       int64_t mid = lo + (hi - lo) / 2;
       int64_t klo = lower ? lo : mid, khi = lower ? mid : hi; /* kept */
@@ -242,9 +249,11 @@ gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
                                : gs_mpi_fail(mpi_e, "adasum: level MPI_Iallreduce");
       if (s != GS_SUCCESS) break;
       s = combine(e, plan, m, klo, khi, d, 1.0, left, right, mine, work);
+      GS_TL_END(level_names[k < 15 ? k : 15], e->call, row, t0, (khi - klo) * (int64_t)es);
       lo = klo;
       hi = khi;
     }
+    double tg = GS_TL_START();
     /* Mirror allgather: give back what each level took. */
     for (int k = nlevels - 1; k >= 0 && s == GS_SUCCESS; k--) {
       int partner = me ^ (1 << k);
@@ -255,6 +264,7 @@ gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
       lo = plo;
       hi = phi;
     }
+    GS_TL_END("adasum allgather", e->call, row, tg, n * (int64_t)es);
   }
 
   /* Hand the result back to the folded ranks. */

@@ -58,7 +58,10 @@ static gs_status_t gather_message(const gs_engine_t *e, const gs_plan_t *plan,
     gs_copy_t mine = {(char *)out[t].data + (size_t)displs[c->rank] * es, in[t].data,
                       bcounts[c->rank]};
     GS_CHECK(gs_copy_batch(e, m->dtype, &mine, 1, 1.0));
-    return e->transport->allgatherv(c, out[t].data, bcounts, displs, m->dtype);
+    double t0 = GS_TL_START();
+    gs_status_t s = e->transport->allgatherv(c, out[t].data, bcounts, displs, m->dtype);
+    GS_TL_END("communicate", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
+    return s;
   }
   void *buf = NULL;
   GS_CHECK(gs_buffer_reserve(e, (size_t)m->count * es, &buf));
@@ -73,7 +76,9 @@ static gs_status_t gather_message(const gs_engine_t *e, const gs_plan_t *plan,
     mine += (size_t)in[t].count * es;
   }
   gs_status_t s = gs_copy_batch(e, m->dtype, copies, nc, 1.0);
+  double t0 = GS_TL_START();
   if (s == GS_SUCCESS) s = e->transport->allgatherv(c, buf, bcounts, displs, m->dtype);
+  GS_TL_END("communicate", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
   nc = 0;
   for (int r = 0; r < p && s == GS_SUCCESS; r++) {
     const char *src = (const char *)buf + (size_t)displs[r] * es;
@@ -128,6 +133,7 @@ gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t 
   gs_engine_t e;
   if (s == GS_SUCCESS) s = gs_engine_open(c, out, n, &e);
   else e.device = -1;
+  e.call = "allgather";
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
     if (plan.msgs[k].count > 0)
       s = gather_message(&e, &plan, &plan.msgs[k], in, out, n, counts, scratch, scratch + p);

@@ -38,22 +38,30 @@ static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
   int ocontig = out ? gs_plan_contiguous(plan, m, out, &obase) : icontig;
   if (!out) obase = ibase;
 
+  int64_t row = 1 + (m - plan->msgs), bytes = m->count * (int64_t)gs_dtype_size(m->dtype);
+  double t0;
   if (ocontig) {
     if (out && icontig && pre == 1.0 && ibase != obase) {
+      t0 = GS_TL_START();
       GS_CHECK(tr->allreduce(c, ibase, obase, m->count, m->dtype, op));
     } else {
       if (out || pre != 1.0) GS_CHECK(gs_pack(e, plan, m, in, obase, pre)); /* into place */
+      t0 = GS_TL_START();
       GS_CHECK(tr->allreduce(c, NULL, obase, m->count, m->dtype, op));
     }
+    GS_TL_END("communicate", e->call, row, t0, bytes);
     return gs_scale_copy(e, m->dtype, obase, obase, post == 1.0 ? 0 : m->count, post);
   }
   GS_CHECK(gs_buffer_reserve(e, (size_t)m->count * gs_dtype_size(m->dtype), &buf));
   if (icontig && pre == 1.0) {
+    t0 = GS_TL_START();
     GS_CHECK(tr->allreduce(c, ibase, buf, m->count, m->dtype, op));
   } else {
     GS_CHECK(gs_pack(e, plan, m, in, buf, pre));
+    t0 = GS_TL_START();
     GS_CHECK(tr->allreduce(c, NULL, buf, m->count, m->dtype, op));
   }
+  GS_TL_END("communicate", e->call, row, t0, bytes);
   return gs_unpack(e, plan, m, buf, out ? out : in, post);
 }
 
@@ -107,14 +115,20 @@ static gs_status_t small_allreduce(gs_comm_t c, const gs_call_t *call, const gs_
                                    const gs_tensor_t *out, gs_op_t op, double pre,
                                    double postscale) {
   c->stats.calls++;
+  if (gs_log_level() >= GS_LOG_DEBUG)
+    gs_log(GS_LOG_DEBUG, "allreduce: %lld tensors, op %s, inside the validation message",
+           (long long)call->n, gs_op_name(op));
   gs_plan_t plan;
   GS_CHECK(gs_plan_tensors(&plan, in, call->n, c));
   const gs_message_t *m = &plan.msgs[0];
   uint64_t staging[GS_CHECK_PAYLOAD_BYTES / 8];
-  gs_engine_t host = {c, -1, -1, NULL, &gs_mpi_transport};
+  gs_engine_t host = {.comm = c, .call = "allreduce", .device = -1, .previous = -1,
+                      .stream = NULL, .transport = &gs_mpi_transport};
   gs_pack(&host, &plan, m, in, staging, pre);
   gs_payload_t payload = {staging, m->count, m->dtype, op};
+  double t0 = GS_TL_START();
   gs_status_t s = gs_check_call(c, call, GS_SUCCESS, &payload);
+  GS_TL_END("validate + reduce", "allreduce", 0, t0, m->count * (int64_t)gs_dtype_size(m->dtype));
   if (s == GS_SUCCESS) {
     double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
     gs_unpack(&host, &plan, m, staging, out ? out : in, post);
@@ -148,6 +162,7 @@ gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *
   GS_CHECK(gs_plan_tensors(&plan, in, n, c));
   gs_engine_t e;
   gs_status_t s = gs_engine_open(c, in, n, &e);
+  e.call = gs_op_is_adasum(op) ? "allreduce adasum" : "allreduce";
   double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
   if (gs_op_is_adasum(op)) post = postscale; /* hierarchical: averaged inside the tree */
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)

@@ -18,17 +18,24 @@ gs_status_t gs_broadcast(gs_comm_t c, const gs_tensor_t *t, int64_t n, int root)
   GS_CHECK(gs_plan_tensors(&plan, t, n, c));
   gs_engine_t e;
   gs_status_t s = gs_engine_open(c, t, n, &e);
+  e.call = "broadcast";
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++) {
     const gs_message_t *m = &plan.msgs[k];
     if (m->count == 0) continue;
     void *base = NULL;
+    double t0;
+    int64_t row = 1 + k, bytes = m->count * (int64_t)gs_dtype_size(m->dtype);
     if (gs_plan_contiguous(&plan, m, t, &base)) {
+      t0 = GS_TL_START();
       s = e.transport->broadcast(c, base, m->count, m->dtype, root);
+      GS_TL_END("communicate", e.call, row, t0, bytes);
       continue;
     }
     s = gs_buffer_reserve(&e, (size_t)m->count * gs_dtype_size(m->dtype), &base);
     if (s == GS_SUCCESS && c->rank == root) s = gs_pack(&e, &plan, m, t, base, 1.0);
+    t0 = GS_TL_START();
     if (s == GS_SUCCESS) s = e.transport->broadcast(c, base, m->count, m->dtype, root);
+    GS_TL_END("communicate", e.call, row, t0, bytes);
     if (s == GS_SUCCESS && c->rank != root) s = gs_unpack(&e, &plan, m, base, t, 1.0);
   }
   gs_plan_free(&plan);

@@ -151,12 +151,11 @@ static void stall_warning(gs_comm_t c, const gs_call_t *call, MPI_Request *req,
   char missing[1024] = "", present[1024] = "";
   append_ranks(missing, sizeof missing, arrived, p, 0);
   append_ranks(present, sizeof present, arrived, p, 1);
-  fprintf(stderr,
-          "[gradsync rank %d] WARNING: %s (call #%llu, %lld tensors, %lld bytes) has waited "
-          "%.1f s; ranks not arrived: %s (waiting: %s)\n",
-          c->rank, gs_call_name(call->kind), (unsigned long long)c->seq, (long long)call->n,
-          (long long)call_bytes(call), waited + (gs_now() - t0), missing, present);
-  fflush(stderr);
+  gs_log(GS_LOG_WARNING,
+         "%s (call #%llu, %lld tensors, %lld bytes) has waited %.1f s; ranks not arrived: %s "
+         "(waiting: %s)",
+         gs_call_name(call->kind), (unsigned long long)c->seq, (long long)call->n,
+         (long long)call_bytes(call), waited + (gs_now() - t0), missing, present);
 }
 
 typedef struct stall_ctx {
@@ -419,6 +418,12 @@ gs_status_t gs_check_call(gs_comm_t c, const gs_call_t *call, gs_status_t local,
 
 gs_status_t gs_begin_call(gs_comm_t c, const gs_call_t *call, gs_status_t local) {
   c->stats.calls++;
-  if (c->check) return gs_check_call(c, call, local, NULL);
-  return local;
+  if (gs_log_level() >= GS_LOG_DEBUG)
+    gs_log(GS_LOG_DEBUG, "%s: %lld tensors, %lld bytes, op %s", gs_call_name(call->kind),
+           (long long)call->n, (long long)call_bytes(call), gs_op_name(call->op));
+  if (!c->check) return local;
+  double t0 = GS_TL_START();
+  gs_status_t s = gs_check_call(c, call, local, NULL);
+  GS_TL_END("validate", gs_call_name(call->kind), 0, t0, call_bytes(call));
+  return s;
 }

@@ -76,10 +76,15 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   c->owns_core = c->local_size <= ncpu;
   c->magic = GS_COMM_MAGIC;
   *out = c;
+  gs_log(GS_LOG_INFO, "communicator: rank %d of %d (%d on this node), fusion threshold %lld "
+         "bytes, direct from %lld bytes, validation %s, stall warning after %.0f s", c->rank,
+         c->size, c->local_size, (long long)c->fusion_threshold, (long long)c->direct_bytes,
+         c->check ? "on" : "off", c->stall_seconds);
   return GS_SUCCESS;
 }
 
 gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config, gs_comm_t *comm) {
+  gs_timeline_from_env();
   if (!comm) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_create: comm (the output) is NULL");
   *comm = NULL;
   GS_CHECK(mpi_ready("gs_comm_create"));

@@ -67,12 +67,16 @@ static gs_status_t choose_path(gs_comm_t c, int device) {
     want = ok;
   }
   c->dev_path = want ? GS_PATH_NCCL : GS_PATH_STAGED;
+  gs_log(GS_LOG_INFO, "CUDA device %d: collectives go through %s", device,
+         want ? "NCCL" : "MPI staged through pinned host memory (NCCL unavailable, disabled "
+                         "by GRADSYNC_NCCL=0, or ranks share a GPU)");
   return GS_SUCCESS;
 }
 #endif
 
 gs_status_t gs_engine_open(gs_comm_t c, const gs_tensor_t *t, int64_t n, gs_engine_t *e) {
   e->comm = c;
+  e->call = "collective";
   e->device = -1;
   e->previous = -1;
   e->stream = NULL;
@@ -139,26 +143,38 @@ static gs_status_t device_copy_slots(const gs_engine_t *e, const gs_plan_t *plan
 
 gs_status_t gs_pack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
                     const gs_tensor_t *t, void *buf, double scale) {
-  if (e->device >= 0) return device_copy_slots(e, plan, m, t, buf, scale, 0);
+  double t0 = GS_TL_START();
   size_t es = gs_dtype_size(m->dtype);
-  for (int64_t k = m->first; k < m->first + m->nslots; k++) {
-    const gs_slot_t *s = &plan->slots[k];
-    gs_cpu_scale_copy(m->dtype, t[s->tensor].data, (char *)buf + (size_t)s->offset * es,
-                      s->count, scale);
+  gs_status_t s = GS_SUCCESS;
+  if (e->device >= 0) {
+    s = device_copy_slots(e, plan, m, t, buf, scale, 0);
+  } else {
+    for (int64_t k = m->first; k < m->first + m->nslots; k++) {
+      const gs_slot_t *sl = &plan->slots[k];
+      gs_cpu_scale_copy(m->dtype, t[sl->tensor].data, (char *)buf + (size_t)sl->offset * es,
+                        sl->count, scale);
+    }
   }
-  return GS_SUCCESS;
+  GS_TL_END("pack", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
+  return s;
 }
 
 gs_status_t gs_unpack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
                       const void *buf, const gs_tensor_t *t, double scale) {
-  if (e->device >= 0) return device_copy_slots(e, plan, m, t, (void *)buf, scale, 1);
+  double t0 = GS_TL_START();
   size_t es = gs_dtype_size(m->dtype);
-  for (int64_t k = m->first; k < m->first + m->nslots; k++) {
-    const gs_slot_t *s = &plan->slots[k];
-    gs_cpu_scale_copy(m->dtype, (const char *)buf + (size_t)s->offset * es,
-                      t[s->tensor].data, s->count, scale);
+  gs_status_t s = GS_SUCCESS;
+  if (e->device >= 0) {
+    s = device_copy_slots(e, plan, m, t, (void *)buf, scale, 1);
+  } else {
+    for (int64_t k = m->first; k < m->first + m->nslots; k++) {
+      const gs_slot_t *sl = &plan->slots[k];
+      gs_cpu_scale_copy(m->dtype, (const char *)buf + (size_t)sl->offset * es,
+                        t[sl->tensor].data, sl->count, scale);
+    }
   }
-  return GS_SUCCESS;
+  GS_TL_END("unpack", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
+  return s;
 }
 
 gs_status_t gs_copy_batch(const gs_engine_t *e, gs_dtype_t dtype, const gs_copy_t *copies,

@@ -111,6 +111,23 @@ int gs_async_in_worker(void);
 /* Makes the fusion buffer at least `bytes` long; *buf receives it. */
 gs_status_t gs_fusion_reserve(gs_comm_t comm, size_t bytes, void **buf);
 
+/* ---- logging (log.c): GRADSYNC_LOG_LEVEL ----------------------------------- */
+enum { GS_LOG_ERROR = 0, GS_LOG_WARNING = 1, GS_LOG_INFO = 2, GS_LOG_DEBUG = 3 };
+int gs_log_level(void);
+void gs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* ---- timeline (timeline.c) ------------------------------------------------
+ * Phases are timed only while recording: off, each costs one branch. Row 0
+ * holds whole-call phases (validation), row k the k-th fused message. */
+extern int gs_tl_on;
+void gs_tl_event(const char *name, const char *call, int64_t row, double start, int64_t bytes);
+void gs_timeline_from_env(void);
+#define GS_TL_START() (gs_tl_on ? gs_now() : 0.0)
+#define GS_TL_END(name, call, row, t0, bytes)                          \
+  do {                                                                 \
+    if ((t0) != 0.0) gs_tl_event((name), (call), (row), (t0), (bytes)); \
+  } while (0)
+
 /* ---- the MPI transport (mpi_transport.c) ---------------------------------
  * Every call takes 64-bit counts and splits them into chunks MPI's int counts
  * can carry. `op` here is a reduction (sum, min, max, prod): average and the
@@ -179,6 +196,7 @@ gs_status_t gs_nccl_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void
  * the CUDA kernels, queued on gradsync's stream and awaited at close. */
 typedef struct gs_engine {
   gs_comm_t comm;
+  const char *call;  /* the collective's name, for the timeline */
   int device;        /* CUDA ordinal; -1: host memory */
   int previous;      /* the caller's current CUDA device, restored at close */
   void *stream;

@@ -58,7 +58,8 @@ static void open_library(void) {
 
 int gs_nccl_loadable(void) {
   pthread_once(&api_once, open_library);
-  if (getenv("GRADSYNC_DEBUG_NCCL") && !api.handle) fprintf(stderr, "gradsync: %s\n", api.error);
+  if (!api.handle && (getenv("GRADSYNC_DEBUG_NCCL") || gs_log_level() >= GS_LOG_INFO))
+    gs_log(GS_LOG_INFO, "%s", api.error);
   return api.handle != NULL;
 }
 

@@ -38,7 +38,9 @@ static gs_status_t scatter_message(const gs_engine_t *e, const gs_plan_t *plan,
   }
   if (m->nslots == 1 && pre == 1.0) { /* one tensor: already rank-major */
     int64_t t = plan->slots[m->first].tensor;
+    double t0 = GS_TL_START();
     GS_CHECK(e->transport->reduce_scatter(c, in[t].data, out[t].data, bcounts, m->dtype, op));
+    GS_TL_END("communicate", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
     return gs_scale_copy(e, m->dtype, out[t].data, out[t].data, post == 1.0 ? 0 : out[t].count,
                          post);
   }
@@ -57,7 +59,9 @@ static gs_status_t scatter_message(const gs_engine_t *e, const gs_plan_t *plan,
       dst += (size_t)cnt * es;
     }
   gs_status_t s = gs_copy_batch(e, m->dtype, copies, nc, pre);
+  double t0 = GS_TL_START();
   if (s == GS_SUCCESS) s = e->transport->reduce_scatter(c, buf, recv, bcounts, m->dtype, op);
+  GS_TL_END("communicate", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
   nc = 0;
   for (int64_t k = m->first; k < m->first + m->nslots; k++) {
     int64_t t = plan->slots[k].tensor;
@@ -106,6 +110,7 @@ gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tenso
   gs_engine_t e;
   if (s == GS_SUCCESS) s = gs_engine_open(c, in, n, &e);
   else e.device = -1;
+  e.call = "reduce_scatter";
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
     if (plan.msgs[k].count > 0)
       s = scatter_message(&e, &plan, &plan.msgs[k], in, out, rows, op, prescale, post, bcounts);

@@ -110,7 +110,9 @@ gs_status_t gs_allgather_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n) {
           copies[nc++] = (gs_copy_t){(char *)buf + (size_t)off[i] * es, t[i].data, t[i].count};
       s = gs_copy_batch(&e, t[0].dtype, copies, nc, 1.0);
     }
+    double t0 = GS_TL_START();
     if (s == GS_SUCCESS) s = e.transport->allgatherv(c, buf, scratch, scratch + p, t[0].dtype);
+    GS_TL_END("communicate", "allgather_shards", 1, t0, lay.padded * (int64_t)es);
     nc = 0;
     for (int64_t i = 0; s == GS_SUCCESS && i < n; i++)
       if (own[i] != c->rank)
@@ -158,7 +160,9 @@ gs_status_t gs_reduce_scatter_shards(gs_comm_t c, const gs_tensor_t *t, int64_t 
       if (s == GS_SUCCESS)
         s = gs_zero_bytes(&e, (char *)buf + (size_t)lay.total * es,
                           (size_t)(lay.padded - lay.total) * es);
+      double t0 = GS_TL_START();
       if (s == GS_SUCCESS) s = e.transport->reduce_scatter(c, buf, recv, counts, t[0].dtype, op);
+      GS_TL_END("communicate", "reduce_scatter_shards", 1, t0, lay.padded * (int64_t)es);
       double post = op == GS_OP_AVERAGE ? postscale * (1.0 / p) : postscale;
       int64_t base = (int64_t)c->rank * lay.rank_count, nc = 0;
       for (int64_t i = 0; i < n; i++)

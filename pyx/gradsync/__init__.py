@@ -25,6 +25,8 @@ from gradsync._core import (  # noqa: E402
     Request,
     UnsupportedError,
     bfloat16,
+    start_timeline,
+    stop_timeline,
     to_device,
 )
 from gradsync.arena import Arena  # noqa: E402
@@ -81,6 +83,6 @@ def _nccl_version(v):
 __all__ = [
     "AllSumReduce", "Arena", "ArgumentError", "ClosedError", "Communicator", "DeviceArray", "DtypeError",
     "Error", "MismatchError", "Op", "Request", "Partition", "ShardLayout", "UnsupportedError", "accumulate_",
-    "accumulate_v2_", "all_finite", "bfloat16", "build_info", "scale_", "to_device", "zero_",
+    "accumulate_v2_", "all_finite", "bfloat16", "build_info", "scale_", "start_timeline", "stop_timeline", "to_device", "zero_",
     "zero_volume_array",
 ]

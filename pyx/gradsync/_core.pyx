@@ -6,6 +6,7 @@ into exceptions. gradsync/__init__.py builds the friendly classes on it."""
 from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 cimport numpy as cnp
+import os
 import numpy as np
 
 from gradsync.gs_status cimport *
@@ -17,6 +18,7 @@ from gradsync.gs_info cimport *
 from gradsync.gs_kernels cimport *
 from gradsync.gs_device cimport *
 from gradsync.gs_async cimport *
+from gradsync.gs_timeline cimport *
 from gradsync.dlpack cimport *
 
 cnp.import_array()
@@ -53,6 +55,22 @@ cdef gs_op_t adasum_mode(gs_op_t op, object mode) except *:
         raise ArgumentError(f"adasum must be 'flat' or 'hierarchical', got {mode!r}",
                             GS_ERR_INVALID_ARGUMENT)
     return GS_OP_ADASUM_HIERARCHICAL if op == GS_OP_ADASUM else op
+
+
+def start_timeline(path):
+    """Records every collective's phases on rank 0 into a Chrome trace at
+    ``path`` (written by stop_timeline() or at exit)."""
+    cdef bytes p = os.fsencode(path)
+    CHKERR(gs_timeline_start(p))
+
+
+def stop_timeline():
+    """Writes the timeline file and stops recording (no-op when not recording)."""
+    CHKERR(gs_timeline_stop())
+
+
+def timeline_active():
+    return bool(gs_timeline_active())
 
 
 def version():
