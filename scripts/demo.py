@@ -1,8 +1,15 @@
 #!/usr/bin/env python
-"""gradsync demo: data-parallel training of a small NumPy MLP.
+"""gradsync demo: data-parallel training of a small MLP.
 
     mpiexec -n 4 python scripts/demo.py            (what `make demo` runs)
     mpiexec -n 2 python scripts/demo.py --steps 400 --hidden 128
+    mpiexec -n 4 python scripts/demo.py --backend numpy
+
+With PyTorch importable (``--backend auto``, the default) the model is a
+torch.nn MLP trained with gradsync.torch.DistributedOptimizer, which overlaps
+the gradient allreduce with the backward pass (scripts/demo_torch.py;
+``--op adasum``, ``--backward-passes K`` and ``--bucket-kib`` choose how).
+Otherwise, or with ``--backend numpy``, it is the NumPy MLP described below.
 
 Every rank builds the same synthetic dataset (10 classes of Gaussian blobs, from
 --seed) and trains on its own shard of it (rank r takes samples r, r+N, r+2N, ...).
@@ -82,6 +89,16 @@ def parse_args(argv=None):
     p.add_argument("--contiguous-grads", action="store_true",
                    help="keep all gradients as views of ONE allocation (gradsync then "
                         "reduces them in place, with no packing copy)")
+    p.add_argument("--backend", choices=("auto", "torch", "numpy"), default="auto",
+                   help="torch: a torch.nn MLP with gradsync.torch.DistributedOptimizer; "
+                        "numpy: the NumPy MLP; auto (default): torch when it imports")
+    p.add_argument("--op", choices=("average", "adasum", "sum"), default="average",
+                   help="torch backend: DistributedOptimizer's op (default average)")
+    p.add_argument("--backward-passes", type=int, default=1,
+                   help="torch backend: micro-batches accumulated per step (default 1)")
+    p.add_argument("--bucket-kib", type=int, default=64,
+                   help="torch backend: gradient bucket size in KiB (default 64: several "
+                        "buckets for this small model, so their allreduces overlap backward)")
     p.add_argument("--min-loss-ratio", type=float, default=0.5,
                    help="fail unless final held-out loss < ratio x initial (default 0.5)")
     a = p.parse_args(argv)
@@ -89,7 +106,25 @@ def parse_args(argv=None):
         p.error("--steps, --batch and --hidden must be positive")
     if a.check_every < 0 or a.log_every < 0:
         p.error("--check-every and --log-every must be >= 0")
+    if a.backward_passes < 1 or a.bucket_kib < 1:
+        p.error("--backward-passes and --bucket-kib must be positive")
     return a
+
+
+def torch_backend(args):
+    """scripts/demo_torch.py's train(), or None for the NumPy demo."""
+    if args.backend == "numpy":
+        return None
+    try:
+        import demo_torch
+    except ImportError as exc:
+        if args.backend == "torch":
+            raise
+        if MPI.COMM_WORLD.rank == 0:
+            print("demo: PyTorch is not importable (%s): running the NumPy MLP" % exc,
+                  flush=True)
+        return None
+    return demo_torch.train
 
 
 # ---------------------------------------------------------------------------
@@ -386,9 +421,10 @@ def train(comm, args):
 def main(argv=None):
     args = parse_args(argv)
     try:
+        run = torch_backend(args) or train
         comm = gs.Communicator()       # wraps a duplicate of mpi4py's COMM_WORLD
         try:
-            status = train(comm, args)
+            status = run(comm, args)
         finally:
             comm.close()
     except Exception:

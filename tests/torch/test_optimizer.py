@@ -79,7 +79,9 @@ def train_distributed(comm, tag, dtype=torch.float32, K=1, steps=STEPS, op="aver
                       compression=None, lr=LR, momentum=MOMENTUM):
     """Data-parallel training; returns (model, opt). ``pattern``:
     "step_each" calls step() and zero_grad() after every micro-batch (it
-    steps on every K-th), "step_once" after K backward passes.
+    steps on every K-th), "step_once" after K backward passes; a "_keep"
+    suffix calls zero_grad(set_to_none=False) (backward then adds straight
+    into the buckets).
     ``nan_step``: at that step the last rank's last micro-batch gets a NaN."""
     model = make_net(tag, dtype)
     inner = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
@@ -93,12 +95,12 @@ def train_distributed(comm, tag, dtype=torch.float32, K=1, steps=STEPS, op="aver
             if t == nan_step and RANK == SIZE - 1 and j == K - 1:
                 xs[0, 0, 0, 0] = math.nan
             loss_fn(model, xs, y[rows(RANK, j, K)]).backward()
-            if pattern == "step_each":
+            if pattern.startswith("step_each"):
                 opt.step()
-                opt.zero_grad()
-        if pattern == "step_once":
+                opt.zero_grad(set_to_none=not pattern.endswith("_keep"))
+        if pattern.startswith("step_once"):
             opt.step()
-            opt.zero_grad()
+            opt.zero_grad(set_to_none=not pattern.endswith("_keep"))
     return model, opt
 
 
@@ -183,7 +185,9 @@ def check_close(model, ref, rtol, what):
 F32_RTOL = 2e-5
 
 
-@pytest.mark.parametrize("K,pattern", [(1, "step_each"), (3, "step_each"), (3, "step_once")])
+@pytest.mark.parametrize("K,pattern", [(1, "step_each"), (1, "step_each_keep"),
+                                       (3, "step_each"), (3, "step_each_keep"),
+                                       (3, "step_once"), (3, "step_once_keep")])
 def test_average_matches_concatenated_batch(comm, K, pattern):
     tag = ("average", K, pattern)
     model, opt = train_distributed(comm, tag, K=K, pattern=pattern)
@@ -434,24 +438,32 @@ class Branchy(torch.nn.Module):
         return self.b(torch.tanh(self.a(x)))
 
 
-def test_parameters_without_gradients(comm):
+@pytest.mark.parametrize("set_to_none", [True, False])
+def test_parameters_without_gradients(comm, set_to_none):
+    """Step 1: rank0_only gets a gradient on rank 0 only (average: w/SIZE),
+    unused on no rank (zeros). Step 2: nobody uses rank0_only: its gradient is
+    zero, not what its accumulator held from step 1."""
     torch.manual_seed(5)
     model = Branchy()
     opt = gst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    model.named_parameters(), bucket_bytes=16, comm=comm)
     x = torch.ones(4, 6)
-    loss = model(x).square().mean()
-    if RANK == 0:
-        loss = loss + 0.5 * model.rank0_only.square().sum()
-    loss.backward()
-    opt.synchronize()
-    g0 = model.rank0_only.grad
-    gu = model.unused.grad
-    ok = (g0 is not None and torch.allclose(g0, torch.arange(5.0) / SIZE, rtol=1e-6)
-          and gu is not None and bool((gu == 0).all()))
-    collective_assert(ok, f"rank0_only.grad {g0}, unused.grad {gu}")
-    with collectively(what="branchy") as blk:
+    seen = []
+    for step in range(2):
+        opt.zero_grad(set_to_none=set_to_none)
+        w = model.rank0_only.detach().clone()
+        loss = model(x).square().mean()
+        if RANK == 0 and step == 0:
+            loss = loss + 0.5 * model.rank0_only.square().sum()
+        loss.backward()
+        opt.synchronize()
+        seen.append((w, model.rank0_only.grad.clone(), model.unused.grad.clone()))
         opt.step()
+    (w0, g0, gu0), (_, g1, gu1) = seen
+    ok = (torch.allclose(g0, w0 / SIZE, rtol=1e-6) and bool((gu0 == 0).all())
+          and bool((g1 == 0).all()) and bool((gu1 == 0).all()))
+    collective_assert(ok, f"rank0_only.grad {g0} then {g1}, unused.grad {gu0} then {gu1}")
+    with collectively(what="branchy") as blk:
         blk.same(bits(model.parameters()))
 
 

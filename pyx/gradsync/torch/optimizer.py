@@ -25,9 +25,13 @@ How it works (docs/DECISIONS.md, "DistributedOptimizer", has the reasons):
   (reproducible, bitwise: the C runtime's sums have a fixed order).
 - Every bucket is a slice of one flat accumulation buffer in float32
   (float64 for float64 parameters) whatever the parameter dtype. A hook
-  registered with ``Tensor.register_post_accumulate_grad_hook`` adds each
-  new ``p.grad`` into the parameter's view of that buffer
-  (``gs.accumulate_``: float32 sum, one rounding) and drops ``p.grad``.
+  registered with ``Tensor.register_post_accumulate_grad_hook`` moves each
+  new ``p.grad`` into the parameter's view of that buffer: the step's first
+  gradient overwrites it (``gs.accumulate_v2_(..., overwrite=True)``), later
+  micro-batches add (``gs.accumulate_``: float32 sum, one rounding). For
+  float32 parameters ``p.grad`` then IS that view, so later micro-batches'
+  backward adds into the bucket directly (no copy); for float16/bfloat16
+  parameters ``p.grad`` is dropped.
 - On the last of ``backward_passes_per_step`` micro-batches, once every
   parameter of a bucket has reported, the bucket's asynchronous allreduce
   starts, while backward goes on with the earlier layers. Buckets start in
@@ -37,9 +41,11 @@ How it works (docs/DECISIONS.md, "DistributedOptimizer", has the reasons):
 - ``synchronize()`` starts the buckets that never filled (parameters that
   got no gradient count as zero), waits for all of them, checks the result
   with ``gs.all_finite`` (the reduced values are identical on every rank,
-  so the decision is too), writes the result into ``p.grad`` in the
-  parameter's dtype (one rounding) and zeroes the accumulators
-  (``gs.zero_``).
+  so the decision is too) and hands the result out as ``p.grad``: the
+  bucket's view itself for float32 parameters, a cast copy in the
+  parameter's dtype (one rounding) otherwise. Accumulators are reset by
+  overwriting (the next step's first gradient) or by ``gs.zero_`` (params
+  without a gradient, ``zero_grad(set_to_none=False)``): never arithmetic.
 - Micro-batches are averaged: the gradient of a step is the mean over the
   ``backward_passes_per_step`` micro-batches (and, for op="average", over
   the ranks), so with equal micro-batches it is the gradient of the mean
@@ -134,12 +140,15 @@ class _Slot:
     """One parameter: its accumulator view and its count of gradients
     received since the last synchronize()."""
 
-    __slots__ = ("index", "name", "param", "bucket", "view", "count")
+    __slots__ = ("index", "name", "param", "bucket", "view", "grad", "count", "inplace")
 
     def __init__(self, index, name, param):
         self.index, self.name, self.param = index, name, param
-        self.bucket = self.view = None
+        self.bucket = self.view = self.grad = None
         self.count = 0
+        # p.grad may be the accumulator itself (backward then adds into it):
+        # when the accumulator has the parameter's dtype (float32, float64)
+        self.inplace = _acc_dtype(param) == param.dtype
 
 
 class _Bucket:
@@ -175,19 +184,19 @@ def _plan_buckets(slots, bucket_bytes):
     return buckets
 
 
-def _arenas(groups):
+def _arenas(groups, dtype_of=_acc_dtype):
     """One flat zeroed allocation per (device, dtype) holding ``groups``
-    (lists of slots) back to back. Returns (arenas, [flat slice per group],
-    {slot: view shaped like its parameter})."""
+    (lists of slots) back to back, the dtype ``dtype_of(param)``. Returns
+    (arenas, [flat slice per group], {slot: view shaped like its parameter})."""
     sizes = {}
     for g in groups:
-        key = (g[0].param.device, _acc_dtype(g[0].param))
+        key = (g[0].param.device, dtype_of(g[0].param))
         sizes[key] = sizes.get(key, 0) + sum(s.param.numel() for s in g)
     arenas = {k: torch.zeros(n, dtype=k[1], device=k[0]) for k, n in sizes.items()}
     offsets = dict.fromkeys(arenas, 0)
     flats, views = [], {}
     for g in groups:
-        key = (g[0].param.device, _acc_dtype(g[0].param))
+        key = (g[0].param.device, dtype_of(g[0].param))
         start = off = offsets[key]
         for s in g:
             n = s.param.numel()
@@ -239,7 +248,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     Call ``zero_grad()`` (or set the gradients to None) between steps, as
     with any optimizer: a gradient left in ``p.grad`` from the last step
-    would be added to the next one.
+    would be added to the next one. Between backward and synchronize()
+    ``p.grad`` is the bucket's running sum (float32 parameters; don't modify
+    it) or None; after synchronize() it is the reduced gradient, a view of a
+    buffer that the optimizer keeps and reuses every step (copy it to keep
+    it). ``zero_grad(set_to_none=False)`` zeroes those views, and backward
+    then adds straight into the buckets with no copy at all.
     """
 
     def __init__(self, optimizer, named_parameters=None, op="average",
@@ -307,8 +321,21 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.optimizer.load_state_dict(state_dict)
 
     def zero_grad(self, set_to_none=True):
+        """As the wrapped optimizer's, except while micro-batches are being
+        accumulated: then it only lets go of the gradients (the buckets keep
+        the running sum), whatever ``set_to_none`` says."""
         with self._lock:
+            accumulating = self._passes > 0
             self._end_step()
+            views = []
+            for s in self._slots:
+                if s.param.grad is s.view:
+                    if accumulating or set_to_none:
+                        s.param.grad = None
+                    else:
+                        views.append(s.view)
+            if views:
+                gs.zero_(views)   # backward then adds straight into the buckets
         self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def add_param_group(self, param_group):
@@ -388,6 +415,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 b.wire = torch.empty(flat.numel(), dtype=self.compression, device=flat.device)
             for s in b.slots:
                 s.bucket, s.view = b, views[s]
+        # what synchronize() hands out as p.grad: views of one persistent
+        # buffer per (device, dtype), in bucket order (no allocation per step)
+        copied = [[s] for b in self._buckets for s in b.slots if not s.inplace]
+        _, _, grads = _arenas(copied, lambda p: p.dtype)
+        for s in self._slots:
+            s.grad = grads.get(s)
         self._delta = None
         self._next = 0
         self._passes = 0
@@ -422,10 +455,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
                     f"backward_passes_per_step={self.backward_passes_per_step} times before "
                     "step()/synchronize(); raise backward_passes_per_step to accumulate more "
                     "micro-batches")
-            if not g.is_contiguous():
-                g = g.contiguous()
-            gs.accumulate_(slot.view, g)
-            p.grad = None
+            if g is not slot.view:
+                # a gradient autograd allocated: the first of the step
+                # overwrites the accumulator (which holds the last step's
+                # values or zeros), later ones add (float32, one rounding)
+                if not g.is_contiguous():
+                    g = g.contiguous()
+                if slot.count == 0:
+                    gs.accumulate_v2_(slot.view, g, overwrite=True)
+                else:
+                    gs.accumulate_(slot.view, g)
+                # float32 parameters: p.grad becomes the accumulator, so the
+                # next micro-batch's backward adds straight into the bucket
+                p.grad = slot.view if slot.inplace else None
+            # else backward has already added into the accumulator
             slot.count += 1
             if slot.count > self._passes:
                 self._passes = slot.count
@@ -444,6 +487,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _start(self, b):
         k = self.backward_passes_per_step
+        if self.comm.size == 1:
+            # nothing to communicate (compression neither): the mean over
+            # the micro-batches is all there is to do
+            if k != 1:
+                gs.scale_(b.buffer, 1.0 / k)
+            b.request = _DoneRequest(b.buffer)
+            return
         if b.wire is None:
             # average: the C op divides by size; postscale 1/k averages the
             # micro-batches in the same multiply
@@ -465,7 +515,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         every rank (the gradients are still written, so a GradScaler sees the
         overflow too). For op="adasum" it only moves the locally accumulated
         gradients into ``p.grad``; the ranks agree on finiteness with one
-        small allreduce. The accumulators are zeroed either way."""
+        small allreduce."""
         import time
         t0 = time.perf_counter()
         with self._lock:
@@ -481,7 +531,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 # GradScaler then backs off on every rank alike)
                 for g in grads:
                     g.fill_(math.nan)
-            gs.zero_(self._arenas)
             for s in self._slots:
                 s.count = 0
             for b in self._buckets:
@@ -497,18 +546,30 @@ class DistributedOptimizer(torch.optim.Optimizer):
                                 "rank (%d skipped so far)", self.skipped_steps)
         self.sync_seconds += time.perf_counter() - t0
 
+    def _zero_missing(self):
+        """Accumulators of parameters that got no gradient this step (they
+        still hold the last step's values): zero, by gs.zero_."""
+        missing = [s.view for s in self._slots if s.count == 0]
+        if missing:
+            gs.zero_(missing)
+            for s in self._slots:
+                if s.count == 0 and s.param.grad is s.view:
+                    s.param.grad = None
+
     def _synchronize_reduce(self):
+        self._zero_missing()
         for b in self._buckets[self._next:]:
             self._start(b)
         self._next = len(self._buckets)
         for b in self._buckets:
             b.request.wait()
             b.request = None
-            if b.wire is not None:
+            if b.wire is not None and self.comm.size > 1:
                 gs.accumulate_v2_(b.buffer, b.wire, overwrite=True)
         return gs.all_finite(self._arenas)
 
     def _synchronize_local(self):
+        self._zero_missing()
         k = self.backward_passes_per_step
         if k != 1:
             gs.scale_(self._arenas, 1.0 / k)
@@ -517,17 +578,20 @@ class DistributedOptimizer(torch.optim.Optimizer):
         return not bad[0]
 
     def _write_grads(self):
-        grads = []
+        """p.grad := the reduced gradient: the accumulator itself for float32
+        (float64) parameters, else a cast copy (one rounding) into a
+        persistent buffer of the parameter's dtype."""
+        grads, dst, src = [], [], []
         for s in self._slots:
-            p = s.param
-            g = p.grad
-            if (g is None or g.shape != p.shape or g.dtype != p.dtype
-                    or g.device != p.device or not g.is_contiguous()):
-                g = torch.empty(p.shape, dtype=p.dtype, device=p.device)
-                p.grad = g
+            g = s.view if s.inplace else s.grad
+            if s.param.grad is not g:
+                s.param.grad = g
             grads.append(g)
-        if grads:
-            gs.accumulate_v2_(grads, [s.view for s in self._slots], overwrite=True)
+            if not s.inplace:
+                dst.append(s.grad)
+                src.append(s.view)
+        if dst:
+            gs.accumulate_v2_(dst, src, overwrite=True)
         return grads
 
     @contextlib.contextmanager
