@@ -77,11 +77,35 @@ Table columns (per mode, out-of-place then in-place)::
   DESIGN.md section 4) and ``gs sum`` (gradsync's own op=sum allreduce of a
   copy of the same list), each with the ratio adasum_time / its time.
 
+Shard collectives (``--collective allgather_shards`` / ``reduce_scatter_shards``,
+in place only): the size is the whole unpadded list, split into ``--tensors``
+tensors laid out by ``gs.ShardLayout`` (a tensor that would cross a rank's
+range is cut there, so there are at least as many tensors as ranks owning
+data); busbw factor (n-1)/n. Checked: allgather_shards inputs hold the pattern
+on the owner and 0 elsewhere; reduce_scatter_shards must reduce the owned
+tensors and leave the others bitwise alone. Baselines: ``mpi4py``, one
+Allgather(IN_PLACE) / Reduce_scatter_block on a flat buffer of
+``ShardLayout.padded`` elements (the tensors taken to live in it), and
+``mpi+pack``, the same with NumPy copies in and out of the tensors.
+
+``--collective accumulate``: ``gs.accumulate_`` of the list (float32
+accumulators += gradients of ``-d``'s dtype), every rank at once, in place only;
+size = the gradients' bytes, algbw = busbw = bytes moved (4 + 4 + itemsize
+per element) / time; #wrong exact (small integers); baseline ``numpy``, a
+Python loop of ``acc += grad.astype(np.float32)``.
+
+Every baseline is checked like gradsync and has a table of its own (printed
+after gradsync's, and in ``--json`` under ``tables``: one row per size per
+mode per table, with time, algbw, busbw, #wrong and every sample; gradsync's
+rows carry the ratio to each baseline). The exit code is 1 when any checked
+row has wrong elements. ``gradsync.bench.run(argv)`` runs the same thing in
+a Python program and returns that JSON's contents on every rank.
+
 Cross-rank validation (GRADSYNC_CHECK, default 1) is part of every gradsync
 call; run with ``GRADSYNC_CHECK=0`` in the environment to measure without it.
 The setting is recorded in the header and in ``--json``.
 """
 
-from gradsync.bench.cli import main
+from gradsync.bench.cli import UsageError, main, run
 
-__all__ = ["main"]
+__all__ = ["main", "run", "UsageError"]

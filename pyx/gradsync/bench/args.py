@@ -7,10 +7,15 @@ DTYPES = ("float16", "bfloat16", "float32", "float64", "int8", "uint8", "int32",
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 HALF_DTYPES = ("float16", "bfloat16")
 OPS = ("sum", "average", "min", "max", "prod", "adasum")
-COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter")
-# Collectives that reduce (op matters) and those with an in-place variant.
-REDUCING = ("allreduce", "reduce_scatter")
-HAS_INPLACE = ("allreduce", "broadcast")
+COLLECTIVES = ("allreduce", "broadcast", "allgather", "reduce_scatter",
+               "allgather_shards", "reduce_scatter_shards", "accumulate")
+# The ZeRO collectives over gs.ShardLayout (in place only).
+SHARDED = ("allgather_shards", "reduce_scatter_shards")
+# Collectives that reduce (op matters), those with an in-place variant, and
+# those that have nothing but an in-place form.
+REDUCING = ("allreduce", "reduce_scatter", "reduce_scatter_shards")
+INPLACE_ONLY = SHARDED + ("accumulate",)
+HAS_INPLACE = ("allreduce", "broadcast") + INPLACE_ONLY
 MODES = ("out-of-place", "in-place")
 SHAPES_FILES = (
     # $GRADSYNC_SHAPES_FILE, else the copy shipped with this package (the
@@ -24,9 +29,18 @@ def busbw_factor(collective, nranks):
     """The nccl-tests bus-bandwidth factor of ``collective`` on ``nranks`` ranks."""
     if collective == "allreduce":
         return 2.0 * (nranks - 1) / nranks
-    if collective in ("allgather", "reduce_scatter"):
+    if collective in ("allgather", "reduce_scatter") + SHARDED:
         return (nranks - 1) / nranks
-    return 1.0
+    return 1.0  # broadcast; accumulate (a local kernel: busbw = algbw)
+
+
+def moved_bytes(collective, nbytes, count, itemsize):
+    """The bytes algbw divides by: the row's size, except for accumulate,
+    where it is the memory traffic of acc(float32) += grad: 4 B read and 4 B
+    written of acc plus ``itemsize`` read of grad per element."""
+    if collective == "accumulate":
+        return count * (8 + itemsize)
+    return nbytes
 
 
 def parse_size(text):
@@ -75,7 +89,9 @@ def build_parser():
     p.add_argument("-r", "--root", type=int, default=0,
                    help="root rank of broadcast (default 0)")
     p.add_argument("--collective", default="allreduce", choices=COLLECTIVES,
-                   help="collective to benchmark (default allreduce)")
+                   help="collective to benchmark (default allreduce); allgather_shards and "
+                        "reduce_scatter_shards are the ZeRO collectives over gs.ShardLayout, "
+                        "accumulate is gs.accumulate_ (float32 acc += grad of -d's dtype)")
     p.add_argument("--tensors", type=int, default=1, metavar="K",
                    help="split each size into K fused tensors of nearly equal size")
     p.add_argument("--alloc", default="separate", choices=("separate", "contiguous"),
@@ -87,7 +103,10 @@ def build_parser():
                    help="path of gradient_shapes.json (default: found next to the checkout)")
     p.add_argument("--baseline", choices=("none", "mpi4py"), default="none",
                    help="also time plain mpi4py (per-tensor loop and one fused buffer); "
-                        "with -o adasum: a NumPy + mpi4py Adasum and gradsync's op=sum")
+                        "with -o adasum: a NumPy + mpi4py Adasum and gradsync's op=sum; "
+                        "shard collectives: one mpi4py Allgather/Reduce_scatter_block on "
+                        "the padded flat buffer, without and with NumPy packing; "
+                        "accumulate: a NumPy loop of acc += grad.astype(float32)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--inplace-only", action="store_true", help="time the in-place mode only")
     g.add_argument("--outplace-only", action="store_true",
@@ -104,7 +123,8 @@ def build_parser():
     p.add_argument("--json", metavar="FILE", default=None,
                    help="write every row with all columns plus metadata to FILE")
     p.add_argument("--plot", metavar="FILE", default=None,
-                   help="plot busbw against size to FILE (needs matplotlib)")
+                   help="plot busbw and time against size, gradsync and baselines, to "
+                        "FILE (PNG; needs matplotlib)")
     p.add_argument("--no-progress", action="store_true", help="no progress line on stderr")
     return p
 

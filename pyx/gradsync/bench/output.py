@@ -6,8 +6,8 @@ import platform
 import sys
 import time
 
-from gradsync.bench.args import HAS_INPLACE, REDUCING, busbw_factor
-from gradsync.bench.baselines import baseline_columns
+from gradsync.bench.args import HAS_INPLACE, INPLACE_ONLY, REDUCING, SHARDED, human
+from gradsync.bench.baselines import baseline_columns, baseline_descriptions
 
 
 def fmt_num(v, width, spec):
@@ -16,8 +16,17 @@ def fmt_num(v, width, spec):
     return format(v, spec).rjust(width)
 
 
-def header_lines(ctx, show_tensors):
-    base = ctx.baseline == "mpi4py"
+def shown_modes(ctx):
+    """The modes that have a column block in this run's tables."""
+    return [m for m in ctx.modes
+            if (m == "out-of-place" and ctx.collective not in INPLACE_ONLY)
+            or (m == "in-place" and ctx.collective in HAS_INPLACE)]
+
+
+def header_lines(ctx, show_tensors, baseline_cols=True):
+    """The three header lines of a table; ``baseline_cols``: with the
+    baseline time and ratio columns (the gradsync table of --baseline)."""
+    base = ctx.baseline == "mpi4py" and baseline_cols
     left1 = "%12s %12s %9s %7s" % ("size", "count", "type", "redop")
     left2 = "%12s %12s %9s %7s" % ("(B)", "(elements)", "", "")
     if show_tensors:
@@ -29,7 +38,7 @@ def header_lines(ctx, show_tensors):
         for _, title, ratio in baseline_columns(ctx):
             blk1 += " %10s %6s" % (title, "ratio")
             blk2 += " %10s %6s" % ("(us)", ratio)
-    modes = [m for m in ctx.modes if m == "out-of-place" or ctx.collective in HAS_INPLACE]
+    modes = shown_modes(ctx)
     title = ""
     for m in modes:
         title += " " + m.center(len(blk1) - 1)
@@ -38,18 +47,27 @@ def header_lines(ctx, show_tensors):
             "#" + left2[1:] + "".join(blk2 for _ in modes)]
 
 
-def format_row(ctx, row, show_tensors):
+def _left(row, show_tensors):
     s = "%12d %12d %9s %7s" % (row["size"], row["count"], row["type"], row["op"])
     if show_tensors:
         s += " %7d" % row["tensors"]
+    return s
+
+
+def _block(time_us, algbw, busbw, wrong):
+    return (" " + fmt_num(time_us, 10, ".2f") + " " + fmt_num(algbw, 8, ".3f")
+            + " " + fmt_num(busbw, 8, ".3f")
+            + " " + ("%6d" % wrong if wrong is not None else "   N/A"))
+
+
+def format_row(ctx, row, show_tensors):
+    """A row of the gradsync table (with the baseline columns under --baseline)."""
+    s = _left(row, show_tensors)
     for key in ("oop", "ip"):
         if key not in row or row[key] is None:
             continue
         r = row[key]
-        s += " " + fmt_num(r["time_us"], 10, ".2f")
-        s += " " + fmt_num(r["algbw"], 8, ".3f")
-        s += " " + fmt_num(r["busbw"], 8, ".3f")
-        s += " " + ("%6d" % r["wrong"] if r["wrong"] is not None else "   N/A")
+        s += _block(r["time_us"], r["algbw"], r["busbw"], r["wrong"])
         if ctx.baseline == "mpi4py":
             for name, _, _ in baseline_columns(ctx):
                 s += " " + fmt_num(r.get(name + "_us"), 10, ".2f")
@@ -57,30 +75,127 @@ def format_row(ctx, row, show_tensors):
     return s
 
 
+def format_baseline_row(row, name, show_tensors):
+    """A row of baseline ``name``'s own table."""
+    s = _left(row, show_tensors)
+    for key in ("oop", "ip"):
+        if key not in row or row[key] is None:
+            continue
+        r = row[key]
+        s += _block(r.get(name + "_us"), r.get(name + "_algbw"), r.get(name + "_busbw"),
+                    r.get(name + "_wrong"))
+    return s
+
+
+def baseline_names(ctx, rows):
+    """Keys of the baselines measured in this run (each has its own table)."""
+    if ctx.baseline != "mpi4py":
+        return []
+    return [name for name, _, _ in baseline_columns(ctx)
+            if any((r.get(k) or {}).get(name + "_us") is not None
+                   for r in rows for k in ("oop", "ip"))]
+
+
+def baseline_tables(ctx, rows, show_tensors):
+    """The printed lines of every baseline's own table (nccl-tests columns)."""
+    titles = {name: title for name, title, _ in baseline_columns(ctx)}
+    descr = dict(zip([n for n, _, _ in baseline_columns(ctx)], baseline_descriptions(ctx)))
+    lines = []
+    for name in baseline_names(ctx, rows):
+        lines.append("#")
+        lines.append("# baseline table, %s" % descr.get(name, titles[name]))
+        if any((r.get(k) or {}).get(name + "_same_as") for r in rows for k in ("oop", "ip")):
+            lines.append("# (rows of one tensor repeat the %s numbers: the same call)"
+                         % titles[baseline_columns(ctx)[0][0]])
+        lines.extend(header_lines(ctx, show_tensors, baseline_cols=False))
+        lines.extend(format_baseline_row(r, name, show_tensors) for r in rows)
+    return lines
+
+
+def tables(ctx, rows):
+    """Every table as flat rows, one per size per mode: {"gradsync": [...],
+    BASELINE: [...]}, each row with the nccl-tests columns, the samples and
+    (gradsync) the ratio to each baseline."""
+    cols = [name for name, _, _ in baseline_columns(ctx)] if ctx.baseline == "mpi4py" else []
+    names = baseline_names(ctx, rows)
+    out = {"gradsync": []}
+    out.update({name: [] for name in names})
+    for row in rows:
+        left = {k: row[k] for k in ("size", "count", "type", "op", "tensors", "collective")}
+        for k in ("shapes", "moved_bytes", "padded", "rank_count"):
+            if k in row:
+                left[k] = row[k]
+        if ctx.collective == "broadcast":
+            left["root"] = row["root"]
+        for key, mode in (("oop", "out-of-place"), ("ip", "in-place")):
+            r = row.get(key)
+            if not r:
+                continue
+            g = dict(left, mode=mode, time_us=r["time_us"], algbw=r["algbw"],
+                     busbw=r["busbw"], wrong=r["wrong"], samples_us=r["samples_us"])
+            for name in cols:
+                g["ratio_" + name] = r.get("ratio_" + name)
+            out["gradsync"].append(g)
+            for name in names:
+                b = dict(left, mode=mode, time_us=r.get(name + "_us"),
+                         algbw=r.get(name + "_algbw"), busbw=r.get(name + "_busbw"),
+                         wrong=r.get(name + "_wrong"),
+                         samples_us=r.get(name + "_samples_us"))
+                if r.get(name + "_same_as"):
+                    b["same_as"] = r[name + "_same_as"]
+                out[name].append(b)
+    return out
+
+
 def ratio_summary(ctx, rows):
     """Summary lines of the baseline ratios (median, min, max over rows), per mode."""
     import statistics
     if ctx.baseline != "mpi4py":
         return []
-    (k1, t1, _), (k2, t2, _) = baseline_columns(ctx)
+    cols = baseline_columns(ctx)
     me = "adasum" if ctx.op == "adasum" else "gradsync"
     lines = []
     for key, mode in (("oop", "out-of-place"), ("ip", "in-place")):
         res = [r[key] for r in rows if r.get(key)]
-        rs = [x["ratio_" + k1] for x in res if x.get("ratio_" + k1)]
-        fs = [x["ratio_" + k2] for x in res if x.get("ratio_" + k2)]
-        if not rs:
+        parts = []
+        for i, (k, t, _) in enumerate(cols):
+            rs = [x["ratio_" + k] for x in res if x.get("ratio_" + k)]
+            if not rs:
+                continue
+            if i == 0:
+                parts.append("%s/%s time ratio median %.3f (min %.3f max %.3f)"
+                             % (me, t, statistics.median(rs), min(rs), max(rs)))
+            else:
+                parts.append("%s/%s median %.3f" % (me, t, statistics.median(rs)))
+        if not parts:
             continue
-        line = ("# %s: %s/%s time ratio median %.3f (min %.3f max %.3f); %s/%s median %.3f"
-                % (mode, me, t1, statistics.median(rs), min(rs), max(rs), me, t2,
-                   statistics.median(fs)))
+        line = "# %s: %s" % (mode, "; ".join(parts))
         if ctx.op == "adasum":
+            rs = [x["ratio_numpy"] for x in res if x.get("ratio_numpy")]
             bw = sum(x.get("baseline_wrong") or 0 for x in res)
             line += ("; speedup over %s %.2fx; %s #wrong %s"
-                     % (t1, 1.0 / statistics.median(rs), t1,
+                     % (cols[0][1], 1.0 / statistics.median(rs), cols[0][1],
                         bw if ctx.check else "N/A"))
         lines.append(line)
     return lines
+
+
+def ratio_medians(ctx, rows):
+    """{mode: {baseline: median ratio}} for the JSON summary."""
+    import statistics
+    out = {}
+    if ctx.baseline != "mpi4py":
+        return out
+    for key, mode in (("oop", "out-of-place"), ("ip", "in-place")):
+        res = [r[key] for r in rows if r.get(key)]
+        med = {}
+        for k, _, _ in baseline_columns(ctx):
+            rs = [x["ratio_" + k] for x in res if x.get("ratio_" + k)]
+            if rs:
+                med[k] = statistics.median(rs)
+        if med:
+            out[mode] = med
+    return out
 
 
 def metadata(ctx, args):
@@ -97,7 +212,7 @@ def metadata(ctx, args):
     import mpi4py
     return {
         "tool": "gsbench",
-        "argv": sys.argv,
+        "argv": getattr(ctx, "argv", sys.argv),
         "ranks": ctx.nranks,
         "collective": ctx.collective,
         "dtype": ctx.dtype_name,
@@ -150,38 +265,77 @@ def print_meta(ctx, meta):
     if ctx.op == "adasum":
         p("# adasum: busbw uses the allreduce factor 2(n-1)/n; checked inputs: even tensors "
           "equal on every rank, odd tensors on disjoint elements (exact result known)")
-        if ctx.baseline == "mpi4py":
-            p("# np+mpi: one mpi4py Allgather of the packed list + the Adasum tree per tensor "
-              "in NumPy float64; gs sum: gradsync op=sum of the same list; "
-              "ratio = adasum time / that time")
+    if ctx.collective in SHARDED:
+        p("# %s: in place over gs.ShardLayout (align = 32 x ranks elements, always padded "
+          "by one more block); size = the whole unpadded list; busbw = algbw x (n-1)/n; "
+          "tensors that would cross a rank's range are cut there" % ctx.collective)
+    if ctx.collective == "accumulate":
+        p("# accumulate: gs.accumulate_(acc float32, grad %s) of the list, on every rank at "
+          "once; size = the grads' bytes; algbw = busbw = bytes moved (acc read + written, "
+          "grad read: %d B per element) / time"
+          % (ctx.dtype_name, 8 + ctx.itemsize))
+    if ctx.baseline == "mpi4py":
+        for line in baseline_descriptions(ctx):
+            p("# baseline " + line)
+        p("# ratio = %s time / baseline time (below 1: gradsync is faster)"
+          % ("adasum" if ctx.op == "adasum" else "gradsync"))
 
 
-def plot(rows, path, ctx, out):
+def plot_available():
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+PLOT_MISSING = ("gsbench: --plot needs matplotlib, which is not installed "
+                "(pip install matplotlib); no plot written")
+
+
+def plot(tabs, path, ctx, out):
+    """busbw and time against size, every table (gradsync and baselines) and
+    mode on one figure of two panels. Returns True when written."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        out("# --plot: matplotlib is not installed; no plot written")
-        return
-    fig, ax = plt.subplots()
-    for key, name in (("oop", "out-of-place"), ("ip", "in-place")):
-        pts = [(r["size"], r[key]["busbw"]) for r in rows if r.get(key)]
-        if pts:
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                    label="gradsync " + name)
-        if ctx.baseline == "mpi4py":
-            f = busbw_factor(ctx.collective, ctx.nranks)
-            pts = [(r["size"], r["size"] / (r[key]["mpi4py_us"] * 1e-6) / 1e9 * f)
-                   for r in rows if r.get(key) and r[key].get("mpi4py_us")]
-            if pts:
-                ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="x",
-                        linestyle="--", label="mpi4py " + name)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("size (B)")
-    ax.set_ylabel("busbw (GB/s)")
-    ax.set_title("gradsync %s %s %s, %d ranks" % (ctx.collective, ctx.dtype_name,
-                                                    ctx.op, ctx.nranks))
-    ax.legend()
+        sys.stderr.write(PLOT_MISSING + "\n")
+        out("# " + PLOT_MISSING)
+        return False
+    titles = {"gradsync": "adasum" if ctx.op == "adasum" else "gradsync"}
+    titles.update({name: title for name, title, _ in baseline_columns(ctx)})
+    fig, (ax_bw, ax_t) = plt.subplots(1, 2, figsize=(10, 4), dpi=80)
+    for ti, (name, trows) in enumerate(tabs.items()):
+        for mode, marker in (("out-of-place", "o"), ("in-place", "s")):
+            # rows that only repeat another baseline (fused1 of one tensor) are left out
+            pts = sorted((r["size"], r["busbw"], r["time_us"]) for r in trows
+                         if r["mode"] == mode and r["time_us"] is not None
+                         and not r.get("same_as"))
+            if not pts:
+                continue
+            style = "-" if name == "gradsync" else "--"
+            label = "%s %s" % (titles.get(name, name), mode)
+            color = "C%d" % (2 * ti + (mode == "in-place"))
+            ax_bw.plot([p[0] for p in pts], [p[1] for p in pts], style, marker=marker,
+                       color=color, label=label, markersize=4)
+            ax_t.plot([p[0] for p in pts], [p[2] for p in pts], style, marker=marker,
+                      color=color, label=label, markersize=4)
+    from matplotlib.ticker import FuncFormatter
+    for ax, ylabel in ((ax_bw, "busbw (GB/s)"), (ax_t, "time (us)")):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: human(int(round(v)))))
+        ax.set_xlabel("size (B)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="major", alpha=0.3)
+    ax_t.set_yscale("log")
+    ax_bw.legend(fontsize=7)
+    op = ctx.op if ctx.collective in REDUCING else ""
+    fig.suptitle("gsbench %s %s %s, %d ranks" % (ctx.collective, ctx.dtype_name, op,
+                                                   ctx.nranks))
+    fig.tight_layout()
     fig.savefig(path)
+    plt.close(fig)
     out("# plot written to %s" % path)
+    return True

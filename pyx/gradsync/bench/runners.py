@@ -1,8 +1,9 @@
 """gsbench runners: the gradsync call of each collective, its check, a row, latency."""
 
-from gradsync.bench.args import HAS_INPLACE, REDUCING, busbw_factor
-from gradsync.bench.baselines import (adasum_baseline_call, baseline_call, baseline_columns,
-                                     baseline_supported, gs_sum_call, mpi_op)
+from gradsync.bench.args import HAS_INPLACE, REDUCING, SHARDED, busbw_factor, moved_bytes
+from gradsync.bench.baselines import (accumulate_baseline_call, adasum_baseline_call,
+                                     baseline_call, baseline_columns, baseline_supported,
+                                     gs_sum_call, mpi_op, shard_baseline_call)
 from gradsync.bench.data import Buffers, count_wrong
 from gradsync.bench.timing import measure
 
@@ -34,18 +35,28 @@ def gradsync_call(ctx, bufs, mode, outputs_ref):
         def f():
             outputs_ref[0] = comm.reduce_scatter(ins, op)
         return f
+    if coll == "allgather_shards":
+        return lambda: comm.allgather_shards_(ins)
+    if coll == "reduce_scatter_shards":
+        return lambda: comm.reduce_scatter_shards_(ins, op)
+    if coll == "accumulate":
+        accumulate_, accs = ctx.gs.accumulate_, bufs.accs
+        return lambda: accumulate_(accs, ins)
     raise ValueError(coll)
 
 
 def check_gradsync(ctx, bufs, mode):
     """One checked iteration; the number of wrong elements summed over ranks."""
-    bufs.fill_inputs(bufs.inputs)
+    bufs.reset()
     wrong = 0
     try:
         ref = [None]
         gradsync_call(ctx, bufs, mode, ref)()
         if mode == "in-place":
-            results = bufs.inputs
+            results = bufs.results()
+            if results is not bufs.inputs:  # accumulate must not touch grad
+                for i, a in enumerate(bufs.inputs):
+                    wrong += count_wrong(a, bufs._cast(bufs.input_values(i)))
         else:
             results = ref[0]
             if not isinstance(results, (list, tuple)):
@@ -59,14 +70,26 @@ def check_gradsync(ctx, bufs, mode):
             for i, res in enumerate(results):
                 wrong += count_wrong(res, bufs.expected_output(i))
     finally:
-        bufs.fill_inputs(bufs.inputs)
+        bufs.reset()
     return ctx.mpicomm.allreduce(wrong, op=ctx.MPI.SUM)
 
 
-def check_outputs(ctx, bufs, outputs):
-    """Wrong elements of a baseline's results (after one call), summed over ranks."""
-    wrong = sum(count_wrong(o, bufs.expected_output(i)) for i, o in enumerate(outputs))
-    return ctx.mpicomm.allreduce(wrong, op=ctx.MPI.SUM)
+def baseline_fns(ctx, bufs, case, mode):
+    """name -> callable of every baseline of this row and mode (each with ``check()``)."""
+    fns = {}
+    if ctx.op == "adasum":
+        fns["numpy"] = adasum_baseline_call(ctx, bufs, mode)
+        fns["gssum"] = gs_sum_call(ctx, bufs, mode)
+    elif ctx.collective in SHARDED:
+        fns["mpi4py"] = shard_baseline_call(ctx, bufs, packed=False)
+        fns["packed"] = shard_baseline_call(ctx, bufs, packed=True)
+    elif ctx.collective == "accumulate":
+        fns["numpy"] = accumulate_baseline_call(ctx, bufs)
+    else:
+        fns["mpi4py"] = baseline_call(ctx, bufs, mode, fused=False)
+        if case.ntensors > 1:
+            fns["fused1"] = baseline_call(ctx, bufs, mode, fused=True)
+    return fns
 
 
 def run_row(ctx, case, size_label):
@@ -82,7 +105,13 @@ def run_row(ctx, case, size_label):
     if case.label:
         row["shapes"] = case.label
     factor = busbw_factor(ctx.collective, ctx.nranks)
+    moved = moved_bytes(ctx.collective, row["size"], case.total, ctx.itemsize)
+    if moved != row["size"]:
+        row["moved_bytes"] = moved
     bufs = Buffers(ctx, case)
+    if bufs.layout is not None:
+        row["padded"] = int(bufs.layout.padded)
+        row["rank_count"] = int(bufs.layout.rank_count)
     do_base = baseline_supported(ctx)
     for mode in ctx.modes:
         key = "oop" if mode == "out-of-place" else "ip"
@@ -97,22 +126,19 @@ def run_row(ctx, case, size_label):
             res["wrong"] = None
         ref = [None]
         fns = {"gradsync": gradsync_call(ctx, bufs, mode, ref)}
-        if do_base and ctx.op == "adasum":
-            fns["numpy"] = adasum_baseline_call(ctx, bufs, mode)
-            fns["gssum"] = gs_sum_call(ctx, bufs, mode)
-            if ctx.check:  # one call of the baseline, checked like gradsync
-                fns["numpy"]()
-                res["baseline_wrong"] = check_outputs(ctx, bufs, fns["numpy"].outputs)
-        elif do_base:
-            fns["mpi4py"] = baseline_call(ctx, bufs, mode, fused=False)
-            if case.ntensors > 1:
-                fns["fused1"] = baseline_call(ctx, bufs, mode, fused=True)
+        base = baseline_fns(ctx, bufs, case, mode) if do_base else {}
+        base_wrong = {}
+        for name, fn in base.items():
+            if ctx.check:
+                ctx.progress.show("%s %s check %s" % (size_label, mode, name))
+                base_wrong[name] = ctx.mpicomm.allreduce(fn.check(), op=ctx.MPI.SUM)
+            fns[name] = fn
         got = measure(ctx, fns, "%s %s" % (size_label, mode))
         ref[0] = None
         t, samples = got["gradsync"]
         res["time_us"] = t * 1e6
         res["samples_us"] = [s * 1e6 for s in samples]
-        res["algbw"] = row["size"] / t / 1e9 if t > 0 else 0.0
+        res["algbw"] = moved / t / 1e9 if t > 0 else 0.0
         res["busbw"] = res["algbw"] * factor
         cols = baseline_columns(ctx)
         for name, _, _ in cols if ctx.baseline == "mpi4py" else ():
@@ -120,10 +146,18 @@ def run_row(ctx, case, size_label):
                 res[name + "_us"] = res["ratio_" + name] = None
                 continue
             # one tensor: fused1 (not timed) IS the per-tensor loop, one call on one buffer
-            tb, sb = got.get(name, got[cols[0][0]])
+            src = name if name in got else cols[0][0]
+            tb, sb = got[src]
             res[name + "_us"] = tb * 1e6
             res[name + "_samples_us"] = [s * 1e6 for s in sb]
             res["ratio_" + name] = t / tb if tb > 0 else None
+            res[name + "_algbw"] = moved / tb / 1e9 if tb > 0 else 0.0
+            res[name + "_busbw"] = res[name + "_algbw"] * factor
+            res[name + "_wrong"] = base_wrong.get(src) if ctx.check else None
+            if src != name:
+                res[name + "_same_as"] = src
+        if ctx.op == "adasum" and do_base:
+            res["baseline_wrong"] = res.get("numpy_wrong")
         row[key] = res
     return row
 
