@@ -670,12 +670,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
 # ---------------------------------------------------------------- broadcasts
 
 def _bcast_object(comm, obj, root):
-    """A picklable object from ``root``: through mpi4py when the
-    communicator has its mpi4py communicator, else as bytes through
-    gradsync (a length, then the bytes)."""
-    mpi = getattr(getattr(comm, "handle", None), "mpi_comm", None)
-    if mpi is not None:
-        return mpi.bcast(obj, root=root)
+    """A picklable object from ``root``, as bytes through gradsync (a length,
+    then the bytes): not mpi4py's bcast, because gradsync's background
+    thread may be inside MPI (MPI_THREAD_SERIALIZED allows one thread at a
+    time), and a gradsync call waits for it; any gradsync communicator works
+    too, split ones included."""
     data = pickle.dumps(obj) if comm.rank == root else b""
     n = np.array([len(data)], dtype=np.int64)
     comm.broadcast_(n, root=root)
@@ -775,8 +774,8 @@ def broadcast_optimizer_state(optimizer, root=0, comm=None):
     """Every rank's optimizer takes ``root``'s state (momentum buffers, Adam
     moments, step counts) and hyperparameters (lr, betas, ...), including
     ranks whose optimizer has no state yet. The structure and the non-tensor
-    entries travel pickled from root (mpi4py bcast); the tensors in one fused
-    gradsync broadcast. Collective."""
+    entries (hyperparameters, Python-number step counts) travel pickled from
+    root; the tensors in one fused gradsync broadcast. Collective."""
     comm = _comm_or_default(comm)
     opt = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
     skeleton = _bcast_object(comm, _skeleton(opt.state_dict()) if comm.rank == root
