@@ -116,6 +116,8 @@ demo: build
 bench: build
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench -b 64 -e 64M -f 4 --baseline mpi4py
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench --shapes resnet50 --baseline mpi4py
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench --collective reduce_scatter_shards --shapes resnet50 --baseline mpi4py
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench --collective accumulate -d float16 --shapes resnet50 --baseline mpi4py
 	timeout $(TEST_TIMEOUT) $(PYTHON) scripts/bench_kernels.py
 
 # The C tests under valgrind (memcheck, leaks included) at 2 ranks.
