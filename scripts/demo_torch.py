@@ -205,7 +205,9 @@ def train(comm, args):
             % (init_loss, final_loss, final_loss / init_loss, args.min_loss_ratio,
                100 * init_acc, 100 * final_acc))
         say("compute           %7.2f s total  %6.2f ms/step  (forward, backward with the "
-            "hooks' accumulation, optimizer)" % (c, 1e3 * c / steps))
+            "hooks' accumulation, optimizer%s)"
+            % (c, 1e3 * c / steps, "; for adasum also the blocking Adasum of the parameter "
+               "changes in step()" if args.op == "adasum" else ""))
         say("synchronize()     %7.2f s total  %6.2f ms/step  (waiting for the bucket "
             "allreduces left after backward)" % (s, 1e3 * s / steps))
         say("gradsync counters %d collectives, %d data messages, %s sent over %d steps "
