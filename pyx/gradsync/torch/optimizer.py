@@ -640,7 +640,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _adasum_step(self):
         if self._delta is None:
-            arenas, flats, views = _arenas([[s] for s in self._slots])
+            arenas, _, views = _arenas([[s] for s in self._slots])
             olds = [views[s] for s in self._slots]
             arenas2, _, views2 = _arenas([[s] for s in self._slots])
             self._delta = (arenas, olds, arenas2, [views2[s] for s in self._slots])
