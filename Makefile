@@ -70,6 +70,15 @@ NVCC ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin
 CUDA_TOP = $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | sed -n 's/^#\$$ TOP=//p')
 CUDA_INCLUDE ?= $(firstword $(wildcard $(CUDA_TOP)/targets/x86_64-linux/include $(CUDA_TOP)/include /usr/local/cuda/include))
 EMULATED_LIB := build/emulated/libgradsync.so
+CPU_ONLY_LIB := build/cpu-only/libgradsync.so
+
+# The library as a machine without nvcc builds it: it must link with no
+# undefined symbol (the CUDA entry points have CPU stubs).
+$(CPU_ONLY_LIB): $(wildcard src/*.c src/*.h include/*.h)
+	@mkdir -p build/cpu-only
+	$(MPICC_RESOLVED) -O1 -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Werror \
+	    -fvisibility=hidden -fopenmp -DGS_BUILDING_LIBRARY -Iinclude -Isrc -shared -o $@ \
+	    $(wildcard src/*.c) -Wl,-soname,libgradsync.so -Wl,--no-undefined -ldl -lpthread -lm
 
 $(EMULATED_LIB): $(wildcard src/*.c src/*.h include/*.h) tests/emulated_cuda/cuda_emulation.c
 	@mkdir -p build/emulated
@@ -77,12 +86,15 @@ $(EMULATED_LIB): $(wildcard src/*.c src/*.h include/*.h) tests/emulated_cuda/cud
 	    -fvisibility=hidden -ffp-contract=off -fopenmp -DGS_BUILDING_LIBRARY -DGS_HAVE_CUDA \
 	    -DGS_CUDA_ARCHS='"emulated"' -I$(CUDA_INCLUDE) -Iinclude -Isrc -shared -o $@ \
 	    $(wildcard src/*.c) tests/emulated_cuda/cuda_emulation.c -Wl,-soname,libgradsync.so \
-	    -ldl -lpthread -lm
+	    -Wl,--no-undefined -ldl -lpthread -lm
 
-test-emulated: build tests/c/bin/test_device_paths
+test-emulated: build tests/c/bin/test_device_paths $(CPU_ONLY_LIB)
 	@if [ -z "$(NVCC)" ] || [ -z "$(CUDA_INCLUDE)" ]; then \
 	    echo "== test-emulated: no CUDA toolkit, skipped"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(EMULATED_LIB) && \
+	echo "== pytest test_comm.py test_dlpack.py on the CPU-only library" && \
+	LD_LIBRARY_PATH=$(CURDIR)/build/cpu-only timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 \
+	    $(PYTEST) tests/python/test_comm.py tests/python/test_dlpack.py || exit 1; \
 	for n in $(NP_LIST); do \
 	    echo "== tests/c/bin/test_device_paths at $$n ranks (emulated CUDA)"; \
 	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \

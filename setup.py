@@ -149,7 +149,7 @@ class BuildWithRuntime(build_ext):
             tmp = lib + ".tmp"
             cmd = shlex.split(mpicc) + flags + ["-I" + INCLUDE, "-shared", "-o", tmp] + \
                 sources + objects + libs + \
-                ["-Wl,-soname,libgradsync.so", "-ldl", "-lpthread", "-lm"]
+                ["-Wl,-soname,libgradsync.so", "-Wl,--no-undefined", "-ldl", "-lpthread", "-lm"]
             print(" ".join(cmd))
             subprocess.check_call(cmd)
             os.replace(tmp, lib)

@@ -80,6 +80,19 @@ GS_API gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const cha
 /* Collective barrier that takes part in validation and the stall warning. */
 GS_API gs_status_t gs_barrier(gs_comm_t comm);
 
+/* Called about every 100 ms by a thread waiting inside a collective (not by
+ * the background thread of asynchronous calls); a nonzero return abandons
+ * the wait with GS_ERR_INTERRUPTED and leaves that communicator unusable.
+ * The Python layer installs one that runs Python's signal handlers, so
+ * Ctrl-C raises KeyboardInterrupt. NULL removes it. */
+typedef int (*gs_interrupt_check_t)(void);
+GS_API void gs_set_interrupt_check(gs_interrupt_check_t check);
+
+/* A wait inside a collective longer than this many seconds fails with
+ * GS_ERR_TIMEOUT naming the operation, and leaves that communicator unusable
+ * (default GRADSYNC_TIMEOUT_SECONDS; 0: wait forever). Process-wide. */
+GS_API void gs_set_timeout_seconds(double seconds);
+
 /* The MPI library's version string as the library gradsync linked sees it,
  * and the path of the shared object that provides MPI (empty if unknown). */
 GS_API const char *gs_mpi_library_version(void);

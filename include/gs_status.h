@@ -24,7 +24,8 @@ typedef enum gs_status {
   GS_ERR_CLOSED = 8,           /* the communicator was freed              */
   GS_ERR_CUDA = 9,
   GS_ERR_NCCL = 10,
-  GS_ERR_TIMEOUT = 11
+  GS_ERR_TIMEOUT = 11,         /* waited past GRADSYNC_TIMEOUT_SECONDS     */
+  GS_ERR_INTERRUPTED = 12      /* the interrupt check (Ctrl-C) fired      */
 } gs_status_t;
 
 /* A short sentence for a status, saying what to do next. Never NULL. */

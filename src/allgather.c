@@ -5,7 +5,7 @@
 
 #include "gs_internal.h"
 
-gs_status_t gs_allgather_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n,
+static gs_status_t allgather_counts_impl(gs_comm_t c, const gs_tensor_t *in, int64_t n,
                                 const int64_t *row_elems, int64_t *counts_out) {
   static const char fn[] = "gs_allgather_counts";
   GS_CHECK(gs_comm_enter(c, fn));
@@ -96,7 +96,7 @@ static gs_status_t gather_message(const gs_engine_t *e, const gs_plan_t *plan,
   return s;
 }
 
-gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
+static gs_status_t allgatherv_impl(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
                           int64_t n, const int64_t *counts) {
   static const char fn[] = "gs_allgatherv";
   GS_CHECK(gs_comm_enter(c, fn));
@@ -140,4 +140,18 @@ gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t 
   free(scratch);
   gs_plan_free(&plan);
   return gs_engine_close(&e, s);
+}
+
+gs_status_t gs_allgather_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n, const int64_t *row_elems, int64_t *counts_out) {
+  gs_enter_runtime();
+  gs_status_t s = allgather_counts_impl(c, in, n, row_elems, counts_out);
+  gs_leave_runtime();
+  return s;
+}
+
+gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n, const int64_t *counts) {
+  gs_enter_runtime();
+  gs_status_t s = allgatherv_impl(c, in, out, n, counts);
+  gs_leave_runtime();
+  return s;
 }

@@ -137,7 +137,7 @@ static gs_status_t small_allreduce(gs_comm_t c, const gs_call_t *call, const gs_
   return s;
 }
 
-gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
+static gs_status_t allreduce_impl(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
                          int64_t n, gs_op_t op, double prescale, double postscale) {
   static const char fn[] = "gs_allreduce";
   GS_CHECK(gs_comm_enter(c, fn));
@@ -172,4 +172,11 @@ gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *
               : reduce_message(&e, &plan, &plan.msgs[k], in, out, op, prescale, post);
   gs_plan_free(&plan);
   return gs_engine_close(&e, s);
+}
+
+gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n, gs_op_t op, double prescale, double postscale) {
+  gs_enter_runtime();
+  gs_status_t s = allreduce_impl(c, in, out, n, op, prescale, postscale);
+  gs_leave_runtime();
+  return s;
 }

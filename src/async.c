@@ -8,10 +8,12 @@
  * MPI_THREAD_SERIALIZED allows; and issue order is the order the ranks agree
  * on, which a thread per communicator could not keep across communicators. */
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gs_internal.h"
 
@@ -40,6 +42,45 @@ static _Atomic int64_t pending;      /* queued or running */
 static _Thread_local int in_worker;
 
 int gs_async_in_worker(void) { return in_worker; }
+
+/* ---- the runtime lock ------------------------------------------------------ */
+
+static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Thread_local int depth;      /* nested entries on this thread */
+static _Thread_local int registered; /* this application thread has entered */
+static _Atomic int app_threads;
+_Thread_local gs_comm_t gs_current_comm;
+
+void gs_enter_runtime(void) {
+  if (depth++ > 0) return;
+  if (!in_worker) {
+    if (!registered) {
+      registered = 1;
+      atomic_fetch_add(&app_threads, 1);
+    }
+    gs_async_drain(); /* before the lock: the worker needs it to finish */
+  }
+  pthread_mutex_lock(&runtime_lock);
+}
+
+void gs_leave_runtime(void) {
+  if (--depth > 0) return;
+  gs_current_comm = NULL;
+  pthread_mutex_unlock(&runtime_lock);
+}
+
+void gs_runtime_pause(int nap) {
+  if (depth > 0) pthread_mutex_unlock(&runtime_lock);
+  if (nap) {
+    struct timespec t = {0, 20000};
+    nanosleep(&t, NULL);
+  } else {
+    sched_yield();
+  }
+  if (depth > 0) pthread_mutex_lock(&runtime_lock);
+}
+
+int gs_runtime_shared(void) { return atomic_load(&app_threads) > 1; }
 
 int64_t gs_requests_pending(void) { return atomic_load(&pending); }
 

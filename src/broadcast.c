@@ -1,7 +1,7 @@
 /* Fused broadcast. */
 #include "gs_internal.h"
 
-gs_status_t gs_broadcast(gs_comm_t c, const gs_tensor_t *t, int64_t n, int root) {
+static gs_status_t broadcast_impl(gs_comm_t c, const gs_tensor_t *t, int64_t n, int root) {
   static const char fn[] = "gs_broadcast";
   GS_CHECK(gs_comm_enter(c, fn));
   gs_clear_error();
@@ -40,4 +40,11 @@ gs_status_t gs_broadcast(gs_comm_t c, const gs_tensor_t *t, int64_t n, int root)
   }
   gs_plan_free(&plan);
   return gs_engine_close(&e, s);
+}
+
+gs_status_t gs_broadcast(gs_comm_t c, const gs_tensor_t *t, int64_t n, int root) {
+  gs_enter_runtime();
+  gs_status_t s = broadcast_impl(c, t, n, root);
+  gs_leave_runtime();
+  return s;
 }

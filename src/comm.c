@@ -28,7 +28,12 @@ static gs_status_t mpi_ready(const char *where) {
 
 gs_status_t gs_comm_enter(gs_comm_t comm, const char *where) {
   GS_CHECK(gs_comm_valid(comm, where));
-  gs_async_drain();
+  if (comm->broken)
+    return gs_fail(comm->broken, "%s: this communicator is unusable: an earlier collective was "
+                   "abandoned (%s) while other ranks may still be inside it; end the job or "
+                   "create a new communicator after all ranks recovered", where,
+                   gs_status_string(comm->broken));
+  gs_current_comm = comm;
   return GS_SUCCESS;
 }
 
@@ -111,13 +116,23 @@ static void drain_notices(MPI_Comm notice) {
   }
 }
 
-gs_status_t gs_comm_free(gs_comm_t *comm) {
+static gs_status_t comm_free_impl(gs_comm_t *comm) {
   if (!comm || !*comm) return GS_SUCCESS;
   gs_comm_t c = *comm;
-  GS_CHECK(gs_comm_enter(c, "gs_comm_free"));
+  GS_CHECK(gs_comm_valid(c, "gs_comm_free")); /* a broken one can still be freed */
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
+  if (c->broken) {
+    /* MPI may still complete abandoned operations into the buffers and over
+     * the communicators: keep them (a bounded leak) rather than risk writes
+     * into freed memory; only the handle dies. */
+    gs_log(GS_LOG_WARNING, "freeing a communicator abandoned after %s: its MPI "
+           "communicators and buffers are kept", gs_status_string(c->broken));
+    c->magic = 0;
+    *comm = NULL;
+    return GS_SUCCESS;
+  }
   gs_adasum_free(c);
   gs_device_path_free(c);
   if (init && !fin) {
@@ -132,7 +147,7 @@ gs_status_t gs_comm_free(gs_comm_t *comm) {
   return GS_SUCCESS;
 }
 
-gs_status_t gs_comm_split(gs_comm_t comm, int color, int key, gs_comm_t *out) {
+static gs_status_t comm_split_impl(gs_comm_t comm, int color, int key, gs_comm_t *out) {
   if (!out) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_split: out is NULL");
   *out = NULL;
   GS_CHECK(gs_comm_enter(comm, "gs_comm_split"));
@@ -201,7 +216,7 @@ gs_status_t gs_fusion_reserve(gs_comm_t comm, size_t bytes, void **buf) {
   return GS_SUCCESS;
 }
 
-gs_status_t gs_barrier(gs_comm_t comm) {
+static gs_status_t barrier_impl(gs_comm_t comm) {
   GS_CHECK(gs_comm_enter(comm, "gs_barrier"));
   gs_clear_error();
   gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
@@ -233,7 +248,7 @@ int gs_mpi_thread_level(void) {
   return level;
 }
 
-gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reason) {
+static gs_status_t comm_abandon_impl(gs_comm_t comm, gs_status_t status, const char *reason) {
   GS_CHECK(gs_comm_enter(comm, "gs_comm_abandon"));
   if (status == GS_SUCCESS) status = GS_ERR_INVALID_ARGUMENT;
   gs_fail(status, "%s", reason ? reason : "invalid arguments");
@@ -246,4 +261,32 @@ gs_status_t gs_comm_get_stats(gs_comm_t comm, gs_comm_stats_t *stats) {
   if (!stats) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_get_stats: stats is NULL");
   *stats = comm->stats;
   return GS_SUCCESS;
+}
+
+gs_status_t gs_comm_free(gs_comm_t *comm) {
+  gs_enter_runtime();
+  gs_status_t s = comm_free_impl(comm);
+  gs_leave_runtime();
+  return s;
+}
+
+gs_status_t gs_comm_split(gs_comm_t comm, int color, int key, gs_comm_t *out) {
+  gs_enter_runtime();
+  gs_status_t s = comm_split_impl(comm, color, key, out);
+  gs_leave_runtime();
+  return s;
+}
+
+gs_status_t gs_barrier(gs_comm_t comm) {
+  gs_enter_runtime();
+  gs_status_t s = barrier_impl(comm);
+  gs_leave_runtime();
+  return s;
+}
+
+gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reason) {
+  gs_enter_runtime();
+  gs_status_t s = comm_abandon_impl(comm, status, reason);
+  gs_leave_runtime();
+  return s;
 }

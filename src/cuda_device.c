@@ -188,6 +188,33 @@ void gs_cu_release(void *buf, int pinned) {
 #endif
 }
 
+#ifndef GS_HAVE_CUDA
+/* Without CUDA no tensor reaches a device path (gs_check_tensors refuses
+ * CUDA memory first); these keep the library whole and say so if called. */
+gs_status_t gs_cu_elementwise(gs_cu_mode_t mode, const gs_cu_run_t *runs, int64_t n,
+                              double scale, void *stream) {
+  (void)mode; (void)runs; (void)n; (void)scale; (void)stream;
+  return no_cuda("gradsync: CUDA kernel");
+}
+gs_status_t gs_cu_nonfinite(const gs_tensor_t *t, int64_t n, int *bad, void *stream) {
+  (void)t; (void)n; (void)bad; (void)stream;
+  return no_cuda("gradsync: CUDA kernel");
+}
+gs_status_t gs_cu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b,
+                              const int64_t *start, const int64_t *count, int64_t n, double *d,
+                              void *stream) {
+  (void)dtype; (void)a; (void)b; (void)start; (void)count; (void)n; (void)d; (void)stream;
+  return no_cuda("gradsync: CUDA kernel");
+}
+gs_status_t gs_cu_adasum_combine(gs_dtype_t dtype, const void *a, const void *b, void *out,
+                                 const int64_t *start, const int64_t *count, const double *coef,
+                                 int64_t n, void *stream) {
+  (void)dtype; (void)a; (void)b; (void)out; (void)start; (void)count; (void)coef; (void)n;
+  (void)stream;
+  return no_cuda("gradsync: CUDA kernel");
+}
+#endif
+
 gs_status_t gs_malloc(gs_device_t device, size_t bytes, void **ptr) {
   static const char fn[] = "gs_malloc";
   gs_clear_error();

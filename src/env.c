@@ -46,6 +46,21 @@ double gs_env_stall_seconds(void) {
 
 long long gs_default_fusion_threshold(void) { return gs_env_fusion_threshold(); }
 
+static double cached_timeout = -1;
+
+void gs_set_timeout_seconds(double seconds) { cached_timeout = seconds > 0 ? seconds : 0.0; }
+
+double gs_env_timeout_seconds(void) {
+  double cached = cached_timeout;
+  if (cached < 0) {
+    const char *s = getenv("GRADSYNC_TIMEOUT_SECONDS");
+    char *end = NULL;
+    double v = s && *s ? strtod(s, &end) : 0.0;
+    cached = cached_timeout = (s && *s && *end == '\0' && v > 0) ? v : 0.0;
+  }
+  return cached;
+}
+
 int gs_env_hierarchy_size(void) {
   int64_t v;
   return (env_int64("GRADSYNC_HIERARCHY_SIZE", &v) && v > 0 && v < (1 << 30)) ? (int)v : 0;

@@ -54,6 +54,7 @@ int64_t gs_env_fusion_threshold(void); /* GRADSYNC_FUSION_THRESHOLD */
 int gs_env_check(void);                /* GRADSYNC_CHECK */
 double gs_env_stall_seconds(void);     /* GRADSYNC_STALL_SECONDS */
 int gs_env_simd_portable(void);        /* GRADSYNC_SIMD=portable: no AVX2 kernels */
+double gs_env_timeout_seconds(void);   /* GRADSYNC_TIMEOUT_SECONDS; 0: none */
 
 /* ---- dtypes and element conversions (dtype.c, half.h) ------------------- */
 
@@ -97,17 +98,33 @@ struct gs_comm {
   size_t dev_tmp_bytes;
   void *pinned;            /* pinned host staging for GS_PATH_STAGED */
   size_t pinned_bytes;
+  gs_status_t broken;      /* a wait was abandoned (timeout, interrupt): unusable */
 };
 enum { GS_PATH_NONE = 0, GS_PATH_NCCL = 1, GS_PATH_STAGED = 2 };
 #define GS_COMM_MAGIC 0x67736331u /* "gsc1" */
 
 /* Validates a handle at an API entry point. */
 gs_status_t gs_comm_valid(gs_comm_t comm, const char *where);
-/* gs_comm_valid, then waits for queued asynchronous collectives (async.c):
- * the entry of every blocking collective, so call order stays issue order. */
+/* gs_comm_valid, plus: a communicator that timed out or was interrupted
+ * stays unusable (its ranks may be mid-collective). */
 gs_status_t gs_comm_enter(gs_comm_t comm, const char *where);
 void gs_async_drain(void);
 int gs_async_in_worker(void);
+/* Every public collective runs between these (async.c): they wait for queued
+ * asynchronous collectives, then hold the runtime lock, which keeps
+ * gradsync's MPI calls one at a time across threads (MPI_THREAD_SERIALIZED).
+ * Waits release it between polls (gs_runtime_pause), so threads driving
+ * different communicators all progress. Nested entries are counted. */
+void gs_enter_runtime(void);
+void gs_leave_runtime(void);
+/* Lets other threads in while this one waits; returns with the lock again. */
+void gs_runtime_pause(int nap);
+/* More than one application thread has entered the runtime: blocking MPI
+ * calls (which would hold the lock while waiting) are then avoided. */
+int gs_runtime_shared(void);
+/* Checked while waiting (GRADSYNC_TIMEOUT_SECONDS, interrupts); sets
+ * c->broken when the wait is abandoned. */
+extern _Thread_local gs_comm_t gs_current_comm;
 /* Makes the fusion buffer at least `bytes` long; *buf receives it. */
 gs_status_t gs_fusion_reserve(gs_comm_t comm, size_t bytes, void **buf);
 

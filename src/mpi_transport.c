@@ -108,7 +108,18 @@ gs_status_t gs_mpi_op(gs_dtype_t dtype, gs_op_t op, MPI_Op *out) {
 /* ---- waiting ----------------------------------------------------------- */
 
 int gs_use_blocking(gs_comm_t c, int64_t bytes) {
-  return c->owns_core && bytes < GS_BLOCKING_MAX_BYTES;
+  /* A blocking call cannot time out, be interrupted, or let another thread
+   * in while it waits: two threads each blocked in a call on their own
+   * communicator, in opposite orders on two ranks, would wait for each
+   * other forever. So only where MPI itself rules threads out. */
+  static int single = -1;
+  if (single < 0) {
+    int level = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&level);
+    single = level <= MPI_THREAD_FUNNELED;
+  }
+  return single && c->owns_core && bytes < GS_BLOCKING_MAX_BYTES &&
+         gs_env_timeout_seconds() == 0.0;
 }
 
 /* Completes a call started either way: req == NULL means it was blocking. */
@@ -117,26 +128,57 @@ static gs_status_t finish(int e, MPI_Request *req, const char *what) {
   return req ? gs_mpi_wait(req, what, NULL, NULL) : GS_SUCCESS;
 }
 
+static gs_interrupt_check_t interrupt_check;
+static double interrupt_every = 0.1; /* seconds between checks */
+
+void gs_set_interrupt_check(gs_interrupt_check_t check) { interrupt_check = check; }
+
+/* Gives up on a wait: the communicator cannot be trusted afterwards (other
+ * ranks may still be inside the call). The request may point at memory the
+ * caller is about to release (validation messages live on the stack), so
+ * it is cancelled (receives cancel reliably) and given a moment to finish;
+ * one that will not is released to MPI. */
+static gs_status_t abandon_wait(MPI_Request *req, gs_status_t why, const char *what,
+                                double waited) {
+  if (gs_current_comm) gs_current_comm->broken = why;
+  if (*req != MPI_REQUEST_NULL) {
+    MPI_Cancel(req);
+    int done = 0;
+    double until = gs_now() + 0.1;
+    while (!done && gs_now() < until)
+      if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+    if (!done && *req != MPI_REQUEST_NULL) MPI_Request_free(req);
+  }
+  if (why == GS_ERR_TIMEOUT)
+    return gs_fail(why, "%s did not complete within GRADSYNC_TIMEOUT_SECONDS=%g s (waited %.1f "
+                   "s): a rank may have died or stopped calling collectives. The communicator "
+                   "is no longer usable", what, gs_env_timeout_seconds(), waited);
+  return gs_fail(why, "%s was interrupted after %.1f s; the communicator is no longer usable",
+                 what, waited);
+}
+
 gs_status_t gs_mpi_wait(MPI_Request *req, const char *what, gs_wait_tick tick, void *ctx) {
   int done = 0;
-  double t0 = 0;
+  double t0 = 0, start = 0, last_check = 0, timeout = gs_env_timeout_seconds();
   for (unsigned long spins = 0; !done; spins++) {
     int e = MPI_Test(req, &done, MPI_STATUS_IGNORE);
     if (e != MPI_SUCCESS) return gs_mpi_fail(e, what);
     if (done || (spins & 127) != 127) continue;
     /* Past the first microseconds, hand the core to whoever we wait for:
      * with more ranks than cores, MPI's own blocking calls spin for a whole
-     * time slice per step (milliseconds) while the peer cannot run. */
-    if (gs_async_in_worker() && spins > 8192) {
-      /* the background thread, waiting long: leave the cores to the
-       * caller's computation, which is what it overlaps with */
-      struct timespec nap = {0, 20000};
-      nanosleep(&nap, NULL);
-    } else {
-      sched_yield();
+     * time slice per step (milliseconds) while the peer cannot run. The
+     * background thread, waiting long, naps instead: the cores are the
+     * caller's computation's, which is what it overlaps with. */
+    gs_runtime_pause(gs_async_in_worker() && spins > 8192);
+    double t = gs_now();
+    if (start == 0) start = last_check = t;
+    if (timeout > 0 && t - start > timeout)
+      return abandon_wait(req, GS_ERR_TIMEOUT, what, t - start);
+    if (interrupt_check && !gs_async_in_worker() && t - last_check >= interrupt_every) {
+      last_check = t;
+      if (interrupt_check()) return abandon_wait(req, GS_ERR_INTERRUPTED, what, t - start);
     }
     if (tick) {
-      double t = gs_now();
       if (t0 == 0) t0 = t;
       tick(ctx, req, &done, t - t0);
     }

@@ -73,7 +73,7 @@ static gs_status_t scatter_message(const gs_engine_t *e, const gs_plan_t *plan,
   return s;
 }
 
-gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
+static gs_status_t reduce_scatter_impl(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
                               int64_t n, const int64_t *rows, gs_op_t op, double prescale,
                               double postscale) {
   static const char fn[] = "gs_reduce_scatter";
@@ -117,4 +117,11 @@ gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tenso
   free(bcounts);
   gs_plan_free(&plan);
   return gs_engine_close(&e, s);
+}
+
+gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n, const int64_t *rows, gs_op_t op, double prescale, double postscale) {
+  gs_enter_runtime();
+  gs_status_t s = reduce_scatter_impl(c, in, out, n, rows, op, prescale, postscale);
+  gs_leave_runtime();
+  return s;
 }

@@ -82,7 +82,7 @@ static gs_status_t shard_begin(gs_comm_t c, const char *fn, gs_call_kind_t kind,
   return s;
 }
 
-gs_status_t gs_allgather_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n) {
+static gs_status_t allgather_shards_impl(gs_comm_t c, const gs_tensor_t *t, int64_t n) {
   static const char fn[] = "gs_allgather_shards";
   GS_CHECK(gs_comm_enter(c, fn));
   gs_clear_error();
@@ -127,7 +127,7 @@ gs_status_t gs_allgather_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n) {
   return s;
 }
 
-gs_status_t gs_reduce_scatter_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n, gs_op_t op,
+static gs_status_t reduce_scatter_shards_impl(gs_comm_t c, const gs_tensor_t *t, int64_t n, gs_op_t op,
                                      double prescale, double postscale) {
   static const char fn[] = "gs_reduce_scatter_shards";
   GS_CHECK(gs_comm_enter(c, fn));
@@ -176,5 +176,19 @@ gs_status_t gs_reduce_scatter_shards(gs_comm_t c, const gs_tensor_t *t, int64_t 
   }
   free(off);
   free(own);
+  return s;
+}
+
+gs_status_t gs_allgather_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n) {
+  gs_enter_runtime();
+  gs_status_t s = allgather_shards_impl(c, t, n);
+  gs_leave_runtime();
+  return s;
+}
+
+gs_status_t gs_reduce_scatter_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n, gs_op_t op, double prescale, double postscale) {
+  gs_enter_runtime();
+  gs_status_t s = reduce_scatter_shards_impl(c, t, n, op, prescale, postscale);
+  gs_leave_runtime();
   return s;
 }

@@ -23,8 +23,10 @@ from gradsync._core import (  # noqa: E402
     Error,
     MismatchError,
     Request,
+    TimeoutError,
     UnsupportedError,
     bfloat16,
+    set_timeout,
     start_timeline,
     stop_timeline,
     to_device,
@@ -82,7 +84,7 @@ def _nccl_version(v):
 
 __all__ = [
     "AllSumReduce", "Arena", "ArgumentError", "ClosedError", "Communicator", "DeviceArray", "DtypeError",
-    "Error", "MismatchError", "Op", "Request", "Partition", "ShardLayout", "UnsupportedError", "accumulate_",
-    "accumulate_v2_", "all_finite", "bfloat16", "build_info", "scale_", "start_timeline", "stop_timeline", "to_device", "zero_",
+    "Error", "MismatchError", "Op", "Request", "Partition", "ShardLayout", "TimeoutError", "UnsupportedError", "accumulate_",
+    "accumulate_v2_", "all_finite", "bfloat16", "build_info", "scale_", "set_timeout", "start_timeline", "stop_timeline", "to_device", "zero_",
     "zero_volume_array",
 ]

@@ -29,6 +29,8 @@ include "_device.pxi"
 include "_kernels.pxi"
 include "_async.pxi"
 
+gs_set_interrupt_check(check_signals)
+
 OPS = {"sum": GS_OP_SUM, "average": GS_OP_AVERAGE, "min": GS_OP_MIN,
        "max": GS_OP_MAX, "prod": GS_OP_PROD, "adasum": GS_OP_ADASUM,
        "adasum_hierarchical": GS_OP_ADASUM_HIERARCHICAL}
@@ -55,6 +57,13 @@ cdef gs_op_t adasum_mode(gs_op_t op, object mode) except *:
         raise ArgumentError(f"adasum must be 'flat' or 'hierarchical', got {mode!r}",
                             GS_ERR_INVALID_ARGUMENT)
     return GS_OP_ADASUM_HIERARCHICAL if op == GS_OP_ADASUM else op
+
+
+def set_timeout(seconds):
+    """Process-wide: a collective that waits longer than ``seconds`` raises
+    gs.TimeoutError and leaves its communicator unusable (None or 0: wait
+    forever). Default: GRADSYNC_TIMEOUT_SECONDS."""
+    gs_set_timeout_seconds(0.0 if seconds is None else float(seconds))
 
 
 def start_timeline(path):

@@ -1,4 +1,12 @@
 # Status codes to Python exceptions (included by _core.pyx).
+import builtins
+
+from cpython.exc cimport PyErr_Occurred
+
+cdef extern from "Python.h":
+    # declared without Cython's `except -1`: the handler's exception must stay
+    # set for the collective's caller to raise, not be caught here
+    int run_signal_handlers "PyErr_CheckSignals"()
 
 class Error(Exception):
     """Base class of gradsync's errors; ``status`` holds the C status code."""
@@ -33,12 +41,18 @@ class ClosedError(Error):
     """The communicator was closed."""
 
 
+class TimeoutError(Error, builtins.TimeoutError):
+    """A collective waited past GRADSYNC_TIMEOUT_SECONDS (a rank died or stopped
+    calling); the communicator is unusable afterwards."""
+
+
 _STATUS_CLASSES = {
     GS_ERR_INVALID_ARGUMENT: ArgumentError,
     GS_ERR_TYPE: DtypeError,
     GS_ERR_MISMATCH: MismatchError,
     GS_ERR_UNSUPPORTED: UnsupportedError,
     GS_ERR_CLOSED: ClosedError,
+    GS_ERR_TIMEOUT: TimeoutError,
 }
 
 
@@ -46,6 +60,8 @@ cdef object error_for(gs_status_t s):
     msg = gs_last_error().decode("utf-8", "replace") or gs_status_string(s).decode()
     if s == GS_ERR_NO_MEMORY:
         return MemoryError(msg)
+    if s == GS_ERR_INTERRUPTED:
+        return KeyboardInterrupt(msg)
     return _STATUS_CLASSES.get(s, Error)(msg, s)
 
 
@@ -53,7 +69,16 @@ cdef inline int CHKERR(gs_status_t s) except -1 nogil:
     if s == GS_SUCCESS:
         return 0
     with gil:
+        if s == GS_ERR_INTERRUPTED and PyErr_Occurred() != NULL:
+            return -1  # the signal handler's own exception (KeyboardInterrupt) goes up
         raise error_for(s)
+
+
+cdef int check_signals() noexcept nogil:
+    """The runtime's interrupt check: runs Python's signal handlers (main
+    thread only), so Ctrl-C inside a long collective raises promptly."""
+    with gil:
+        return run_signal_handlers() != 0
 
 
 cdef gs_status_t status_of(exc):

@@ -41,6 +41,9 @@ cdef extern from "gs_comm.h" nogil:
     gs_status_t gs_comm_check_enabled(gs_comm_t comm, int *enabled)
     gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reason)
     gs_status_t gs_barrier(gs_comm_t comm)
+    ctypedef int (*gs_interrupt_check_t)() noexcept nogil
+    void gs_set_interrupt_check(gs_interrupt_check_t check)
+    void gs_set_timeout_seconds(double seconds)
     const char *gs_mpi_library_version()
     const char *gs_mpi_library_path()
     int gs_mpi_thread_level()

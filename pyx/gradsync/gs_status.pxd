@@ -13,6 +13,7 @@ cdef extern from "gs_status.h" nogil:
         GS_ERR_CUDA
         GS_ERR_NCCL
         GS_ERR_TIMEOUT
+        GS_ERR_INTERRUPTED
 
     const char *gs_status_string(gs_status_t status)
     const char *gs_last_error()

@@ -1,0 +1,125 @@
+"""Faults (issue 9): a rank that stops calling makes the others raise
+gs.TimeoutError naming the operation within the timeout, never hang; the
+communicator is unusable afterwards; Ctrl-C in a long wait raises
+KeyboardInterrupt promptly; two threads drive two communicators at once with
+the GIL released."""
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import gradsync as gs
+from mpi4py import MPI
+from gsutil import collectively
+
+pytestmark = pytest.mark.mpi
+WORLD = MPI.COMM_WORLD
+
+
+@pytest.fixture
+def timeout():
+    def set_(s):
+        gs.set_timeout(s)
+    yield set_
+    gs.set_timeout(0)
+
+
+def test_stopped_rank_times_out_everywhere(timeout):
+    if WORLD.size < 2:
+        pytest.skip("needs two ranks")
+    comm = gs.Communicator(stall_seconds=0)
+    timeout(0.5)
+    x = np.ones(1000)
+    t0 = time.monotonic()
+    raised = None
+    if WORLD.rank == WORLD.size - 1:
+        time.sleep(2.0)  # stopped: arrives long after the others gave up
+    try:
+        comm.allreduce_(x)
+    except gs.TimeoutError as exc:
+        raised = exc
+    waited = time.monotonic() - t0
+    timeout(0)
+    with collectively():
+        if WORLD.rank != WORLD.size - 1:
+            assert raised is not None, "a rank waiting on a stopped one must time out"
+            assert isinstance(raised, TimeoutError)  # the builtin too
+            assert "GRADSYNC_TIMEOUT_SECONDS" in str(raised) and "validation" in str(raised)
+            assert waited < 1.9, waited
+        # everyone's communicator is now unusable, with a message saying why
+        with pytest.raises(gs.Error, match="unusable"):
+            comm.allreduce_(np.ones(3))
+    comm.close()  # a broken communicator still closes
+
+
+def _interrupt_soon(delay):
+    pid = os.getpid()
+    t = threading.Timer(delay, lambda: os.kill(pid, signal.SIGINT))
+    t.start()
+    return t
+
+
+def test_ctrl_c_interrupts_a_long_wait():
+    if WORLD.size < 2:
+        pytest.skip("needs two ranks")
+    comm = gs.Communicator(stall_seconds=0)
+    got = None
+    t0 = time.monotonic()
+    if WORLD.rank == 0:
+        _interrupt_soon(0.3)
+        try:
+            comm.allreduce_(np.ones(10))  # rank 1 never comes to this call
+        except KeyboardInterrupt as exc:
+            got = exc
+    elapsed = time.monotonic() - t0
+    WORLD.Barrier()  # every rank here; rank 0's abandoned call never completes
+    with collectively():
+        if WORLD.rank == 0:
+            assert got is not None
+            assert elapsed < 1.5, elapsed
+        else:
+            assert got is None
+    comm.close()
+
+
+def test_two_threads_two_communicators_and_a_free_third():
+    c1, c2 = gs.Communicator(), gs.Communicator()
+    results, errors = {}, []
+    ticks = [0]
+    stop = threading.Event()
+
+    def spin():  # needs the GIL: runs only if communication releases it
+        while not stop.is_set():
+            ticks[0] += 1
+            time.sleep(0)
+
+    def drive(name, comm, base):
+        try:
+            out = []
+            for k in range(40):
+                x = np.full(5000 + k, base + k, dtype=np.float64)
+                comm.allreduce_(x)
+                out.append(x)
+            results[name] = out
+        except Exception as exc:  # reported below on this rank
+            errors.append(repr(exc))
+
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    t1 = threading.Thread(target=drive, args=("a", c1, 1.0))
+    t2 = threading.Thread(target=drive, args=("b", c2, 100.0))
+    t1.start(); t2.start(); t1.join(); t2.join()
+    stop.set()
+    spinner.join()
+    p = WORLD.size
+    with collectively():
+        assert not errors, errors
+        for name, base in (("a", 1.0), ("b", 100.0)):
+            for k, x in enumerate(results[name]):
+                np.testing.assert_array_equal(x, np.full(5000 + k, (base + k) * p))
+        assert ticks[0] > 0
+    c1.close()
+    c2.close()
