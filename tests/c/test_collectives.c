@@ -24,6 +24,10 @@ static double round_dt(gs_dtype_t dt, double v) {
     case GS_FLOAT16: return gs_ref_f16_to_double(gs_ref_double_to_f16(v));
     case GS_BFLOAT16: return gs_ref_bf16_to_double(gs_ref_double_to_bf16(v));
     case GS_FLOAT32: return (double)(float)v;
+    /* integer sums wrap (two's complement), as MPI's do: from 5 ranks on
+     * the int8 draws can pass 127 */
+    case GS_INT8: return (double)(int8_t)(uint8_t)(int64_t)v;
+    case GS_UINT8: return (double)(uint8_t)(int64_t)v;
     default: return v;
   }
 }
