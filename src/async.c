@@ -69,10 +69,10 @@ void gs_leave_runtime(void) {
   pthread_mutex_unlock(&runtime_lock);
 }
 
-void gs_runtime_pause(int nap) {
+void gs_runtime_pause(int nap_us) {
   if (depth > 0) pthread_mutex_unlock(&runtime_lock);
-  if (nap) {
-    struct timespec t = {0, 20000};
+  if (nap_us > 0) {
+    struct timespec t = {0, 1000L * nap_us};
     nanosleep(&t, NULL);
   } else {
     sched_yield();

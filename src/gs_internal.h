@@ -117,8 +117,9 @@ int gs_async_in_worker(void);
  * different communicators all progress. Nested entries are counted. */
 void gs_enter_runtime(void);
 void gs_leave_runtime(void);
-/* Lets other threads in while this one waits; returns with the lock again. */
-void gs_runtime_pause(int nap);
+/* Lets other threads in while this one waits (sleeping nap_us microseconds,
+ * or just yielding for 0); returns with the lock again. */
+void gs_runtime_pause(int nap_us);
 /* More than one application thread has entered the runtime: blocking MPI
  * calls (which would hold the lock while waiting) are then avoided. */
 int gs_runtime_shared(void);

@@ -176,10 +176,11 @@ gs_status_t gs_mpi_wait(MPI_Request *req, const char *what, gs_wait_tick tick, v
     /* Past the first microseconds, hand the core to whoever we wait for:
      * with more ranks than cores, MPI's own blocking calls spin for a whole
      * time slice per step (milliseconds) while the peer cannot run. The
-     * background thread, waiting long, naps instead: the cores are the
-     * caller's computation's, which is what it overlaps with. */
-    gs_runtime_pause(gs_async_in_worker() && spins > 8192);
+     * background thread naps instead (20 us, then 200 us past 1 ms): the
+     * cores belong to the computation it overlaps with, and what it waits
+     * for is usually the other ranks' backward pass. */
     double t = gs_now();
+    gs_runtime_pause(gs_async_in_worker() ? (start == 0 || t - start < 1e-3 ? 20 : 200) : 0);
     if (start == 0) start = last_check = t;
     if (timeout > 0 && t - start > timeout)
       return abandon_wait(req, GS_ERR_TIMEOUT, what, t - start);
