@@ -99,6 +99,10 @@ test-emulated: build tests/c/bin/test_device_paths $(CPU_ONLY_LIB)
 	    echo "== tests/c/bin/test_device_paths at $$n ranks (emulated CUDA)"; \
 	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
 	        tests/c/bin/test_device_paths || exit 1; \
+	    if [ $$n = 2 ]; then \
+	    echo "== tests/c/bin/test_device_paths at 2 ranks (emulated CUDA, CUDA-aware MPI path)"; \
+	    GRADSYNC_CUDA_AWARE_MPI=1 LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) \
+	        $(MPIEXEC) -n 2 tests/c/bin/test_device_paths || exit 1; fi; \
 	    echo "== pytest tests/gpu tests/python/test_dlpack.py at $$n ranks (emulated CUDA)"; \
 	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1; \

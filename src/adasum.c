@@ -48,6 +48,10 @@ static gs_status_t exchange(const gs_engine_t *e, const void *sbuf, int64_t scou
   if (!gs_engine_on_device(e)) return host_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer);
   if (c->dev_path == GS_PATH_NCCL)
     return gs_nccl_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer);
+  if (c->dev_path == GS_PATH_CUDA_AWARE) { /* MPI reads and writes device memory */
+    GS_CHECK(gs_cu_sync(c->dev_stream, "adasum: before CUDA-aware MPI"));
+    return host_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer);
+  }
   return gs_staged_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer, host_exchange);
 }
 

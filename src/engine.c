@@ -66,10 +66,17 @@ static gs_status_t choose_path(gs_comm_t c, int device) {
     if (!ok) gs_nccl_comm_free(c); /* some rank failed: all fall back */
     want = ok;
   }
-  c->dev_path = want ? GS_PATH_NCCL : GS_PATH_STAGED;
+  int aware = gs_mpi_cuda_aware();
+  if (!want) { /* every rank must take the same path */
+    GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &aware, 1, MPI_INT, MPI_MIN, c->mpi),
+                 "gradsync: asking the ranks whether MPI is CUDA-aware");
+  }
+  c->dev_path = want ? GS_PATH_NCCL : aware ? GS_PATH_CUDA_AWARE : GS_PATH_STAGED;
   gs_log(GS_LOG_INFO, "CUDA device %d: collectives go through %s", device,
-         want ? "NCCL" : "MPI staged through pinned host memory (NCCL unavailable, disabled "
-                         "by GRADSYNC_NCCL=0, or ranks share a GPU)");
+         want    ? "NCCL"
+         : aware ? "CUDA-aware MPI (reductions MPI cannot do itself are staged)"
+                 : "MPI staged through pinned host memory (NCCL unavailable, disabled by "
+                   "GRADSYNC_NCCL=0, or ranks share a GPU)");
   return GS_SUCCESS;
 }
 #endif
@@ -94,7 +101,9 @@ gs_status_t gs_engine_open(gs_comm_t c, const gs_tensor_t *t, int64_t n, gs_engi
   }
   if (c) {
     c->dev_stream = e->stream;
-    e->transport = c->dev_path == GS_PATH_NCCL ? &gs_nccl_transport : &gs_staged_transport;
+    e->transport = c->dev_path == GS_PATH_NCCL         ? &gs_nccl_transport
+                   : c->dev_path == GS_PATH_CUDA_AWARE ? &gs_cuda_aware_transport
+                                                       : &gs_staged_transport;
   }
   return GS_SUCCESS;
 #else

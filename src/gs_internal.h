@@ -100,7 +100,7 @@ struct gs_comm {
   size_t pinned_bytes;
   gs_status_t broken;      /* a wait was abandoned (timeout, interrupt): unusable */
 };
-enum { GS_PATH_NONE = 0, GS_PATH_NCCL = 1, GS_PATH_STAGED = 2 };
+enum { GS_PATH_NONE = 0, GS_PATH_NCCL = 1, GS_PATH_STAGED = 2, GS_PATH_CUDA_AWARE = 3 };
 #define GS_COMM_MAGIC 0x67736331u /* "gsc1" */
 
 /* Validates a handle at an API entry point. */
@@ -192,6 +192,12 @@ extern const gs_transport_t gs_mpi_transport;
 
 /* NCCL (nccl.c): opened at run time; these fail cleanly when it is absent. */
 extern const gs_transport_t gs_nccl_transport;
+/* Device buffers straight to a CUDA-aware MPI (mpi_transport.c): detected
+ * with MPIX_GPU_query_support, or GRADSYNC_CUDA_AWARE_MPI=0/1. */
+extern const gs_transport_t gs_cuda_aware_transport;
+int gs_mpi_cuda_aware(void);
+/* The op is MPI's own (no gradsync host operator behind it). */
+int gs_mpi_op_is_builtin(gs_dtype_t dtype, gs_op_t op);
 /* MPI over host staging for device buffers (staged.c). */
 extern const gs_transport_t gs_staged_transport;
 typedef gs_status_t (*gs_exchange_fn)(gs_comm_t, const void *, int64_t, void *, int64_t,

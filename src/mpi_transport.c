@@ -8,6 +8,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "gs_cuda.h"
 #include "gs_internal.h"
 
 /* Elements per MPI call. A power of two well below INT_MAX keeps every chunk
@@ -254,6 +255,11 @@ static gs_status_t rd_allreduce(gs_comm_t c, void *buf, int64_t count, gs_dtype_
   return GS_SUCCESS;
 }
 
+/* MPI's own allreduce, chunked: never touches the data itself, so device
+ * pointers may go in when MPI is CUDA-aware and the op is MPI's. */
+static gs_status_t native_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                                    gs_dtype_t dtype, gs_op_t op);
+
 static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv,
                                  int64_t count, gs_dtype_t dtype, gs_op_t op) {
   count_message(c, count, dtype);
@@ -262,6 +268,11 @@ static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv,
     if (send) memcpy(recv, send, (size_t)count * gs_dtype_size(dtype));
     return rd_allreduce(c, recv, count, dtype, op);
   }
+  return native_allreduce(c, send, recv, count, dtype, op);
+}
+
+static gs_status_t native_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                                    gs_dtype_t dtype, gs_op_t op) {
   MPI_Datatype dt = MPI_DATATYPE_NULL;
   MPI_Op mop = MPI_OP_NULL;
   GS_CHECK(gs_mpi_datatype(dtype, &dt));
@@ -379,6 +390,70 @@ static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
   }
   return GS_SUCCESS;
 }
+
+/* ---- CUDA-aware MPI ---------------------------------------------------------- */
+
+int gs_mpi_op_is_builtin(gs_dtype_t dtype, gs_op_t op) {
+  if (op == GS_OP_AVERAGE) op = GS_OP_SUM;
+  return gs_dtype_valid(dtype) && (unsigned)op < GS_NUM_OPS && !gs_op_is_adasum(op) &&
+         user_fns[dtype][op] == NULL;
+}
+
+int gs_mpi_cuda_aware(void) {
+  static int known = -1;
+  if (known >= 0) return known;
+  const char *env = getenv("GRADSYNC_CUDA_AWARE_MPI");
+  if (env && *env) return known = (strcmp(env, "0") != 0);
+  known = 0;
+#if defined(MPIX_GPU_SUPPORT_CUDA)
+  int yes = 0; /* MPICH 4+: asks the library as built and configured */
+  if (MPIX_GPU_query_support(MPIX_GPU_SUPPORT_CUDA, &yes) == MPI_SUCCESS) known = yes != 0;
+#endif
+  return known;
+}
+
+/* Device buffers straight into MPI: data movement always; reductions when
+ * the op is MPI's own (gradsync's float16/bfloat16 and NaN-aware min/max ops
+ * run on the host, so those go through pinned staging instead). */
+/* MPI reads device memory itself: the kernels queued before (packing) must
+ * have finished first. */
+static gs_status_t device_ready(gs_comm_t c) {
+  return c->dev_stream ? gs_cu_sync(c->dev_stream, "gradsync: before CUDA-aware MPI")
+                       : GS_SUCCESS;
+}
+
+static gs_status_t aware_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                                   gs_dtype_t dtype, gs_op_t op) {
+  if (!gs_mpi_op_is_builtin(dtype, op))
+    return gs_staged_transport.allreduce(c, send, recv, count, dtype, op);
+  GS_CHECK(device_ready(c));
+  count_message(c, count, dtype);
+  return native_allreduce(c, send, recv, count, dtype, op);
+}
+
+static gs_status_t aware_broadcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
+                                   int root) {
+  GS_CHECK(device_ready(c));
+  return mpi_broadcast(c, buf, count, dtype, root);
+}
+
+static gs_status_t aware_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
+                                    const int64_t *displs, gs_dtype_t dtype) {
+  GS_CHECK(device_ready(c));
+  return mpi_allgatherv(c, recv, counts, displs, dtype);
+}
+
+static gs_status_t aware_reduce_scatter(gs_comm_t c, const void *send, void *recv,
+                                        const int64_t *counts, gs_dtype_t dtype, gs_op_t op) {
+  if (!gs_mpi_op_is_builtin(dtype, op))
+    return gs_staged_transport.reduce_scatter(c, send, recv, counts, dtype, op);
+  GS_CHECK(device_ready(c));
+  return mpi_reduce_scatter(c, send, recv, counts, dtype, op);
+}
+
+const gs_transport_t gs_cuda_aware_transport = {
+    "mpi-cuda-aware", aware_allreduce, aware_broadcast, aware_allgatherv, aware_reduce_scatter,
+};
 
 const gs_transport_t gs_mpi_transport = {
     "mpi", mpi_allreduce, mpi_broadcast, mpi_allgatherv, mpi_reduce_scatter,
