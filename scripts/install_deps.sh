@@ -6,8 +6,8 @@ set -eu
 PY=${PYTHON:-python3}
 pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
-"$PY" -c "import numpy, Cython, pytest, pytest_mpi, ml_dtypes, setuptools" 2>/dev/null ||
-  pip_install "numpy>=1.24" "cython>=3.0" pytest pytest-mpi "ml_dtypes>=0.3" setuptools
+"$PY" -c "import numpy, Cython, pytest, pytest_mpi, ml_dtypes, setuptools, hypothesis" 2>/dev/null ||
+  pip_install "numpy>=1.24" "cython>=3.0" pytest pytest-mpi "ml_dtypes>=0.3" setuptools hypothesis
 
 scripts=$("$PY" -c "import sysconfig; print(sysconfig.get_path('scripts'))")
 if [ -n "${MPICC:-}" ]; then
