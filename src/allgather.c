@@ -55,7 +55,7 @@ static gs_status_t gather_message(const gs_engine_t *e, const gs_plan_t *plan,
   }
   if (m->nslots == 1) { /* one tensor: its output already has the layout */
     int64_t t = plan->slots[m->first].tensor;
-    gs_copy_t mine = {(char *)out[t].data + (size_t)displs[c->rank] * es, in[t].data,
+    gs_copy_t mine = {gs_at(out[t].data, (size_t)displs[c->rank] * es), in[t].data,
                       bcounts[c->rank]};
     GS_CHECK(gs_copy_batch(e, m->dtype, &mine, 1, 1.0));
     double t0 = GS_TL_START();
@@ -87,7 +87,7 @@ static gs_status_t gather_message(const gs_engine_t *e, const gs_plan_t *plan,
       int64_t before = 0; /* rows of tensor t from ranks below r */
       for (int q = 0; q < r; q++) before += counts[(size_t)q * n + t];
       int64_t cnt = counts[(size_t)r * n + t];
-      copies[nc++] = (gs_copy_t){(char *)out[t].data + (size_t)before * es, src, cnt};
+      copies[nc++] = (gs_copy_t){gs_at(out[t].data, cnt ? (size_t)before * es : 0), src, cnt};
       src += (size_t)cnt * es;
     }
   }

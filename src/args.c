@@ -19,7 +19,7 @@ static int by_start(const void *a, const void *b) {
  * in-place partner (out[i] == in[i] exactly). Sort the outputs, then look up
  * each input among them: O(n log n). */
 static gs_status_t check_aliasing(const char *op_name, const gs_tensor_t *in,
-                                  const gs_tensor_t *out, int64_t n) {
+                                  const gs_tensor_t *out, int64_t n, int allow_in_place) {
   span_t *outs = malloc((size_t)(n > 0 ? n : 1) * sizeof *outs);
   if (!outs) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", op_name);
   int64_t m = 0;
@@ -38,8 +38,9 @@ static gs_status_t check_aliasing(const char *op_name, const gs_tensor_t *in,
       s = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] and out[%lld] overlap", op_name,
                   (long long)outs[k - 1].index, (long long)outs[k].index);
   for (int64_t i = 0; i < n && s == GS_SUCCESS; i++) {
-    const char *lo = in[i].data, *hi = lo + (size_t)in[i].count * gs_dtype_size(in[i].dtype);
-    if (hi == lo) continue;
+    size_t bytes = (size_t)in[i].count * gs_dtype_size(in[i].dtype);
+    if (!bytes) continue; /* (an empty tensor's data may be NULL: no arithmetic on it) */
+    const char *lo = in[i].data, *hi = lo + bytes;
     /* first output ending after lo: outputs are disjoint, so ends are sorted */
     int64_t a = 0, b = m;
     while (a < b) {
@@ -47,7 +48,8 @@ static gs_status_t check_aliasing(const char *op_name, const gs_tensor_t *in,
       if (outs[mid].hi <= lo) a = mid + 1; else b = mid;
     }
     for (int64_t k = a; k < m && outs[k].lo < hi; k++) {
-      if (outs[k].index == i && outs[k].lo == lo && outs[k].hi == hi) continue; /* in place */
+      if (allow_in_place && outs[k].index == i && outs[k].lo == lo && outs[k].hi == hi)
+        continue; /* in place */
       s = gs_fail(GS_ERR_INVALID_ARGUMENT,
                   "%s: out[%lld] overlaps in[%lld]; an output must be its own input exactly "
                   "(in place) or memory no input uses", op_name, (long long)outs[k].index,
@@ -128,5 +130,10 @@ gs_status_t gs_check_outputs(const char *op_name, const gs_tensor_t *in,
                      op_name, (long long)i, (long long)out[i].count, (long long)i,
                      (long long)in[i].count);
   }
-  return check_aliasing(op_name, in, out, n);
+  return check_aliasing(op_name, in, out, n, 1);
+}
+
+gs_status_t gs_check_disjoint(const char *op_name, const gs_tensor_t *in,
+                              const gs_tensor_t *out, int64_t n) {
+  return check_aliasing(op_name, in, out, n, 0);
 }

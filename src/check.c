@@ -392,7 +392,11 @@ gs_status_t gs_check_call(gs_comm_t c, const gs_call_t *call, gs_status_t local,
   v[F_DIRECT] = c->direct_bytes;
   v[F_ERROR] = local != GS_SUCCESS;
   v[F_PAYLOAD] = payload != NULL;
-  for (int f = 0; f < NFIELDS; f++) v[NFIELDS + f] = -v[f];
+  /* every field is sent negated too: INT64_MIN (a hostile n) has no negation */
+  for (int f = 0; f < NFIELDS; f++) {
+    if (v[f] == INT64_MIN) v[f] = INT64_MIN + 1;
+    v[NFIELDS + f] = -v[f];
+  }
   size_t payload_bytes = 0;
   if (payload) {
     payload_bytes = (size_t)payload->count * gs_dtype_size(payload->dtype);

@@ -59,6 +59,11 @@ double gs_env_timeout_seconds(void);   /* GRADSYNC_TIMEOUT_SECONDS; 0: none */
 /* ---- dtypes and element conversions (dtype.c, half.h) ------------------- */
 
 int gs_dtype_valid(gs_dtype_t dtype);
+/* p + off bytes; p itself for off 0, so an empty tensor's NULL data never
+ * takes part in pointer arithmetic (undefined in C even for + 0). */
+static inline void *gs_at(const void *p, size_t off) {
+  return off ? (void *)((const char *)p + off) : (void *)p;
+}
 static inline int gs_op_is_adasum(gs_op_t op) {
   return op == GS_OP_ADASUM || op == GS_OP_ADASUM_HIERARCHICAL;
 }
@@ -416,5 +421,8 @@ gs_status_t gs_check_op(const char *op_name, gs_op_t op, const gs_tensor_t *t,
 /* out[i] must match in[i] in count and dtype. */
 gs_status_t gs_check_outputs(const char *op_name, const gs_tensor_t *in,
                              const gs_tensor_t *out, int64_t n);
+/* No out[i] overlaps another output or any input (not even its own). */
+gs_status_t gs_check_disjoint(const char *op_name, const gs_tensor_t *in,
+                              const gs_tensor_t *out, int64_t n);
 
 #endif

@@ -9,6 +9,9 @@ gs_status_t gs_block_range(int64_t rows, int64_t row_elems, int size, int rank,
                            int64_t *first, int64_t *count) {
   if (rows < 0 || row_elems < 0 || size <= 0 || rank < 0 || rank >= size || !first || !count)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_block_range: invalid arguments");
+  if (row_elems > 0 && rows > INT64_MAX / row_elems)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_block_range: %lld rows of %lld elements do "
+                   "not fit in 64 bits", (long long)rows, (long long)row_elems);
   int64_t q = rows / size, rem = rows % size;
   *first = (rank * q + (rank < rem ? rank : rem)) * row_elems;
   *count = (q + (rank < rem)) * row_elems;
@@ -55,7 +58,7 @@ static gs_status_t scatter_message(const gs_engine_t *e, const gs_plan_t *plan,
     for (int64_t k = m->first; k < m->first + m->nslots; k++) {
       int64_t t = plan->slots[k].tensor;
       gs_block_range(rows ? rows[t] : in[t].count, row_elems_of(in, rows, t), p, r, &first, &cnt);
-      copies[nc++] = (gs_copy_t){dst, (const char *)in[t].data + (size_t)first * es, cnt};
+      copies[nc++] = (gs_copy_t){dst, gs_at(in[t].data, cnt ? (size_t)first * es : 0), cnt};
       dst += (size_t)cnt * es;
     }
   gs_status_t s = gs_copy_batch(e, m->dtype, copies, nc, pre);
@@ -97,6 +100,7 @@ static gs_status_t reduce_scatter_impl(gs_comm_t c, const gs_tensor_t *in, const
       local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] has %lld elements; this rank's "
                       "block has %lld", fn, (long long)i, (long long)out[i].count, (long long)cnt);
   }
+  if (local == GS_SUCCESS) local = gs_check_disjoint(fn, in, out, n);
   if (local == GS_SUCCESS) local = gs_check_memory(c, fn, in, n, out, n);
   gs_call_t call = {GS_CALL_REDUCE_SCATTER, op, 0, n, in, rows, "number of rows", 0};
   GS_CHECK(gs_begin_call(c, &call, local));

@@ -17,6 +17,9 @@ gs_status_t gs_shard_layout(const int64_t *counts, int64_t n, int size,
       return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: count of tensor %lld is invalid: %lld", fn,
                      (long long)i, (long long)counts[i]);
     total += counts[i];
+    if (total > ((int64_t)1 << 61))  /* leaves room for the padding below */
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: the tensors hold more than 2^61 elements "
+                     "together", fn);
   }
   int64_t align = (int64_t)size * 32;
   layout->total = total;
