@@ -17,7 +17,6 @@ arithmetic), skipping what needs torch or CuPy on a GPU:
   (DeviceArray(device="cpu")).
 """
 
-import faulthandler
 import os
 import sys
 
@@ -33,37 +32,21 @@ from gsutil import Inputs  # noqa: E402
 
 ON_HOST = os.environ.get("GRADSYNC_GPU_TESTS_ON_HOST", "") == "1"
 CUDA_DEVICES = gs.build_info()["cuda_devices"]
-WATCHDOG_SECONDS = float(os.environ.get("GS_TEST_WATCHDOG", "300"))
+from gsfixtures import comm, make_watchdog, small_comm  # noqa: E402,F401
+
+_watchdog = make_watchdog(300)
 
 
 def pytest_collection_modifyitems(config, items):
     if CUDA_DEVICES == 0 and not ON_HOST:
         skip = pytest.mark.skip(reason="no CUDA device visible to this process "
                                        "(gs.build_info()['cuda_devices'] == 0)")
-        for item in items:
-            item.add_marker(skip)
+        here = os.path.dirname(os.path.abspath(__file__))
+        for item in items:  # only this directory's tests: others may share the session
+            if os.path.abspath(str(item.fspath)).startswith(here + os.sep):
+                item.add_marker(skip)
 
 
-@pytest.fixture(autouse=True)
-def _watchdog():
-    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
-
-
-@pytest.fixture(scope="session")
-def comm():
-    c = gs.Communicator(MPI.COMM_WORLD)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="session")
-def small_comm():
-    """4 KiB fusion threshold: lists go out in several fused messages."""
-    c = gs.Communicator(MPI.COMM_WORLD, fusion_threshold=4096)
-    yield c
-    c.close()
 
 
 @pytest.fixture(scope="session")

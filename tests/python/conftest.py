@@ -11,13 +11,11 @@ re-exported here:
     Inputs / inputs fixture         per-test, per-rank deterministic inputs
 """
 
-import faulthandler
 import os
 import sys
 
 import pytest
 
-import gradsync as gs
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -28,36 +26,10 @@ from gsutil import (  # noqa: E402,F401  (re-exported helpers)
     collective_assert, collectively, dtype_name, is_float, is_int,
     random_array, reduce_reference, reduce_tolerance, seed_for)
 
-# A test that hangs (a rank left waiting in a collective) dumps every thread's
-# stack and exits this rank, which makes mpiexec tear the job down instead of
-# sitting until the outer timeout.
-WATCHDOG_SECONDS = float(os.environ.get("GS_TEST_WATCHDOG", "180"))
+from gsfixtures import SMALL_THRESHOLD, comm, make_watchdog, small_comm  # noqa: E402,F401
 
-SMALL_THRESHOLD = 4096
+_watchdog = make_watchdog(180)
 
-
-@pytest.fixture(autouse=True)
-def _watchdog():
-    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
-
-
-@pytest.fixture(scope="session")
-def comm():
-    """gs.Communicator over COMM_WORLD (default fusion threshold)."""
-    c = gs.Communicator(MPI.COMM_WORLD)
-    yield c
-    c.close()
-
-
-@pytest.fixture(scope="session")
-def small_comm():
-    """gs.Communicator over COMM_WORLD with a 4 KiB fusion threshold, so small
-    lists already go out in several fused messages."""
-    c = gs.Communicator(MPI.COMM_WORLD, fusion_threshold=SMALL_THRESHOLD)
-    yield c
-    c.close()
 
 
 @pytest.fixture

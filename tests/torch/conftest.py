@@ -6,18 +6,14 @@ Run with:
 The collective helpers (collective_assert, collectively, seed_for) come from
 tests/python/gsutil.py.
 """
-import faulthandler
 import os
 import sys
 
-import pytest
-
-import gradsync as gs
-from mpi4py import MPI
-
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-WATCHDOG_SECONDS = float(os.environ.get("GS_TEST_WATCHDOG", "180"))
+from gsfixtures import comm, make_watchdog  # noqa: E402,F401
+
+_watchdog = make_watchdog(180)
 
 try:
     import torch
@@ -28,16 +24,3 @@ else:
     torch.set_num_threads(1)
 
 
-@pytest.fixture(autouse=True)
-def _watchdog():
-    faulthandler.dump_traceback_later(WATCHDOG_SECONDS, exit=True)
-    yield
-    faulthandler.cancel_dump_traceback_later()
-
-
-@pytest.fixture(scope="session")
-def comm():
-    """gs.Communicator over COMM_WORLD."""
-    c = gs.Communicator(MPI.COMM_WORLD)
-    yield c
-    c.close()
