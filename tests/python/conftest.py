@@ -16,6 +16,7 @@ import sys
 
 import pytest
 
+import gradsync as gs  # noqa: F401  (first: it initializes MPI at the level it needs)
 from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

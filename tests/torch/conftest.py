@@ -9,6 +9,8 @@ tests/python/gsutil.py.
 import os
 import sys
 
+import gradsync as gs  # noqa: F401  (first: it initializes MPI at the level it needs)
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 from gsfixtures import comm, make_watchdog  # noqa: E402,F401
