@@ -308,6 +308,7 @@ cdef class Comm:
         cdef int size = self.info()[1]
         cdef int64_t[::1] rows_elems = np.ones(max(n, 1), dtype=np.int64)
         cdef int64_t[::1] counts = np.zeros(max(n * size, 1), dtype=np.int64)
+        zero_width = []
         try:
             for i in range(n):
                 a = tin.arrays[i]
@@ -318,11 +319,27 @@ cdef class Comm:
                                         "concatenates along dim 0 and needs at least one "
                                         "dimension", GS_ERR_INVALID_ARGUMENT)
                 rows_elems[i] = max(1, int(np.prod(a.shape[1:], dtype=np.int64)))
+                if a.ndim > 1 and 0 in a.shape[1:]:
+                    zero_width.append(i)
         except BaseException as exc:
             self.abandon(exc)
             raise
+        # Rows of zero elements: their element counts say nothing about dim 0,
+        # so the ranks exchange row counts for them (descriptors whose count is
+        # dim 0; the exchange reads no data), and gather zero elements.
+        cdef gs_tensor_t *desc = tin.t
+        cdef TensorList rows_only = None
+        if zero_width:
+            rows_only = TensorList()
+            rows_only.load([np.empty(0, np.int8)] * n, name, indexed, False)
+            for i in range(n):
+                rows_only.t[i] = tin.t[i]
+            for i in zero_width:
+                rows_only.t[i].count = tin.arrays[i].shape[0]
+                rows_only.t[i].data = <void *>&rows_elems[i]  # never read
+            desc = rows_only.t
         with nogil:
-            CHKERR(gs_allgather_counts(h, tin.t, n, &rows_elems[0], &counts[0]))
+            CHKERR(gs_allgather_counts(h, desc, n, &rows_elems[0], &counts[0]))
         outs = []
         try:
             for i in range(n):
@@ -331,6 +348,9 @@ cdef class Comm:
                 for r in range(size):
                     total += counts[r * n + i]
                 outs.append(new_array(a, (total // rows_elems[i],) + a.shape[1:]))
+            for i in zero_width:
+                for r in range(size):
+                    counts[r * n + i] = 0  # the gathered tensor holds no elements
         except BaseException as exc:
             self.abandon(exc)
             raise
