@@ -31,7 +31,6 @@ values in {1, 2} (or {-1, 1, 2}); Adasum gets the same tensor on every rank
 non-zero on a wrong result or memory growth.
 """
 import argparse
-import ctypes
 import os
 import sys
 import time
@@ -41,34 +40,13 @@ import numpy as np
 
 import gradsync as gs
 from gradsync import MPI
+from gradsync.bench.memory import rss_mb
 
 WORLD = MPI.COMM_WORLD
 P, ME = WORLD.size, WORLD.rank
 BF16 = np.dtype(ml_dtypes.bfloat16)
 FLOATS = [np.dtype(np.float16), BF16, np.dtype(np.float32), np.dtype(np.float64)]
 INTS = [np.dtype(np.int8), np.dtype(np.uint8), np.dtype(np.int32), np.dtype(np.int64)]
-
-
-# glibc raises its mmap threshold to the largest block freed (up to 32 MiB);
-# blocks below it then come from the heap and stay in RSS after free(), which
-# made a 1000-list ResNet-50 run "grow" 71 MB with no leak behind it (the same
-# loop with the threshold pinned grows 0.3 MB from list 10 to list 40). Pin it
-# and trim before each reading, so RSS shows live memory.
-try:
-    _LIBC = ctypes.CDLL("libc.so.6")
-    _LIBC.mallopt(-3, 256 * 1024)  # M_MMAP_THRESHOLD
-except OSError:
-    _LIBC = None
-
-
-def rss_mb():
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    return float("nan")
 
 
 def say(*a):

@@ -390,52 +390,46 @@ cdef class Comm:
         return outs
 
     # ---- asynchronous, in place: a Request; errors surface at wait() ----------
-    def allreduce_async(self, tensors, op, double prescale, double postscale, adasum):
-        cdef gs_comm_t h = self.live()
-        cdef gs_op_t cop
+    cdef Request async_request(self, tensors):
+        """A Request holding the arrays of an in-place asynchronous call (one
+        array or a list/tuple), converted and checked; the caller submits it."""
         cdef bint indexed = type(tensors) is list or type(tensors) is tuple
         cdef list objs = list(tensors) if indexed else [tensors]
+        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True)
+        return new_request(tl, tensors)
+
+    cdef gs_op_t async_op(self, op, adasum) except *:
         try:
-            cop = adasum_mode(parse_op(op), self.adasum if adasum is None else adasum)
+            return adasum_mode(parse_op(op), self.adasum if adasum is None else adasum)
         except BaseException as exc:
             self.abandon(exc)
             raise
-        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True)
-        cdef Request r = new_request(tl, tensors)
-        CHKERR(gs_allreduce_async(h, tl.t, tl.n, cop, prescale, postscale, &r.req))
+
+    def allreduce_async(self, tensors, op, double prescale, double postscale, adasum):
+        cdef gs_comm_t h = self.live()
+        cdef gs_op_t cop = self.async_op(op, adasum)
+        cdef Request r = self.async_request(tensors)
+        CHKERR(gs_allreduce_async(h, r.keep.t, r.keep.n, cop, prescale, postscale, &r.req))
         return r
 
     def broadcast_async(self, tensors, int root):
         cdef gs_comm_t h = self.live()
-        cdef bint indexed = type(tensors) is list or type(tensors) is tuple
-        cdef list objs = list(tensors) if indexed else [tensors]
-        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True)
-        cdef Request r = new_request(tl, tensors)
-        CHKERR(gs_broadcast_async(h, tl.t, tl.n, root, &r.req))
+        cdef Request r = self.async_request(tensors)
+        CHKERR(gs_broadcast_async(h, r.keep.t, r.keep.n, root, &r.req))
         return r
 
     def allgather_shards_async(self, tensors):
         cdef gs_comm_t h = self.live()
-        cdef bint indexed = type(tensors) is list or type(tensors) is tuple
-        cdef list objs = list(tensors) if indexed else [tensors]
-        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True)
-        cdef Request r = new_request(tl, tensors)
-        CHKERR(gs_allgather_shards_async(h, tl.t, tl.n, &r.req))
+        cdef Request r = self.async_request(tensors)
+        CHKERR(gs_allgather_shards_async(h, r.keep.t, r.keep.n, &r.req))
         return r
 
     def reduce_scatter_shards_async(self, tensors, op, double prescale, double postscale):
         cdef gs_comm_t h = self.live()
-        cdef gs_op_t cop
-        cdef bint indexed = type(tensors) is list or type(tensors) is tuple
-        cdef list objs = list(tensors) if indexed else [tensors]
-        try:
-            cop = parse_op(op)
-        except BaseException as exc:
-            self.abandon(exc)
-            raise
-        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True)
-        cdef Request r = new_request(tl, tensors)
-        CHKERR(gs_reduce_scatter_shards_async(h, tl.t, tl.n, cop, prescale, postscale, &r.req))
+        cdef gs_op_t cop = self.async_op(op, "flat")  # adasum is allreduce only: C refuses it
+        cdef Request r = self.async_request(tensors)
+        CHKERR(gs_reduce_scatter_shards_async(h, r.keep.t, r.keep.n, cop, prescale, postscale,
+                                              &r.req))
         return r
 
     def allgather_shards(self, list tensors, str name, bint indexed):

@@ -3,14 +3,15 @@ Communicator is closed or garbage-collected; a closed Communicator raises
 gs.ClosedError from every method; creating and closing communicators over and
 over leaks neither memory nor MPI communicators; closing with an
 asynchronous request in flight completes the request first."""
-import ctypes
 import gc
+import math
 import weakref
 
 import numpy as np
 import pytest
 
 import gradsync as gs
+from gradsync.bench.memory import rss_mb as _rss_mb
 from mpi4py import MPI
 
 from gsutil import collective_assert, collectively
@@ -22,24 +23,12 @@ P = WORLD.size
 MB = 1024 * 1024
 
 
-# glibc raises its mmap threshold to the size of the largest block freed
-# (up to 32 MiB), after which freed buffers stay in the heap and in RSS: fix
-# the threshold and trim before every reading, so RSS shows what is live.
-try:
-    _LIBC = ctypes.CDLL("libc.so.6")
-    _LIBC.mallopt(-3, 256 * 1024)  # M_MMAP_THRESHOLD
-except OSError:
-    _LIBC = None
-
-
 def rss_mb():
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024.0
-    pytest.skip("no /proc/self/status")
+    """Live resident memory (gradsync.bench.memory pins glibc's mmap threshold)."""
+    mb = _rss_mb()
+    if math.isnan(mb):
+        pytest.skip("no /proc/self/status")
+    return mb
 
 
 def fused_list(total_mb=32):
