@@ -20,7 +20,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: all deps build test c-tests py-tests test-emulated gpu-test demo bench check-memory clean fuzz soak check-asan
+.PHONY: all deps build test check-bindings c-tests py-tests test-emulated gpu-test demo bench check-memory clean fuzz soak check-asan
 
 all: build
 
@@ -108,7 +108,12 @@ test-emulated: build tests/c/bin/test_device_paths $(CPU_ONLY_LIB)
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1; \
 	done
 
-test: c-tests py-tests test-emulated
+# Every .pxd against its C header (struct layouts, prototypes, constants):
+# Cython trusts the .pxd, so a drift compiles and misbehaves at run time.
+check-bindings: deps
+	$(PYTHON) scripts/check_pxd.py --cc $(MPICC_RESOLVED)
+
+test: check-bindings c-tests py-tests test-emulated
 
 # On a machine with a GPU: the device C test on the real runtime, the GPU
 # pytest suite at 1 rank (NCCL) and at GPU_NP ranks sharing the GPU (staged

@@ -148,9 +148,8 @@ cdef class Comm:
     def create(mpi_comm, int64_t fusion_threshold=-1, int check=-1, double stall_seconds=-1):
         from mpi4py import MPI
         cdef Comm c = Comm.__new__(Comm)
-        cdef gs_config_t cfg
+        cdef gs_config_t cfg = GS_CONFIG_DEFAULT
         cdef uintptr_t addr = MPI._addressof(mpi_comm)
-        cfg.size = sizeof(gs_config_t)
         cfg.fusion_threshold = fusion_threshold
         cfg.check = check
         cfg.stall_seconds = stall_seconds

@@ -18,7 +18,10 @@ cdef extern from "gs_comm.h" nogil:
         int64_t fusion_threshold
         int check
         double stall_seconds
+        int64_t direct_bytes
 
+    # GS_CONFIG_INITIALIZER as an expression: every config starts from it.
+    gs_config_t GS_CONFIG_DEFAULT "((gs_config_t)GS_CONFIG_INITIALIZER)"
 
     ctypedef struct gs_comm_stats_t:
         uint64_t calls
