@@ -80,13 +80,24 @@ $(CPU_ONLY_LIB): $(wildcard src/*.c src/*.h include/*.h)
 	    -fvisibility=hidden -fopenmp -DGS_BUILDING_LIBRARY -Iinclude -Isrc -shared -o $@ \
 	    $(wildcard src/*.c) -Wl,-soname,libgradsync.so -Wl,--no-undefined -ldl -lpthread -lm
 
-$(EMULATED_LIB): $(wildcard src/*.c src/*.h include/*.h) tests/emulated_cuda/cuda_emulation.c
+# The emulated runtime (tests/emulated_cuda): streams on threads, tracked
+# device memory, the launchers on the host, and an emulated NCCL.
+NCCL_INCLUDE ?= $(shell $(PYTHON) -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'include'))" 2>/dev/null)
+EMU_SOURCES := $(wildcard tests/emulated_cuda/*.c)
+EMU_KERNELS := build/emulated/emu_kernels.o
+$(EMU_KERNELS): tests/emulated_cuda/emu_kernels.cc tests/emulated_cuda/emu.h src/cuda_pieces.cuh src/gs_cuda.h src/half.h
+	@mkdir -p build/emulated
+	g++ -std=c++17 -O1 -g -fPIC -Wall -Wextra -fvisibility=hidden -ffp-contract=off \
+	    -I$(CUDA_INCLUDE) -Iinclude -Isrc -c $< -o $@
+
+$(EMULATED_LIB): $(wildcard src/*.c src/*.h src/*.cuh include/*.h) $(EMU_SOURCES) $(EMU_KERNELS)
 	@mkdir -p build/emulated
 	$(MPICC_RESOLVED) -O1 -g -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter \
 	    -fvisibility=hidden -ffp-contract=off -fopenmp -DGS_BUILDING_LIBRARY -DGS_HAVE_CUDA \
+	    $(if $(NCCL_INCLUDE),-DGS_HAVE_NCCL -I$(NCCL_INCLUDE)) \
 	    -DGS_CUDA_ARCHS='"emulated"' -I$(CUDA_INCLUDE) -Iinclude -Isrc -shared -o $@ \
-	    $(wildcard src/*.c) tests/emulated_cuda/cuda_emulation.c -Wl,-soname,libgradsync.so \
-	    -Wl,--no-undefined -ldl -lpthread -lm
+	    $(wildcard src/*.c) $(EMU_SOURCES) $(EMU_KERNELS) -Wl,-soname,libgradsync.so \
+	    -Wl,--no-undefined -ldl -lpthread -lm -lstdc++
 
 test-emulated: build tests/c/bin/test_device_paths $(CPU_ONLY_LIB)
 	@if [ -z "$(NVCC)" ] || [ -z "$(CUDA_INCLUDE)" ]; then \

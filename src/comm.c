@@ -133,6 +133,7 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
     *comm = NULL;
     return GS_SUCCESS;
   }
+  gs_async_settle_comm(c);
   gs_adasum_free(c);
   gs_device_path_free(c);
   if (init && !fin) {
