@@ -83,9 +83,10 @@ gs_status_t gs_cuda_device_count(int *count) {
   if (e == cudaSuccess) return GS_SUCCESS;
   *count = 0;
   cudaGetLastError();
-  if (e == cudaErrorInsufficientDriver) {
-    int driver = 0;
-    cudaDriverGetVersion(&driver);
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) cudaGetLastError();
+  /* the runtime says "insufficient driver" also when there is none at all */
+  if (e == cudaErrorInsufficientDriver && driver > 0) {
     return gs_fail(GS_ERR_CUDA, "gs_cuda_device_count: the NVIDIA driver supports CUDA %d.%d, "
                    "but this gradsync was built with the CUDA %d.%d runtime, which needs a "
                    "driver for CUDA %d.%d or newer (cudaErrorInsufficientDriver): update the "

@@ -251,8 +251,9 @@ static ncclRedOp_t nccl_op(gs_op_t op) {
 #define COMM(c) ((ncclComm_t)(c)->nccl)
 #define STREAM(c) ((cudaStream_t)(c)->dev_stream)
 
-static int keyed(gs_dtype_t dtype, gs_op_t op) {
-  return (op == GS_OP_MIN || op == GS_OP_MAX) && gs_dtype_is_float(dtype);
+/* One rank reduces nothing: its data passes unchanged, as on every path. */
+static int keyed(gs_comm_t c, gs_dtype_t dtype, gs_op_t op) {
+  return c->size > 1 && (op == GS_OP_MIN || op == GS_OP_MAX) && gs_dtype_is_float(dtype);
 }
 
 static ncclDataType_t key_type(gs_dtype_t dtype) {
@@ -276,7 +277,7 @@ static gs_status_t to_keys(gs_comm_t c, gs_dtype_t dtype, gs_op_t op, const void
 static gs_status_t nccl_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
                                   gs_dtype_t dtype, gs_op_t op) {
   const void *src = send ? send : recv;
-  if (!keyed(dtype, op)) {
+  if (!keyed(c, dtype, op)) {
     NCCL_CALL(c, api.ncclAllReduce(src, recv, (size_t)count, nccl_type(dtype), nccl_op(op),
                                    COMM(c), STREAM(c)), "ncclAllReduce");
     return GS_SUCCESS;
@@ -354,7 +355,7 @@ static gs_status_t reduce_blocks(gs_comm_t c, const void *send, void *recv, cons
 
 static gs_status_t nccl_reduce_scatter(gs_comm_t c, const void *send, void *recv,
                                        const int64_t *counts, gs_dtype_t dtype, gs_op_t op) {
-  if (!keyed(dtype, op))
+  if (!keyed(c, dtype, op))
     return reduce_blocks(c, send, recv, counts, nccl_type(dtype), gs_dtype_size(dtype),
                          nccl_op(op));
   int64_t total = 0, mine = counts[c->rank];

@@ -269,7 +269,9 @@ cdef class DeviceArray(_TensorRef):
 
     def numpy(self):
         """A new numpy.ndarray holding a copy of the values (also for host
-        memory: the array returned never aliases this one)."""
+        memory: the array returned never aliases this one), after any
+        asynchronous collective still writing this array."""
+        self.order_consumer(None)
         out = np.empty(self._shape, dtype=self._dtype)
         cdef void *dst = cnp.PyArray_DATA(<cnp.ndarray>out)
         cdef gs_device_t host

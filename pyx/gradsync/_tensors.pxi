@@ -239,6 +239,7 @@ cdef _TensorRef from_dlpack(object obj, str name, Py_ssize_t i, bint indexed, Te
     dev = obj.__dlpack_device__()
     kind = int(dev[0])
     if kind == kDLCUDA:
+        cuda_ordinal(int(dev[1]), label(name, i, indexed))  # a CUDA build and that device
         kwargs = {"stream": tl.work_stream}
     elif kind == kDLCPU or kind == kDLCUDAHost:
         kwargs = {}

@@ -317,3 +317,39 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t h, unsigned int
   pthread_mutex_unlock(&mu);
   return e;
 }
+
+/* ---- test hooks (exported; tests find them with dlsym and skip on hardware) ---------- */
+
+#define HOOK __attribute__((visibility("default")))
+
+static cudaStream_t as_handle(uintptr_t s) {
+  return s == 0 || s == 1 ? cudaStreamLegacy : s == 2 ? cudaStreamPerThread : (cudaStream_t)s;
+}
+
+static cudaError_t sleep_op(void *arg) {
+  double seconds = *(double *)arg;
+  struct timespec t = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  nanosleep(&t, NULL);
+  return cudaSuccess;
+}
+
+static cudaError_t fault_op(void *arg) { return *(cudaError_t *)arg; }
+
+/* Queues `seconds` of device work on `stream` (of the current device). */
+HOOK int gs_emulated_sleep(uintptr_t stream, double seconds) {
+  return emu_enqueue(as_handle(stream), sleep_op, &seconds, sizeof seconds);
+}
+
+/* Queues work that fails with `error` (a sticky one loses the context). */
+HOOK int gs_emulated_fault(uintptr_t stream, int error) {
+  cudaError_t e = (cudaError_t)error;
+  return emu_enqueue(as_handle(stream), fault_op, &e, sizeof e);
+}
+
+/* 1 while `stream` has work queued or running. */
+HOOK int gs_emulated_busy(uintptr_t stream) {
+  return cudaStreamQuery(as_handle(stream)) == cudaErrorNotReady;
+}
+
+/* Waits on the host for `stream`. */
+HOOK int gs_emulated_sync(uintptr_t stream) { return cudaStreamSynchronize(as_handle(stream)); }
