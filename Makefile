@@ -88,21 +88,23 @@ $(EMULATED_LIB): $(wildcard src/*.c src/*.h include/*.h) tests/emulated_cuda/cud
 	    $(wildcard src/*.c) tests/emulated_cuda/cuda_emulation.c -Wl,-soname,libgradsync.so \
 	    -Wl,--no-undefined -ldl -lpthread -lm
 
-test-emulated: build tests/c/bin/test_device_paths $(CPU_ONLY_LIB)
+DEVICE_C_TESTS := tests/c/bin/test_device_paths tests/c/bin/test_exchange_device
+
+test-emulated: build $(DEVICE_C_TESTS) $(CPU_ONLY_LIB)
 	@if [ -z "$(NVCC)" ] || [ -z "$(CUDA_INCLUDE)" ]; then \
 	    echo "== test-emulated: no CUDA toolkit, skipped"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(EMULATED_LIB) && \
 	echo "== pytest test_comm.py test_dlpack.py on the CPU-only library" && \
 	LD_LIBRARY_PATH=$(CURDIR)/build/cpu-only timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 \
 	    $(PYTEST) tests/python/test_comm.py tests/python/test_dlpack.py || exit 1; \
-	for n in $(NP_LIST); do \
-	    echo "== tests/c/bin/test_device_paths at $$n ranks (emulated CUDA)"; \
+	for n in $(NP_LIST); do for t in $(DEVICE_C_TESTS); do \
+	    echo "== $$t at $$n ranks (emulated CUDA)"; \
 	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
-	        tests/c/bin/test_device_paths || exit 1; \
+	        $$t || exit 1; \
 	    if [ $$n = 2 ]; then \
-	    echo "== tests/c/bin/test_device_paths at 2 ranks (emulated CUDA, CUDA-aware MPI path)"; \
+	    echo "== $$t at 2 ranks (emulated CUDA, CUDA-aware MPI path)"; \
 	    GRADSYNC_CUDA_AWARE_MPI=1 LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) \
-	        $(MPIEXEC) -n 2 tests/c/bin/test_device_paths || exit 1; fi; \
+	        $(MPIEXEC) -n 2 $$t || exit 1; fi; done; \
 	    echo "== pytest tests/gpu tests/python/test_dlpack.py at $$n ranks (emulated CUDA)"; \
 	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1; \
@@ -149,10 +151,10 @@ check-memory: build $(C_TESTS)
 	        --suppressions=tests/c/valgrind.supp $$t || exit 1; done
 	@if [ -n "$(NVCC)" ] && [ -n "$(CUDA_INCLUDE)" ]; then \
 	    $(MAKE) --no-print-directory $(EMULATED_LIB) && \
-	    echo "== valgrind tests/c/bin/test_device_paths (emulated CUDA)" && \
+	    for t in $(DEVICE_C_TESTS); do echo "== valgrind $$t (emulated CUDA)" && \
 	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 \
 	        valgrind -q --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite \
-	        --suppressions=tests/c/valgrind.supp tests/c/bin/test_device_paths; fi
+	        --suppressions=tests/c/valgrind.supp $$t || exit 1; done; fi
 
 # Fuzzing the C API's argument checks (tests/fuzz/fuzz_args.c; findings in
 # docs/RELIABILITY.md): libFuzzer with ASan and UBSan for FUZZ_SECONDS in one

@@ -8,6 +8,7 @@ cdef class Request:
     finished, ``done`` is the same as a property."""
     cdef gs_request_t req
     cdef TensorList keep   # the arrays' descriptors and owners
+    cdef object keep_also  # a second call argument's (outputs), or None
     cdef object result     # what wait() returns
     cdef bint finished
 
@@ -29,6 +30,7 @@ cdef class Request:
                 s = gs_request_wait(self.req)
             self.finished = True
             self.keep = None
+            self.keep_also = None
             CHKERR(s)
         return self.result
 
@@ -41,6 +43,7 @@ cdef class Request:
         if done:
             self.finished = True
             self.keep = None
+            self.keep_also = None
         return bool(done)
 
     @property
