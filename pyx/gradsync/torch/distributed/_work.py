@@ -64,6 +64,7 @@ class Work(_TorchWork):
         self._p2p = p2p
         self._source = source_rank
         self._future = None
+        self._settle = False
         self._exc = None
         self._done = request is None
         self._lock = threading.Lock()
@@ -90,8 +91,8 @@ class Work(_TorchWork):
                     self._run_finish()
                 self._request = None
                 self._done = True
-            future = self._future
-        if future is not None and not future.done():
+            future, self._settle = (self._future, False) if self._settle else (None, False)
+        if future is not None:  # outside the lock: callbacks run here
             if self._exc is not None:
                 future.set_exception(self._exc)
             else:
@@ -120,6 +121,7 @@ class Work(_TorchWork):
                 devices = _future_devices(self._result)
                 self._future = torch.futures.Future(devices=devices) if devices else \
                     torch.futures.Future()
+                self._settle = True  # the first _complete() after this sets it, once
                 pending = not self._done
             else:
                 return self._future
