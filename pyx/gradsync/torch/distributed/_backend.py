@@ -61,6 +61,14 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def getBackendName(self):
         return "gradsync"
 
+    @property
+    def _device_types(self):
+        """The devices this group serves (torch asks its registered backends,
+        which a Python process group does not have): the CPU, and CUDA when
+        there is a GPU."""
+        return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available()
+                                        else [])
+
     # torch keeps a group's name and description on its backends; a Python
     # process group is its own backend, so it keeps them itself
     def getGroupName(self):
