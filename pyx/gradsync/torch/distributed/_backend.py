@@ -158,7 +158,20 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     all_gather_single = _allgather_base
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        _unsupported("allgather_coalesced (use all_gather_into_tensor_coalesced)")
+        """output_lists[r][i] receives rank r's input_tensors[i]: one fused
+        allgather of flat buffers, copied out."""
+        opts = opts or dist.AllgatherOptions()
+        P = self.comm.size
+        if len(output_lists) != P or any(len(o) != len(input_tensors) for o in output_lists):
+            raise ValueError(f"gradsync backend: allgather_coalesced needs {P} output lists "
+                             f"of {len(input_tensors)} tensors")
+        flats = [torch.empty(t.numel() * P, dtype=t.dtype, device=t.device)
+                 for t in input_tensors]
+
+        def finish():
+            for i, flat in enumerate(flats):
+                _scatter_into(flat_view(flat), [output_lists[r][i] for r in range(P)])
+        return self._allgather_flat(opts, list(input_tensors), flats, output_lists, finish)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         return self._allgather_flat(opts or dist.AllgatherOptions(), list(inputs),
