@@ -10,8 +10,9 @@ any. torch's decorators decide skips with BACKEND="gradsync" after gradsync is
 added to the feature sets it implements (DDP, subgroups, a plugin backend)
 and to the one it lacks (send/recv from any source). Tests torch limits to
 its MPI backend on CPU ("Only MPI supports ...": all_to_all) run anyway,
-since gradsync is that kind of backend; test bodies that pick their CPU setup
-by backend name (BODY_AS) see "gloo" there.
+since gradsync is that kind of backend, and so do the group tests torch runs
+below 8 ranks only for MPI; test bodies that pick their CPU setup by backend
+name (BODY_AS) see "gloo" there.
 
 Every method runs, at 2-4 ranks (torch's tests assume at least two);
 docs/TORCH_BACKEND.md lists the outcomes. EXCLUDED names what cannot run in
@@ -65,6 +66,10 @@ ALL = sorted(n for n in dir(BASE) if n.startswith("test_"))
 RUN_ANYWAY = {n for n in ALL if n.startswith("test_accumulate_gradients_no_sync")} | {
     "test_get_future", "test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags"}
 BODY_AS = {n: "gloo" for n in RUN_ANYWAY}
+# Group tests ([1, 2] of the world) torch runs at any size only for its MPI
+# backend (skip_if_small_worldsize reads the environment): so here too.
+SMALL_WORLD_AS_MPI = {n for n in ALL if "_group" in n and "full_group" not in n
+                      and "cuda" not in n}
 
 EXCLUDED = {
     "test_destroy_group": "destroys and recreates groups the session shares",
@@ -130,6 +135,7 @@ def _run(name, method):
     saved = _dt.BACKEND
     try:
         _dt.BACKEND = BODY_AS.get(name, saved)
+        os.environ["BACKEND"] = "mpi" if name in SMALL_WORLD_AS_MPI else "gradsync"
         case.setUp()  # torch's TestCase: seeds every rank's RNG alike
         try:
             method(case)
@@ -145,6 +151,7 @@ def _run(name, method):
         return "fail", f"{type(exc).__name__}: {exc}"[:2000]
     finally:
         _dt.BACKEND = saved
+        os.environ["BACKEND"] = "gradsync"
 
 
 @pytest.mark.parametrize("name", ALL)
