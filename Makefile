@@ -133,8 +133,10 @@ gpu-test: build tests/c/bin/test_device_paths
 	echo "== scripts/bench_gpu.py"; \
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTHON) scripts/bench_gpu.py --json gpu-bench.json
 
+# make demo DEMO_ARGS="--backend torch-ddp": DDP on the gradsync torch backend
+DEMO_ARGS ?=
 demo: build
-	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(PYTHON) scripts/demo.py
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(PYTHON) scripts/demo.py $(DEMO_ARGS)
 
 bench: build
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench -b 64 -e 64M -f 4 --baseline mpi4py
