@@ -18,6 +18,7 @@ from gradsync.gs_info cimport *
 from gradsync.gs_kernels cimport *
 from gradsync.gs_device cimport *
 from gradsync.gs_async cimport *
+from gradsync.gs_p2p cimport *
 from gradsync.gs_timeline cimport *
 from gradsync.dlpack cimport *
 
@@ -466,3 +467,6 @@ cdef class Comm:
         cdef TensorList tl = self.tensors(tensors, name, indexed, True)
         with nogil:
             CHKERR(gs_reduce_scatter_shards(h, tl.t, tl.n, cop, prescale, postscale))
+
+
+include "_exchange.pxi"
