@@ -378,3 +378,37 @@ def test_barrier_waits_for_queued_work(torch_pg):
         assert work.is_completed()
         assert torch.all(x == SIZE)
     collective_assert(True)
+
+
+# ---------------------------------------------------------------- rendezvous
+
+def test_rendezvous_takes_rank_and_size_from_mpi(torch_pg, monkeypatch):
+    """The env:// rendezvous without a master name, as init_process_group runs
+    it under mpiexec: MPI's rank and size and a store that refuses every use."""
+    import importlib
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+    for var in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(var, raising=False)
+    store, rank, size = next(rdzv.rendezvous("env://"))
+    assert (rank, size) == (RANK, SIZE)
+    with pytest.raises(RuntimeError, match="MASTER_ADDR"):
+        store.set("key", "value")
+    store2, rank2, size2 = next(rdzv.rendezvous("gradsync://"))
+    assert (rank2, size2) == (RANK, SIZE)
+    monkeypatch.setenv("RANK", str(RANK + 1))
+    with pytest.raises(ValueError, match="RANK"):
+        next(rdzv.rendezvous("env://"))
+
+
+def test_creator_refuses_ranks_other_than_mpis(torch_pg):
+    """A launch where torch's rank or size is not MPI's (a pure torchrun launch)."""
+    from torch._C._distributed_c10d import _DistributedBackendOptions
+    from datetime import timedelta
+    import gradsync.torch.distributed as gtd
+    opts = _DistributedBackendOptions()
+    opts.group_rank, opts.group_size = RANK, SIZE + 1
+    opts.global_ranks_in_group = []
+    opts.timeout = timedelta(seconds=60)
+    opts.group_id = "test"
+    with pytest.raises(RuntimeError, match="mpiexec"):
+        gtd._create(opts)
