@@ -52,8 +52,8 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   if (e == MPI_SUCCESS) e = MPI_Comm_rank(node, &c->local_rank);
   if (e == MPI_SUCCESS) e = MPI_Comm_size(node, &c->local_size);
   if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
-  if (e != MPI_SUCCESS) {
-    s = gs_mpi_fail(e, "gs_comm_create");
+  s = e == MPI_SUCCESS ? gs_topology_init(c) : gs_mpi_fail(e, "gs_comm_create");
+  if (s != GS_SUCCESS) {
     if (c->notice != MPI_COMM_NULL) MPI_Comm_free(&c->notice);
     MPI_Comm_free(&c->mpi);
     free(c);
@@ -134,6 +134,7 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
     return GS_SUCCESS;
   }
   gs_adasum_free(c);
+  gs_hier_free(c);
   gs_device_path_free(c);
   if (init && !fin) {
     drain_notices(c->notice);

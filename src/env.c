@@ -66,6 +66,12 @@ int gs_env_hierarchy_size(void) {
   return (env_int64("GRADSYNC_HIERARCHY_SIZE", &v) && v > 0 && v < (1 << 30)) ? (int)v : 0;
 }
 
+int gs_env_hierarchical(void) {
+  const char *s = getenv("GRADSYNC_HIERARCHICAL");
+  if (!s || !*s || strcmp(s, "auto") == 0) return -1;
+  return strcmp(s, "0") != 0;
+}
+
 int64_t gs_env_stage_chunk_bytes(void) {
   int64_t v;
   return (env_int64("GRADSYNC_STAGE_CHUNK_BYTES", &v) && v >= 64) ? v : GS_DEFAULT_STAGE_CHUNK_BYTES;
