@@ -166,6 +166,7 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
   GS_CHECK(gs_mpi_datatype(dtype, &dt));
   GS_CHECK(gs_mpi_op(dtype, op, &mop));
   GS_CHECK(hier_comms(c, g));
+  c->stats.hierarchical++;
   if (gs_log_level() >= GS_LOG_DEBUG)
     gs_log(GS_LOG_DEBUG, "allreduce: %lld elements hierarchical over %d hosts of %d ranks",
            (long long)count, c->size / g, g);

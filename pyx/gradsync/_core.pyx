@@ -188,7 +188,8 @@ cdef class Comm:
         cdef gs_comm_stats_t st
         CHKERR(gs_comm_get_stats(self.live(), &st))
         return {"calls": st.calls, "validations": st.validations,
-                "rode_in_check": st.rode_in_check, "messages": st.messages, "bytes": st.bytes}
+                "rode_in_check": st.rode_in_check, "messages": st.messages, "bytes": st.bytes,
+                "hierarchical": st.hierarchical}
 
     def set_fusion_threshold(self, int64_t nbytes):
         CHKERR(gs_comm_set_fusion_threshold(self.live(), nbytes))
