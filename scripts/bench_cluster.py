@@ -7,8 +7,8 @@ Run inside scripts/simcluster (the data link's counters are read from
     scripts/simcluster --hosts 2 --ranks-per-host 2 --rate 10gbit -- \\
         python scripts/bench_cluster.py --json cluster.json
 
-Cases: ResNet-50's gradient list (161 float32 tensors, 97.5 MiB) and one
-64 MiB float32 tensor. Variants, on the same buffers, interleaved in every
+Cases (--cases): ResNet-50's gradient list (161 float32 tensors, 97.5 MiB)
+and one 64 MiB float32 tensor by default; any size for one tensor. Variants, on the same buffers, interleaved in every
 repeat so outside load hits them alike:
 
     gs flat     gradsync with GRADSYNC_HIERARCHICAL=0
@@ -32,6 +32,7 @@ from mpi4py import MPI
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyx"))
 import gradsync as gs  # noqa: E402
+from gradsync.bench.args import parse_size  # noqa: E402
 from gradsync.bench.data import load_shapes  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
@@ -106,8 +107,8 @@ def case_tensors(case):
     if case == "resnet50":
         shapes, _ = load_shapes("resnet50")
         counts = [int(np.prod(s)) for s in shapes]
-    else:
-        counts = [64 << 18]  # 64 MiB of float32
+    else:  # one tensor of that many bytes: 64M, 256K, ...
+        counts = [max(1, parse_size(case) // 4)]
     flat = (rng.standard_normal(sum(counts)) * 1e-3).astype(np.float32)
     tensors, at = [], 0
     for n in counts:  # separate allocations, as a model's gradients are
@@ -118,7 +119,8 @@ def case_tensors(case):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--cases", default="resnet50,64M", help="comma list of resnet50, 64M")
+    p.add_argument("--cases", default="resnet50,64M",
+                   help="comma list: resnet50, or one float32 tensor of a size (64M, 256K)")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=1)

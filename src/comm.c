@@ -67,8 +67,9 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   int know_direct = cfg && cfg->size >= offsetof(gs_config_t, direct_bytes) + sizeof cfg->direct_bytes;
   c->fusion_threshold = (cfg && cfg->fusion_threshold > 0) ? cfg->fusion_threshold
                                                            : gs_env_fusion_threshold();
-  c->direct_bytes = (know_direct && cfg->direct_bytes > 0) ? cfg->direct_bytes
-                                                            : gs_env_direct_bytes();
+  c->direct_bytes = (know_direct && cfg->direct_bytes > 0)
+                        ? cfg->direct_bytes
+                        : gs_env_direct_bytes_for(c->host_max < c->size);
   c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
   c->stall_seconds = (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds
                                                              : gs_env_stall_seconds();

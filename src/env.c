@@ -21,9 +21,10 @@ int64_t gs_env_fusion_threshold(void) {
              ? v : GS_DEFAULT_FUSION_THRESHOLD;
 }
 
-int64_t gs_env_direct_bytes(void) {
+int64_t gs_env_direct_bytes_for(int spans_hosts) {
   int64_t v;
-  return (env_int64("GRADSYNC_DIRECT_BYTES", &v) && v > 0) ? v : GS_DEFAULT_DIRECT_BYTES;
+  if (env_int64("GRADSYNC_DIRECT_BYTES", &v) && v > 0) return v;
+  return spans_hosts ? GS_DEFAULT_DIRECT_BYTES_HOSTS : GS_DEFAULT_DIRECT_BYTES;
 }
 
 int gs_env_simd_portable(void) {

@@ -45,7 +45,12 @@ gs_status_t gs_mpi_fail(int mpi_err, const char *what);
  * it as its own message once it passes a few hundred KiB (two memcpy passes
  * against one message's latency), so such tensors are never packed. */
 #define GS_DEFAULT_DIRECT_BYTES ((int64_t)262144)
-int64_t gs_env_direct_bytes(void);     /* GRADSYNC_DIRECT_BYTES */
+/* Across hosts each message pays a network round trip and a pipeline fill,
+ * which outweigh packing copies for far larger tensors (docs/CLUSTER.md):
+ * the default for communicators that span hosts. */
+#define GS_DEFAULT_DIRECT_BYTES_HOSTS ((int64_t)16 << 20)
+/* GRADSYNC_DIRECT_BYTES, else the default for one host or several. */
+int64_t gs_env_direct_bytes_for(int spans_hosts);
 /* Device data staged through host memory moves in pieces this large, so
  * copies overlap MPI (4 MiB: PCIe and shared-memory MPI both near peak). */
 #define GS_DEFAULT_STAGE_CHUNK_BYTES ((int64_t)4 << 20)
