@@ -72,8 +72,8 @@ static inline void *gs_at(const void *p, size_t off) {
 static inline int gs_op_is_adasum(gs_op_t op) {
   return op == GS_OP_ADASUM || op == GS_OP_ADASUM_HIERARCHICAL;
 }
-/* Ranks per averaging group of hierarchical Adasum: GRADSYNC_HIERARCHY_SIZE,
- * else 0 (then: the ranks of a node). */
+/* Ranks per host of hierarchical Adasum and the hierarchical allreduce:
+ * GRADSYNC_HIERARCHY_SIZE, else 0 (then: the ranks of a node). */
 int gs_env_hierarchy_size(void);
 /* GRADSYNC_HIERARCHICAL: 0 flat, 1 hierarchical where the hosts allow it,
  * -1 (unset, "auto"): hierarchical for messages worth it across hosts. */

@@ -122,6 +122,7 @@ static const char *const phase_names[3] = {
 /* One call: the message in segments of `seg` elements (the last may be
  * shorter), each split into one block per local rank. */
 typedef struct hier_run {
+  gs_comm_t c;
   const char *send; /* NULL: in place */
   char *recv;
   int64_t count, seg, nseg;
@@ -183,13 +184,15 @@ static gs_status_t pipeline(const hier_run_t *h) {
     MPI_Request req[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     for (int ph = 0; ph < 3 && s == GS_SUCCESS; ph++)
       if (t - ph >= 0 && t - ph < h->nseg) s = start(h, ph, t - ph, &req[ph]);
-    for (int ph = 0; ph < 3; ph++) { /* what started is waited for, even after an error */
-      if (req[ph] == MPI_REQUEST_NULL) continue;
-      gs_status_t w = gs_mpi_wait(&req[ph], phase_names[ph], NULL, NULL);
-      if (s == GS_SUCCESS) s = w;
-    }
+    /* After a failure (a timeout: a host is gone) the phases still in flight
+     * are not waited for, each could take the whole timeout again; they are
+     * left to MPI with the communicator marked unusable, as abandoned waits
+     * are (its buffers are kept). */
+    for (int ph = 0; ph < 3 && s == GS_SUCCESS; ph++)
+      if (req[ph] != MPI_REQUEST_NULL) s = gs_mpi_wait(&req[ph], phase_names[ph], NULL, NULL);
     if (s == GS_SUCCESS && t < h->nseg) settle(h, t);
   }
+  if (s != GS_SUCCESS && !h->c->broken) h->c->broken = s;
   return s;
 }
 
@@ -199,7 +202,7 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
   if (g == 0)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "allreduce (hierarchical): the hosts hold "
                    "unequal numbers of ranks");
-  hier_run_t h = {.send = send, .recv = recv, .count = count, .es = gs_dtype_size(dtype)};
+  hier_run_t h = {.c = c, .send = send, .recv = recv, .count = count, .es = gs_dtype_size(dtype)};
   GS_CHECK(gs_mpi_datatype(dtype, &h.dt));
   GS_CHECK(gs_mpi_op(dtype, op, &h.op));
   GS_CHECK(hier_comms(c, g));
