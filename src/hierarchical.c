@@ -34,11 +34,13 @@
  * phases (1 and 4 MiB measured alike at 1 Gbit/s, 4 MiB ahead at 10);
  * their counts and displacements fit MPI's int. */
 #define HIER_SEGMENT_BYTES ((int64_t)4 << 20)
-/* Below this, a message is latency bound: the flat path's recursive doubling
- * (one step per rank doubling) is as cheap as three hierarchical phases,
- * and sends the same single cross-host step. Measured on the simulated
- * cluster (docs/PERFORMANCE.md, "Across hosts"). */
-#define HIER_MIN_BYTES ((int64_t)65536)
+/* Auto mode's smallest hierarchical message: two segments, the least that
+ * overlaps shared-memory phases with the network. Below it the three phases
+ * run back to back, one more round than MPI's flat algorithms, which for
+ * power-of-two ranks placed by host cross each link with as many bytes;
+ * on the simulated cluster flat was ahead up to 4 MiB and even or behind
+ * from 16 MiB (docs/PERFORMANCE.md, "Across hosts"). */
+#define HIER_MIN_BYTES (2 * HIER_SEGMENT_BYTES)
 
 gs_status_t gs_topology_init(gs_comm_t c) {
   /* max of (L, -L, not-consecutive) over the ranks: min and max local size,

@@ -52,7 +52,7 @@ def stream(comm, out, seconds, bad):
     """Mixed collectives, each result checked (what is wrong goes to `bad`);
     returns the calls made when time is up."""
     p, r = comm.size, comm.rank
-    big = np.empty(1 << 20, np.float32)        # 4 MiB: hierarchical by default
+    big = np.empty(10 << 18, np.float32)       # 10 MiB: hierarchical by default
     mid = np.empty(3000, np.float32)           # 12 KB: flat
     tiny = np.empty(4, np.float64)             # rides in the validation message
     grads = [np.empty(n, np.float32) for n in (70000, 5, 30000, 1)]
@@ -80,7 +80,7 @@ def stream(comm, out, seconds, bad):
         if not np.array_equal(g[:, 0], np.repeat(np.arange(p), 2)):
             bad.append("call %d allgather" % i)
         if i % 10 == 0:
-            note(out, calls=i, bad=bad)
+            note(out, calls=i, bad=bad, hierarchical=comm.stats()["hierarchical"])
     return i
 
 

@@ -72,12 +72,12 @@ def assert_no_bad_success(ranks_out, events):
         assert not rec.get("bad"), "a call returned a wrong value as success: %s" % rec
 
 
-@pytest.mark.parametrize("hosts,ranks,hier", [(2, 2, None), (2, 2, "0"), (3, 1, None)],
+@pytest.mark.parametrize("hosts,ranks,hier_mode", [(2, 2, None), (2, 2, "0"), (3, 1, None)],
                          ids=["2x2-default", "2x2-flat", "3x1"])
-def test_link_down_raises_on_every_rank(tmp_path, hosts, ranks, hier):
+def test_link_down_raises_on_every_rank(tmp_path, hosts, ranks, hier_mode):
     env = {"GRADSYNC_TIMEOUT_SECONDS": str(TIMEOUT)}
-    if hier is not None:
-        env["GRADSYNC_HIERARCHICAL"] = hier
+    if hier_mode is not None:
+        env["GRADSYNC_HIERARCHICAL"] = hier_mode
     rc, took, fault_at, recs, events, log, prefix = run_faulty_job(
         tmp_path, "linkdown", hosts, ranks, **env)
     n = hosts * ranks
@@ -89,6 +89,8 @@ def test_link_down_raises_on_every_rank(tmp_path, hosts, ranks, hier):
         assert re.search(r"allreduce|broadcast|allgather|barrier", rec["message"]), rec
         assert rec["raised_at"] - fault_at <= TIMEOUT + SLACK, (r, rec["raised_at"] - fault_at)
     assert_no_bad_success(recs, events)
+    hier = max((e.get("hierarchical", 0) for e in events), default=0)
+    assert (hier > 0) == (ranks > 1 and hier_mode != "0"), "hierarchical messages: %d" % hier
     assert rc != 0 and rc != 124, "the job should end with the ranks' failure: rc %d" % rc
     assert took < FAULT_AFTER + TIMEOUT + SLACK + 30, took
     assert_cleaned_up(prefix, log)

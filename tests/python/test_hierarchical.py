@@ -218,11 +218,12 @@ def test_nan_and_integer_wrap_survive(inputs):
 
 
 def test_auto_choice():
-    """Unset (auto): hierarchical exactly for messages of 64 KiB and more when
+    """Unset (auto): hierarchical exactly for messages of 8 MiB and more when
     there are several hosts of several ranks; 0 never; 1 always."""
     p = WORLD.size
     groups = [g for g in range(2, p) if p % g == 0]
-    small, large = np.ones(1000, np.float32), np.ones(1 << 14, np.float32)  # 4 KB, 64 KiB
+    small = np.ones((8 << 20) // 4 - 1, np.float32)  # 4 bytes short of 8 MiB
+    large = np.ones((8 << 20) // 4, np.float32)
     for g in groups + [None]:
         with env(GRADSYNC_HIERARCHY_SIZE=g):
             sizes = mpi_hosts() if g is None else [g] * p
