@@ -20,7 +20,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: all deps build test check-bindings c-tests py-tests test-emulated gpu-test demo bench check-memory clean fuzz soak check-asan
+.PHONY: all deps build test check-bindings c-tests py-tests test-emulated gpu-test demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
 
 all: build
 
@@ -49,6 +49,9 @@ c-tests: build $(C_TESTS) $(C_EXAMPLES) tests/c/bin/test_cuda_pieces
 	    echo "== $$t at $$n ranks"; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $$t || exit 1; \
 	done; done
+	@echo "== tests/c/bin/test_collectives at 4 ranks, hierarchical allreduce forced (2 groups of 2)"
+	@GRADSYNC_HIERARCHICAL=1 GRADSYNC_HIERARCHY_SIZE=2 timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 \
+	    tests/c/bin/test_collectives
 
 py-tests: build
 	@for n in $(NP_LIST); do \
@@ -60,6 +63,9 @@ py-tests: build
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_adasum.py \
 	        tests/python/test_adasum_hierarchical.py || exit 1; \
 	done
+	@echo "== pytest test_allreduce.py test_hierarchical.py at 4 ranks, hierarchical forced (2 groups of 2)"
+	@GRADSYNC_HIERARCHICAL=1 GRADSYNC_HIERARCHY_SIZE=2 timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 \
+	    $(PYTEST) tests/python/test_allreduce.py tests/python/test_hierarchical.py || exit 1
 	@for n in $(PARTITION_NP_LIST); do \
 	    echo "== pytest tests/python/test_partition.py at $$n ranks"; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_partition.py || exit 1; \
@@ -140,7 +146,55 @@ test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1; \
 	done
 
-test: check-bindings c-tests py-tests test-emulated
+test: check-bindings c-tests py-tests test-emulated cluster-smoke
+
+# Simulated hosts (scripts/simcluster, docs/CLUSTER.md): network namespaces
+# joined by veth links shaped with tc, one MPI job across them. Needs root
+# and `ip netns`; without them both targets say why and pass.
+SIMCLUSTER = $(PYTHON) scripts/simcluster --mpiexec $(MPIEXEC) --timeout $(TEST_TIMEOUT)
+CLUSTER_SMOKE = tests/python/test_allreduce.py tests/python/test_adasum.py \
+    tests/python/test_adasum_hierarchical.py tests/cluster/test_topology.py
+CLUSTER_SUITES = $(CLUSTER_SMOKE) tests/python/test_broadcast_gather_scatter.py \
+    tests/python/test_shard.py tests/python/test_async.py tests/python/test_hierarchical.py \
+    tests/python/test_comm.py
+CLUSTER_LAYOUTS ?= 2x2 3x1
+CLUSTER_CHECK = $(SIMCLUSTER) --check || { echo "== $@: skipped (no simulated cluster here)"; exit 0; }
+
+# Part of `make test`: 2 hosts x 2 ranks, the allreduce and Adasum suites.
+cluster-smoke: build
+	@$(CLUSTER_CHECK); echo "== cluster 2 hosts x 2 ranks: allreduce and Adasum suites"; \
+	$(SIMCLUSTER) --hosts 2 --ranks-per-host 2 -- $(PYTEST) $(CLUSTER_SMOKE)
+
+# The acceptance suites across hosts at each layout (the torch optimizer's too
+# when torch imports), the allreduce suite with the hierarchical path forced,
+# hosts of unequal sizes, then network faults (tests/cluster/test_cluster_faults.py).
+cluster-test: build
+	@$(SIMCLUSTER) --cleanup >/dev/null 2>&1; $(CLUSTER_CHECK); \
+	for l in $(CLUSTER_LAYOUTS); do h=$${l%x*}; r=$${l#*x}; \
+	    echo "== cluster $$h hosts x $$r ranks: pytest suites"; \
+	    $(SIMCLUSTER) --hosts $$h --ranks-per-host $$r -- $(PYTEST) $(CLUSTER_SUITES) || exit 1; \
+	    if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
+	    echo "== cluster $$h hosts x $$r ranks: tests/torch/test_optimizer.py"; \
+	    $(SIMCLUSTER) --hosts $$h --ranks-per-host $$r -- $(PYTEST) tests/torch/test_optimizer.py \
+	        || exit 1; fi; \
+	done; \
+	echo "== cluster 2 hosts x 2 ranks, GRADSYNC_HIERARCHICAL=1: allreduce suites"; \
+	GRADSYNC_HIERARCHICAL=1 $(SIMCLUSTER) --hosts 2 --ranks-per-host 2 -- $(PYTEST) \
+	    tests/python/test_allreduce.py tests/python/test_async.py || exit 1; \
+	echo "== cluster 2 hosts of 2 and 1 ranks: topology and hierarchical suites"; \
+	$(SIMCLUSTER) --hosts 2 --ranks-per-host 2,1 -- $(PYTEST) tests/cluster/test_topology.py \
+	    tests/python/test_hierarchical.py tests/python/test_adasum_hierarchical.py || exit 1; \
+	echo "== cluster network faults"; \
+	timeout $(TEST_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider tests/cluster/test_cluster_faults.py
+
+# Allreduce across 2 simulated hosts x 2 ranks at 10 and 1 Gbit/s: time and
+# bytes per host link, gradsync flat / hierarchical / default against mpi4py
+# (scripts/bench_cluster.py; docs/PERFORMANCE.md "Across hosts").
+CLUSTER_RATES ?= 10gbit 1gbit
+bench-cluster: build
+	@$(CLUSTER_CHECK); for rate in $(CLUSTER_RATES); do \
+	    $(SIMCLUSTER) --hosts 2 --ranks-per-host 2 --rate $$rate -- \
+	        $(PYTHON) scripts/bench_cluster.py --repeats 7 --json cluster-$$rate.json || exit 1; done
 
 # On a machine with a GPU: the device C test on the real runtime, the GPU
 # pytest suite at 1 rank (NCCL) and at GPU_NP ranks sharing the GPU (staged

@@ -166,9 +166,15 @@ static gs_status_t combine(const gs_engine_t *e, const gs_plan_t *plan, const gs
 }
 
 gs_status_t gs_adasum_group_size(gs_comm_t c, const char *fn, int *size) {
+  /* the hosts' sizes and placement were agreed by all ranks when the
+   * communicator was made, so every rank reaches the same verdict */
   int g = gs_env_hierarchy_size(), from_env = g > 0;
-  if (!from_env) g = c->local_size;
   *size = 1;
+  if (!from_env && c->host_min != c->host_max)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: hierarchical adasum needs the same number of "
+                   "ranks on every node; the nodes hold %d to %d ranks", fn, c->host_min,
+                   c->host_max);
+  if (!from_env) g = c->local_size;
   if (g & (g - 1))
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: hierarchical adasum needs a power-of-two "
                    "number of ranks per %s; it is %d", fn, from_env ? "group" : "node", g);
@@ -176,10 +182,10 @@ gs_status_t gs_adasum_group_size(gs_comm_t c, const char *fn, int *size) {
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: hierarchical adasum needs a power-of-two "
                    "number of equal %s; %d ranks do not make one with %d ranks each", fn,
                    from_env ? "groups" : "nodes", c->size, g);
-  if (!from_env && c->local_rank != c->rank % g)
+  if (!from_env && !c->hosts_consecutive)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: hierarchical adasum needs each node's ranks "
-                   "to be consecutive (rank %d is local rank %d of %d); place ranks by node, "
-                   "or set GRADSYNC_HIERARCHY_SIZE", fn, c->rank, c->local_rank, g);
+                   "to be consecutive ranks, and some node's are not; place ranks by node "
+                   "(blocks of %d), or set GRADSYNC_HIERARCHY_SIZE", fn, g);
   *size = g;
   return GS_SUCCESS;
 }

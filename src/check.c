@@ -192,9 +192,12 @@ static gs_status_t swap(gs_comm_t c, const check_msg_t *mine, check_msg_t *their
   if (send)
     GS_MPI_CHECK(MPI_Isend(mine, (int)sizeof *mine, MPI_BYTE, peer, CHECK_TAG, c->mpi, &s),
                  "validation MPI_Isend");
-  if (recv)
-    GS_CHECK(gs_mpi_wait(&r, "validation receive", c->stall_seconds > 0 ? stall_tick : NULL, st));
-  if (send) GS_CHECK(gs_mpi_wait(&s, "validation send", NULL, NULL));
+  /* a timeout's message names the collective the ranks were meeting for */
+  char what[96];
+  snprintf(what, sizeof what, "%s (call #%llu): validation exchange",
+           gs_call_name(st->call->kind), (unsigned long long)c->seq);
+  if (recv) GS_CHECK(gs_mpi_wait(&r, what, c->stall_seconds > 0 ? stall_tick : NULL, st));
+  if (send) GS_CHECK(gs_mpi_wait(&s, what, NULL, NULL));
   return GS_SUCCESS;
 }
 

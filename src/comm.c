@@ -52,8 +52,8 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   if (e == MPI_SUCCESS) e = MPI_Comm_rank(node, &c->local_rank);
   if (e == MPI_SUCCESS) e = MPI_Comm_size(node, &c->local_size);
   if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
-  if (e != MPI_SUCCESS) {
-    s = gs_mpi_fail(e, "gs_comm_create");
+  s = e == MPI_SUCCESS ? gs_topology_init(c) : gs_mpi_fail(e, "gs_comm_create");
+  if (s != GS_SUCCESS) {
     if (c->notice != MPI_COMM_NULL) MPI_Comm_free(&c->notice);
     MPI_Comm_free(&c->mpi);
     free(c);
@@ -67,8 +67,9 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   int know_direct = cfg && cfg->size >= offsetof(gs_config_t, direct_bytes) + sizeof cfg->direct_bytes;
   c->fusion_threshold = (cfg && cfg->fusion_threshold > 0) ? cfg->fusion_threshold
                                                            : gs_env_fusion_threshold();
-  c->direct_bytes = (know_direct && cfg->direct_bytes > 0) ? cfg->direct_bytes
-                                                            : gs_env_direct_bytes();
+  c->direct_bytes = (know_direct && cfg->direct_bytes > 0)
+                        ? cfg->direct_bytes
+                        : gs_env_direct_bytes_for(c->host_max < c->size);
   c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
   c->stall_seconds = (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds
                                                              : gs_env_stall_seconds();
@@ -145,6 +146,7 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
   }
   gs_async_settle_comm(c);
   gs_adasum_free(c);
+  gs_hier_free(c);
   gs_device_path_free(c);
   if (init && !fin) {
     drain_notices(c->notice);

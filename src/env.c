@@ -21,9 +21,10 @@ int64_t gs_env_fusion_threshold(void) {
              ? v : GS_DEFAULT_FUSION_THRESHOLD;
 }
 
-int64_t gs_env_direct_bytes(void) {
+int64_t gs_env_direct_bytes_for(int spans_hosts) {
   int64_t v;
-  return (env_int64("GRADSYNC_DIRECT_BYTES", &v) && v > 0) ? v : GS_DEFAULT_DIRECT_BYTES;
+  if (env_int64("GRADSYNC_DIRECT_BYTES", &v) && v > 0) return v;
+  return spans_hosts ? GS_DEFAULT_DIRECT_BYTES_HOSTS : GS_DEFAULT_DIRECT_BYTES;
 }
 
 int gs_env_simd_portable(void) {
@@ -64,6 +65,12 @@ double gs_env_timeout_seconds(void) {
 int gs_env_hierarchy_size(void) {
   int64_t v;
   return (env_int64("GRADSYNC_HIERARCHY_SIZE", &v) && v > 0 && v < (1 << 30)) ? (int)v : 0;
+}
+
+int gs_env_hierarchical(void) {
+  const char *s = getenv("GRADSYNC_HIERARCHICAL");
+  if (!s || !*s || strcmp(s, "auto") == 0) return -1;
+  return strcmp(s, "0") != 0;
 }
 
 int64_t gs_env_stage_chunk_bytes(void) {

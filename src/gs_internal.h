@@ -46,7 +46,12 @@ gs_status_t gs_mpi_fail(int mpi_err, const char *what);
  * it as its own message once it passes a few hundred KiB (two memcpy passes
  * against one message's latency), so such tensors are never packed. */
 #define GS_DEFAULT_DIRECT_BYTES ((int64_t)262144)
-int64_t gs_env_direct_bytes(void);     /* GRADSYNC_DIRECT_BYTES */
+/* Across hosts each message pays a network round trip and a pipeline fill,
+ * which outweigh packing copies for far larger tensors (docs/CLUSTER.md):
+ * the default for communicators that span hosts. */
+#define GS_DEFAULT_DIRECT_BYTES_HOSTS ((int64_t)16 << 20)
+/* GRADSYNC_DIRECT_BYTES, else the default for one host or several. */
+int64_t gs_env_direct_bytes_for(int spans_hosts);
 /* Device data staged through host memory moves in pieces this large, so
  * copies overlap MPI (4 MiB: PCIe and shared-memory MPI both near peak). */
 #define GS_DEFAULT_STAGE_CHUNK_BYTES ((int64_t)4 << 20)
@@ -68,9 +73,12 @@ static inline void *gs_at(const void *p, size_t off) {
 static inline int gs_op_is_adasum(gs_op_t op) {
   return op == GS_OP_ADASUM || op == GS_OP_ADASUM_HIERARCHICAL;
 }
-/* Ranks per averaging group of hierarchical Adasum: GRADSYNC_HIERARCHY_SIZE,
- * else 0 (then: the ranks of a node). */
+/* Ranks per host of hierarchical Adasum and the hierarchical allreduce:
+ * GRADSYNC_HIERARCHY_SIZE, else 0 (then: the ranks of a node). */
 int gs_env_hierarchy_size(void);
+/* GRADSYNC_HIERARCHICAL: 0 flat, 1 hierarchical where the hosts allow it,
+ * -1 (unset, "auto"): hierarchical for messages worth it across hosts. */
+int gs_env_hierarchical(void);
 int gs_dtype_is_float(gs_dtype_t dtype);
 
 /* ---- communicator (comm.c) --------------------------------------------- */
@@ -107,6 +115,13 @@ struct gs_comm {
   void *pinned;            /* pinned host staging for GS_PATH_STAGED */
   size_t pinned_bytes;
   gs_status_t broken;      /* a wait was abandoned (timeout, interrupt): unusable */
+  /* hosts, agreed by all ranks at creation (hierarchical.c) */
+  int host_min, host_max;  /* fewest and most ranks on one host */
+  int hosts_consecutive;   /* every host's ranks are consecutive ranks */
+  int hier_mode;           /* GRADSYNC_HIERARCHICAL: -1 auto, 0 off, 1 on */
+  MPI_Comm hier_node;      /* this host's ranks; made on first use */
+  MPI_Comm hier_cross;     /* the ranks of my local rank on every host */
+  int hier_group;          /* ranks per host they were made for (< 0: MPI's hosts) */
 };
 enum { GS_PATH_NONE = 0, GS_PATH_NCCL = 1, GS_PATH_STAGED = 2, GS_PATH_CUDA_AWARE = 3 };
 #define GS_COMM_MAGIC 0x67736331u /* "gsc1" */
@@ -467,6 +482,24 @@ gs_status_t gs_adasum_message(const struct gs_engine *e, const gs_plan_t *plan,
 gs_status_t gs_adasum_group_size(gs_comm_t comm, const char *fn, int *size);
 /* Frees the per-level communicators Adasum caches on a communicator. */
 void gs_adasum_free(gs_comm_t comm);
+
+/* ---- hosts and the hierarchical allreduce (hierarchical.c) -------------- */
+
+/* Collective over c->mpi, after local_rank/local_size are set: the ranks
+ * agree on the hosts' sizes and read GRADSYNC_HIERARCHICAL. */
+gs_status_t gs_topology_init(gs_comm_t c);
+/* Ranks per host for the hierarchical algorithms (GRADSYNC_HIERARCHY_SIZE
+ * if set), or 0 when the hosts hold unequal numbers of ranks. Every rank
+ * gets the same answer. */
+int gs_host_group(gs_comm_t c);
+/* Whether an allreduce of `bytes` takes the hierarchical path (the same
+ * answer on every rank). */
+int gs_hier_wanted(gs_comm_t c, int64_t bytes);
+/* reduce-scatter in the host, allreduce across hosts, allgather in the
+ * host; send == NULL: in place on recv. */
+gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                              gs_dtype_t dtype, gs_op_t op);
+void gs_hier_free(gs_comm_t c);
 
 /* ---- argument checks shared by the collectives (args.c) ----------------- */
 

@@ -242,6 +242,8 @@ static gs_status_t native_allreduce(gs_comm_t c, const void *send, void *recv, i
 static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv,
                                  int64_t count, gs_dtype_t dtype, gs_op_t op) {
   count_message(c, count, dtype);
+  if (gs_hier_wanted(c, count * (int64_t)gs_dtype_size(dtype)))
+    return gs_hier_allreduce(c, send, recv, count, dtype, op);
   if (count * (int64_t)gs_dtype_size(dtype) <= RD_MAX_BYTES &&
       !gs_use_blocking(c, count * (int64_t)gs_dtype_size(dtype))) {
     if (send) memcpy(recv, send, (size_t)count * gs_dtype_size(dtype));

@@ -201,7 +201,8 @@ cdef class Comm:
         cdef gs_comm_stats_t st
         CHKERR(gs_comm_get_stats(self.live(), &st))
         return {"calls": st.calls, "validations": st.validations,
-                "rode_in_check": st.rode_in_check, "messages": st.messages, "bytes": st.bytes}
+                "rode_in_check": st.rode_in_check, "messages": st.messages, "bytes": st.bytes,
+                "hierarchical": st.hierarchical}
 
     def device_transport(self):
         cdef const char *name = NULL

@@ -99,7 +99,8 @@ class Communicator(ExchangeCollectives):
         """Counts since creation, on this rank: ``calls`` (collectives),
         ``validations`` (cross-rank checks), ``rode_in_check`` (small allreduces
         done inside their check), ``messages`` (data messages: one per fused
-        message) and ``bytes`` (in those messages)."""
+        message), ``bytes`` (in those messages) and ``hierarchical`` (of those
+        messages, allreduces made host by host: docs/CLUSTER.md)."""
         return self.handle.stats()
 
     def split(self, color, key=0):

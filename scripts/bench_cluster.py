@@ -1,0 +1,162 @@
+#!/usr/bin/env python3
+"""Allreduce across simulated hosts: time and bytes per host link.
+
+Run inside scripts/simcluster (the data link's counters are read from
+/sys/class/net/$SIMCLUSTER_DATA_IFACE in each host's namespace):
+
+    scripts/simcluster --hosts 2 --ranks-per-host 2 --rate 10gbit -- \\
+        python scripts/bench_cluster.py --json cluster.json
+
+Cases (--cases): ResNet-50's gradient list (161 float32 tensors, 97.5 MiB)
+and one 64 MiB float32 tensor by default; any size for one tensor. Variants, on the same buffers, interleaved in every
+repeat so outside load hits them alike:
+
+    gs flat     gradsync with GRADSYNC_HIERARCHICAL=0
+    gs hier     gradsync with GRADSYNC_HIERARCHICAL=1
+    gs default  gradsync as it chooses (GRADSYNC_HIERARCHICAL unset)
+    mpi4py      one mpi4py Allreduce(IN_PLACE) per tensor
+    mpi4py fused  one mpi4py Allreduce of one buffer holding every tensor
+
+Time: the slowest rank's, median over --repeats. Bytes: what each host's
+data link sent during the timed calls, per call (the largest host's).
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyx"))
+import gradsync as gs  # noqa: E402
+from gradsync.bench.args import parse_size  # noqa: E402
+from gradsync.bench.data import load_shapes  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+
+
+def link_bytes():
+    """This host's data-link bytes sent so far, or None outside simcluster."""
+    iface = os.environ.get("SIMCLUSTER_DATA_IFACE")
+    if not iface:
+        return None
+    with open("/sys/class/net/%s/statistics/tx_bytes" % iface) as f:
+        return int(f.read())
+
+
+def communicator(mode):
+    old = os.environ.pop("GRADSYNC_HIERARCHICAL", None)
+    if mode is not None:
+        os.environ["GRADSYNC_HIERARCHICAL"] = mode
+    try:
+        return gs.Communicator()
+    finally:
+        os.environ.pop("GRADSYNC_HIERARCHICAL", None)
+        if old is not None:
+            os.environ["GRADSYNC_HIERARCHICAL"] = old
+
+
+def variants(tensors, flat):
+    comms = {"gs flat": communicator("0"), "gs hier": communicator("1"),
+             "gs default": communicator(None)}
+    fns = {name: (lambda c=c: c.allreduce_(tensors)) for name, c in comms.items()}
+
+    def per_tensor():
+        for t in tensors:
+            WORLD.Allreduce(MPI.IN_PLACE, t)
+    fns["mpi4py"] = per_tensor
+    fns["mpi4py fused"] = lambda: WORLD.Allreduce(MPI.IN_PLACE, flat)
+    return fns, comms
+
+
+def measure(fns, warmup, repeats, iters):
+    node = WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=WORLD.rank)
+    leader = node.rank == 0
+    node.Free()
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in fns}
+    sent = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            WORLD.Barrier()
+            b0 = link_bytes() if leader else None
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            dt = (time.perf_counter() - t0) / iters
+            b1 = link_bytes() if leader else None
+            times[name].append(WORLD.allreduce(dt, op=MPI.MAX))
+            per_host = WORLD.allgather(None if b0 is None else (b1 - b0) / iters)
+            per_host = [b for b in per_host if b is not None]
+            sent[name].append(max(per_host) if per_host else None)
+    out = {}
+    for name in fns:
+        b = [x for x in sent[name] if x is not None]
+        out[name] = {"time_s": statistics.median(times[name]), "samples_s": times[name],
+                     "bytes_per_host": statistics.median(b) if b else None}
+    return out
+
+
+def case_tensors(case):
+    rng = np.random.default_rng(WORLD.rank)
+    if case == "resnet50":
+        shapes, _ = load_shapes("resnet50")
+        counts = [int(np.prod(s)) for s in shapes]
+    else:  # one tensor of that many bytes: 64M, 256K, ...
+        counts = [max(1, parse_size(case) // 4)]
+    flat = (rng.standard_normal(sum(counts)) * 1e-3).astype(np.float32)
+    tensors, at = [], 0
+    for n in counts:  # separate allocations, as a model's gradients are
+        tensors.append(flat[at:at + n].copy())
+        at += n
+    return tensors, flat
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--cases", default="resnet50,64M",
+                   help="comma list: resnet50, or one float32 tensor of a size (64M, 256K)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iters", type=int, default=1)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    hosts = int(os.environ.get("SIMCLUSTER_HOSTS", "1"))
+    rate = int(os.environ.get("SIMCLUSTER_RATE", "0"))
+    results = {}
+    for case in args.cases.split(","):
+        tensors, flat = case_tensors(case)
+        fns, comms = variants(tensors, flat)
+        results[case] = measure(fns, args.warmup, args.repeats, args.iters)
+        results[case]["_bytes"] = int(flat.nbytes)
+        for c in comms.values():
+            c.close()
+    if WORLD.rank == 0:
+        print("%d ranks, %d hosts, links %s bit/s, median of %d" % (
+            WORLD.size, hosts, "{:,}".format(rate) if rate else "?", args.repeats))
+        for case, rows in results.items():
+            nbytes = rows["_bytes"]
+            mpi = rows["mpi4py"]["time_s"]
+            print("\n%s (%.1f MiB)" % (case, nbytes / 2 ** 20))
+            print("  %-13s %10s %14s %8s %9s" % ("variant", "time(ms)", "sent/host(MB)",
+                                                 "x msg", "mpi4py/x"))
+            for name, r in rows.items():
+                if name.startswith("_"):
+                    continue
+                b = r["bytes_per_host"]
+                print("  %-13s %10.1f %14s %8s %9.2f" % (
+                    name, r["time_s"] * 1e3, "-" if b is None else "%.1f" % (b / 1e6),
+                    "-" if b is None else "%.2f" % (b / nbytes), mpi / r["time_s"]))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"ranks": WORLD.size, "hosts": hosts, "rate_bit_s": rate,
+                           "repeats": args.repeats, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,237 @@
+/* Hosts, and the topology-aware allreduce (DESIGN section 11).
+ *
+ * A job spanning hosts has two networks: shared memory inside a host, and
+ * the host's link, which every byte leaving the host crosses. A flat ring
+ * over P ranks sends 2(P-1)/P of the message over each ring edge, and with
+ * several ranks per host some edges leave it. The hierarchical allreduce
+ * sends each byte across the hosts once per host-level step:
+ *
+ *   1. reduce-scatter inside the host: local rank l ends up with block l of
+ *      the host's sum (shared memory only);
+ *   2. allreduce of block l across the hosts, among the ranks with local
+ *      rank l (one cross-host communicator per local rank, all running at
+ *      once, each carrying 1/L of the message);
+ *   3. allgather inside the host: every rank gets every block.
+ *
+ * Per host, 2(H-1)/H of the message crosses its link (a ring over hosts);
+ * a flat ring over all ranks sends 2(P-1)/P of it over each edge that
+ * leaves a host. Every element's value is computed by exactly one
+ * cross-host group and copied to the rest, so all ranks hold the same bits;
+ * MPI's algorithms are deterministic for a given communicator, so runs
+ * repeat bit for bit. The transport's ops are used as they are
+ * (float16/bfloat16: gradsync's float32-accumulating user ops); averaging
+ * and scales stay with the fusion engine, outside the transport.
+ *
+ * Hosts are MPI_Comm_split_type(SHARED) groups, agreed once when the
+ * communicator is made; GRADSYNC_HIERARCHY_SIZE=g replaces them with blocks
+ * of g consecutive ranks (tests on one machine, hosts MPI cannot see). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gs_internal.h"
+
+/* The message moves in segments this large, pipelined through the three
+ * phases (1 and 4 MiB measured alike at 1 Gbit/s, 4 MiB ahead at 10);
+ * their counts and displacements fit MPI's int. */
+#define HIER_SEGMENT_BYTES ((int64_t)4 << 20)
+/* Auto mode's smallest hierarchical message: two segments, the least that
+ * overlaps shared-memory phases with the network. Below it the three phases
+ * run back to back, one more round than MPI's flat algorithms, which for
+ * power-of-two ranks placed by host cross each link with as many bytes;
+ * on the simulated cluster flat was ahead up to 4 MiB and even or behind
+ * from 16 MiB (docs/PERFORMANCE.md, "Across hosts"). */
+#define HIER_MIN_BYTES (2 * HIER_SEGMENT_BYTES)
+
+gs_status_t gs_topology_init(gs_comm_t c) {
+  /* max of (L, -L, not-consecutive) over the ranks: min and max local size,
+   * and whether every host's ranks are a block of consecutive ranks
+   * (local rank == rank mod L on every rank implies it when sizes agree). */
+  int mine[3] = {c->local_size, -c->local_size, c->local_rank != c->rank % c->local_size};
+  int all[3];
+  int e = MPI_Allreduce(mine, all, 3, MPI_INT, MPI_MAX, c->mpi);
+  if (e != MPI_SUCCESS) return gs_mpi_fail(e, "gs_comm_create: agreeing on the hosts");
+  c->host_max = all[0];
+  c->host_min = -all[1];
+  c->hosts_consecutive = all[2] == 0;
+  c->hier_mode = gs_env_hierarchical();
+  c->hier_node = c->hier_cross = MPI_COMM_NULL;
+  c->hier_group = 0;
+  return GS_SUCCESS;
+}
+
+int gs_host_group(gs_comm_t c) {
+  int g = gs_env_hierarchy_size();
+  if (g > 0) return c->size % g == 0 ? g : 0;
+  return c->host_min == c->host_max ? c->host_max : 0;
+}
+
+int gs_hier_wanted(gs_comm_t c, int64_t bytes) {
+  if (c->hier_mode == 0 || c->size == 1) return 0;
+  int g = gs_host_group(c);
+  if (g == 0) {
+    static int warned;
+    if (c->hier_mode == 1 && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
+      gs_log(GS_LOG_WARNING, "GRADSYNC_HIERARCHICAL=1: the hosts hold unequal numbers of "
+             "ranks (%d to %d%s), so allreduce stays flat", c->host_min, c->host_max,
+             gs_env_hierarchy_size() > 0 ? ", or GRADSYNC_HIERARCHY_SIZE does not divide the "
+             "ranks" : "");
+    return 0;
+  }
+  if (c->hier_mode == 1) return 1;
+  return g > 1 && c->size / g > 1 && bytes >= HIER_MIN_BYTES;
+}
+
+void gs_hier_free(gs_comm_t c) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) {
+    if (c->hier_node != MPI_COMM_NULL) MPI_Comm_free(&c->hier_node);
+    if (c->hier_cross != MPI_COMM_NULL) MPI_Comm_free(&c->hier_cross);
+  }
+  c->hier_node = c->hier_cross = MPI_COMM_NULL;
+  c->hier_group = 0;
+}
+
+/* The host and cross-host communicators for groups of g ranks (made on the
+ * first hierarchical call, collectively, and again if g changes). */
+static gs_status_t hier_comms(gs_comm_t c, int g) {
+  int fake = gs_env_hierarchy_size() > 0, key = fake ? g : -g;
+  if (c->hier_node != MPI_COMM_NULL && c->hier_group == key) return GS_SUCCESS;
+  gs_hier_free(c);
+  int e, local = 0;
+  if (fake)
+    e = MPI_Comm_split(c->mpi, c->rank / g, c->rank, &c->hier_node);
+  else
+    e = MPI_Comm_split_type(c->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &c->hier_node);
+  if (e == MPI_SUCCESS) e = MPI_Comm_rank(c->hier_node, &local);
+  if (e == MPI_SUCCESS) e = MPI_Comm_split(c->mpi, local, c->rank, &c->hier_cross);
+  if (e != MPI_SUCCESS) {
+    gs_hier_free(c);
+    return gs_mpi_fail(e, "hierarchical allreduce: MPI_Comm_split");
+  }
+  MPI_Comm_set_errhandler(c->hier_node, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(c->hier_cross, MPI_ERRORS_RETURN);
+  c->hier_group = key;
+  return GS_SUCCESS;
+}
+
+static const char *const phase_names[3] = {
+    "allreduce (hierarchical): reduce-scatter inside the host",
+    "allreduce (hierarchical): allreduce across hosts",
+    "allreduce (hierarchical): allgather inside the host"};
+
+/* One call: the message in segments of `seg` elements (the last may be
+ * shorter), each split into one block per local rank. */
+typedef struct hier_run {
+  gs_comm_t c;
+  const char *send; /* NULL: in place */
+  char *recv;
+  int64_t count, seg, nseg;
+  MPI_Datatype dt;
+  MPI_Op op;
+  MPI_Comm node, cross;
+  size_t es;
+  int nl, l, nh;
+  int *counts[2], *displs[2]; /* [0]: a full segment's blocks, [1]: the last one's */
+} hier_run_t;
+
+static void blocks(int64_t n, int nl, int *counts, int *displs) {
+  for (int i = 0, at = 0; i < nl; i++) { /* balanced, as reduce_scatter's rows */
+    counts[i] = (int)(n / nl + (i < n % nl));
+    displs[i] = at;
+    at += counts[i];
+  }
+}
+
+/* Starts phase `ph` of segment k; *req stays MPI_REQUEST_NULL when the
+ * phase has nothing to send (one rank per host, one host, an empty block). */
+static gs_status_t start(const hier_run_t *h, int ph, int64_t k, MPI_Request *req) {
+  int last = k == h->nseg - 1;
+  const int *counts = h->counts[last], *displs = h->displs[last];
+  int64_t at = k * h->seg, n = last ? h->count - at : h->seg;
+  char *base = h->recv + (size_t)at * h->es, *mine = base + (size_t)displs[h->l] * h->es;
+  const char *in = h->send ? h->send + (size_t)at * h->es : NULL;
+  int e = MPI_SUCCESS;
+  *req = MPI_REQUEST_NULL;
+  if (ph == 0 && h->nl > 1) /* in place, MPI leaves the block at `base` */
+    e = MPI_Ireduce_scatter(in ? (const void *)in : MPI_IN_PLACE, in ? (void *)mine : base,
+                            counts, h->dt, h->op, h->node, req);
+  else if (ph == 0 && in)
+    memcpy(base, in, (size_t)n * h->es);
+  else if (ph == 1 && h->nh > 1 && counts[h->l] > 0)
+    e = MPI_Iallreduce(MPI_IN_PLACE, mine, counts[h->l], h->dt, h->op, h->cross, req);
+  else if (ph == 2 && h->nl > 1)
+    e = MPI_Iallgatherv(MPI_IN_PLACE, 0, h->dt, base, counts, displs, h->dt, h->node, req);
+  return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, phase_names[ph]);
+}
+
+/* Segment k's reduce-scatter finished in place: its block goes where the
+ * allreduce across hosts and the allgather expect it. */
+static void settle(const hier_run_t *h, int64_t k) {
+  int last = k == h->nseg - 1;
+  char *base = h->recv + (size_t)(k * h->seg) * h->es;
+  size_t off = (size_t)h->displs[last][h->l] * h->es;
+  if (!h->send && h->nl > 1 && off)
+    memmove(base + off, base, (size_t)h->counts[last][h->l] * h->es);
+}
+
+/* A pipeline over the segments: at step t, segment t is reduce-scattered
+ * inside the host while segment t-1 crosses the hosts and segment t-2 is
+ * gathered, so shared-memory work hides behind the network's. The
+ * nonblocking calls start in the same order on every rank, as MPI asks. */
+static gs_status_t pipeline(const hier_run_t *h) {
+  gs_status_t s = GS_SUCCESS;
+  for (int64_t t = 0; t < h->nseg + 2 && s == GS_SUCCESS; t++) {
+    MPI_Request req[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    for (int ph = 0; ph < 3 && s == GS_SUCCESS; ph++)
+      if (t - ph >= 0 && t - ph < h->nseg) s = start(h, ph, t - ph, &req[ph]);
+    /* After a failure (a timeout: a host is gone) the phases still in flight
+     * are not waited for, each could take the whole timeout again; they are
+     * left to MPI with the communicator marked unusable, as abandoned waits
+     * are (its buffers are kept). */
+    for (int ph = 0; ph < 3 && s == GS_SUCCESS; ph++)
+      if (req[ph] != MPI_REQUEST_NULL) s = gs_mpi_wait(&req[ph], phase_names[ph], NULL, NULL);
+    if (s == GS_SUCCESS && t < h->nseg) settle(h, t);
+  }
+  if (s != GS_SUCCESS && !h->c->broken) h->c->broken = s;
+  return s;
+}
+
+gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                              gs_dtype_t dtype, gs_op_t op) {
+  int g = gs_host_group(c);
+  if (g == 0)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "allreduce (hierarchical): the hosts hold "
+                   "unequal numbers of ranks");
+  hier_run_t h = {.c = c, .send = send, .recv = recv, .count = count, .es = gs_dtype_size(dtype)};
+  GS_CHECK(gs_mpi_datatype(dtype, &h.dt));
+  GS_CHECK(gs_mpi_op(dtype, op, &h.op));
+  GS_CHECK(hier_comms(c, g));
+  c->stats.hierarchical++;
+  h.node = c->hier_node;
+  h.cross = c->hier_cross;
+  MPI_Comm_size(h.node, &h.nl);
+  MPI_Comm_rank(h.node, &h.l);
+  MPI_Comm_size(h.cross, &h.nh);
+  /* segments small enough to pipeline and for int counts; at least one
+   * element per local rank */
+  h.seg = HIER_SEGMENT_BYTES / (int64_t)h.es;
+  if (h.seg < h.nl) h.seg = h.nl;
+  h.nseg = count > 0 ? (count + h.seg - 1) / h.seg : 0;
+  if (gs_log_level() >= GS_LOG_DEBUG)
+    gs_log(GS_LOG_DEBUG, "allreduce: %lld elements hierarchical over %d hosts of %d ranks, "
+           "%lld segments", (long long)count, h.nh, h.nl, (long long)h.nseg);
+  int small[4 * 16];
+  int *cd = h.nl <= 16 ? small : malloc(4 * (size_t)h.nl * sizeof *cd);
+  if (!cd) return gs_fail(GS_ERR_NO_MEMORY, "allreduce (hierarchical): out of memory");
+  for (int w = 0; w < 2; w++) {
+    h.counts[w] = cd + 2 * w * h.nl;
+    h.displs[w] = cd + (2 * w + 1) * h.nl;
+  }
+  blocks(h.seg, h.nl, h.counts[0], h.displs[0]);
+  blocks(count - (h.nseg - 1) * h.seg, h.nl, h.counts[1], h.displs[1]);
+  gs_status_t s = h.nseg > 0 ? pipeline(&h) : GS_SUCCESS;
+  if (cd != small) free(cd);
+  return s;
+}
