@@ -69,6 +69,7 @@ import numpy as np
 import torch
 
 import gradsync as gs
+from gradsync.communicator import default_communicator
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
 
@@ -83,18 +84,11 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # dtypes the C runtime takes as they are; anything else is broadcast as bytes
 _WIRE_DTYPES = _FLOAT_DTYPES + (torch.int8, torch.uint8, torch.int32, torch.int64)
 
-_default_comm = None
-
 
 def _comm_or_default(comm):
-    """``comm``, else one gs.Communicator over COMM_WORLD shared by this
-    module (created, collectively, on first use)."""
-    global _default_comm
-    if comm is not None:
-        return comm
-    if _default_comm is None or _default_comm.closed:
-        _default_comm = gs.Communicator()
-    return _default_comm
+    """``comm``, else the gs.Communicator over COMM_WORLD that gradsync's
+    adapters share (created, collectively, on first use)."""
+    return default_communicator(comm)
 
 
 # ------------------------------------------------------------- async requests
