@@ -36,6 +36,13 @@ def random_tensor(dims, seed=1234):
 
 
 def even_odd_sets():
+    """((my set's ranks, my set), all sets): even and odd ranks. Sets that an
+    earlier failed test left registered are removed first."""
+    from gradsync.horovod import state
+
+    for ps in state.process_sets():
+        if ps is not hvd.global_process_set:
+            hvd.remove_process_set(ps)
     rank, size = hvd.rank(), hvd.size()
     even = [r for r in range(size) if r % 2 == 0]
     odd = [r for r in range(size) if r % 2 == 1]

@@ -58,9 +58,9 @@ def np_leaves(tree):
 def check_jax(got, like):
     """got: JAX arrays in like's structure, with like's dtypes."""
     assert jax.tree_util.tree_structure(got) == jax.tree_util.tree_structure(like)
-    for g, l in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(like)):
+    for g, want in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(like)):
         assert isinstance(g, jax.Array), type(g)
-        assert g.dtype == l.dtype, (g.dtype, l.dtype)
+        assert g.dtype == want.dtype, (g.dtype, want.dtype)
 
 
 @pytest.fixture

@@ -134,7 +134,11 @@ class Engine:
         signature tensors, in the data's memory."""
         call = Call(kind, list(arrays) + list(sig), len(arrays), args, name, finish)
         self._open.append(call)
-        self._start(call)
+        try:
+            self._start(call)
+        except BaseException:  # not a collective's failure (a bug, Ctrl-C): forget the call
+            self._open.remove(call)
+            raise
         if call.state == _FAILED:
             self._recover()
         return call

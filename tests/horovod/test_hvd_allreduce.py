@@ -9,7 +9,8 @@ import pytest
 from hvdtest import (DIMS, FLOATS, INTS, REDUCE_DTYPES, Checks, as_float, even_odd_sets, hvd,
                      random_tensor, remove_sets, threshold, torch)
 
-pytestmark = pytest.mark.mpi
+# average= is Horovod's deprecated spelling, which its tests (and these) still use
+pytestmark = [pytest.mark.mpi, pytest.mark.filterwarnings("ignore::DeprecationWarning")]
 
 
 def test_allreduce_sum():
