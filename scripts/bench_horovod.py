@@ -76,15 +76,18 @@ def main():
         for _ in range(args.warmup):
             step(name)
     times = {name: [] for name in variants}
+    cpu = {name: [] for name in variants}
     order = list(variants)
     for r in range(args.rounds):
         for name in (order if r % 2 == 0 else order[::-1]):
             comm.barrier()
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             for _ in range(args.steps):
                 step(name)
             times[name].append((time.perf_counter() - t0) / args.steps)
+            cpu[name].append((time.process_time() - c0) / args.steps)
     med = {name: statistics.median(t) for name, t in times.items()}
+    cpu_med = {name: statistics.median(t) for name, t in cpu.items()}
     ratios = [h / g for h, g in zip(times["horovod"], times["gradsync"])]
     params = sum(p.numel() for p in variants["gradsync"][0].parameters())
     result = {
@@ -94,6 +97,8 @@ def main():
         "median_step_ms": {k: 1e3 * v for k, v in med.items()},
         "ratio_of_medians": med["horovod"] / med["gradsync"],
         "median_round_ratio": statistics.median(ratios),
+        "median_cpu_ms": {k: 1e3 * v for k, v in cpu_med.items()},
+        "cpu_ratio_of_medians": cpu_med["horovod"] / cpu_med["gradsync"],
         "step_ms": {k: [1e3 * x for x in v] for k, v in times.items()},
     }
     if hvd.rank() == 0:
@@ -105,6 +110,9 @@ def main():
                   " ".join(f"{1e3 * x:.0f}" for x in times[name]))
         print(f"  shim / gradsync: {result['ratio_of_medians']:.3f} (ratio of medians), "
               f"{result['median_round_ratio']:.3f} (median of per-round ratios)")
+        print(f"  process CPU time per step (both threads): gradsync "
+              f"{1e3 * cpu_med['gradsync']:.1f} ms, shim {1e3 * cpu_med['horovod']:.1f} ms, "
+              f"ratio {result['cpu_ratio_of_medians']:.3f}")
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
