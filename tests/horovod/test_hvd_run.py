@@ -59,3 +59,45 @@ def test_launch_two_processes():
     c.check(out.returncode == 0, out.stderr[-2000:])
     c.check(sorted(out.stdout.split("\n")[:2]) == ["0 2 2", "1 2 2"], out.stdout)
     c.done()
+
+
+def test_shutdown_init_and_knobs(monkeypatch):
+    """HOROVOD_FUSION_THRESHOLD and HOROVOD_STALL_CHECK_TIME_SECONDS reach the
+    communicator at init(); knobs gradsync has no use for are accepted; after
+    shutdown() calls raise Horovod's error and init() starts again."""
+    import gradsync as gs
+
+    from gradsync.horovod import state
+
+    c = Checks()
+    hvd.shutdown()
+    c.check(not hvd.is_initialized(), "is_initialized after shutdown")
+    c.raises(ValueError, hvd.rank, "rank() before init")
+    monkeypatch.setenv("HOROVOD_FUSION_THRESHOLD", str(3 << 20))
+    monkeypatch.setenv("HOROVOD_STALL_CHECK_TIME_SECONDS", "17")
+    monkeypatch.setenv("HOROVOD_CYCLE_TIME", "5")
+    monkeypatch.setenv("HOROVOD_CACHE_CAPACITY", "0")
+    from gradsync import MPI
+
+    hvd.init(comm=MPI.COMM_WORLD)
+    try:
+        world = state.world_engine().comm
+        c.check(world.fusion_threshold == 3 << 20, f"fusion threshold {world.fusion_threshold}")
+        c.check(hvd.size() == MPI.COMM_WORLD.size and hvd.rank() == MPI.COMM_WORLD.rank,
+                "topology")
+        c.check(hvd.local_size() * hvd.cross_size() >= hvd.size() and
+                0 <= hvd.cross_rank() < hvd.cross_size(), "cross topology")
+        c.check(isinstance(world, gs.Communicator), "a gradsync communicator")
+        out = hvd.allreduce(torch_ones(), op=hvd.Sum)
+        c.check(int(out[0]) == hvd.size(), "allreduce after re-init")
+    finally:
+        hvd.shutdown()
+        monkeypatch.delenv("HOROVOD_FUSION_THRESHOLD")
+        hvd.init()
+    c.done()
+
+
+def torch_ones():
+    import torch
+
+    return torch.ones(3)
