@@ -36,7 +36,15 @@ tests/c/bin/%: tests/c/%.c $(LIB) tests/c/gs_test.h
 	$(MPICC_RESOLVED) -O2 -g -std=gnu11 -Wall -Wextra -Iinclude -Itests/c -o $@ $< \
 	    -Lpyx/gradsync -lgradsync -Wl,-rpath,$(CURDIR)/pyx/gradsync -lm
 
-c-tests: build $(C_TESTS) $(C_EXAMPLES)
+# The CUDA kernels' per-thread code on the host, against the host kernels
+# (no GPU, no MPI).
+tests/c/bin/test_cuda_pieces: tests/c/test_cuda_pieces.cc src/cuda_pieces.cuh src/half.h $(LIB)
+	@mkdir -p tests/c/bin
+	g++ -std=c++17 -O1 -g -Wall -Wextra -ffp-contract=off -Iinclude -Isrc -o $@ $< \
+	    -Lpyx/gradsync -lgradsync -Wl,-rpath,$(CURDIR)/pyx/gradsync
+
+c-tests: build $(C_TESTS) $(C_EXAMPLES) tests/c/bin/test_cuda_pieces
+	tests/c/bin/test_cuda_pieces
 	@for n in $(NP_LIST); do for t in $(C_TESTS) $(C_EXAMPLES); do \
 	    echo "== $$t at $$n ranks"; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $$t || exit 1; \
@@ -86,15 +94,33 @@ $(CPU_ONLY_LIB): $(wildcard src/*.c src/*.h include/*.h)
 	    -fvisibility=hidden -fopenmp -DGS_BUILDING_LIBRARY -Iinclude -Isrc -shared -o $@ \
 	    $(wildcard src/*.c) -Wl,-soname,libgradsync.so -Wl,--no-undefined -ldl -lpthread -lm
 
-$(EMULATED_LIB): $(wildcard src/*.c src/*.h include/*.h) tests/emulated_cuda/cuda_emulation.c
+# The emulated runtime (tests/emulated_cuda): streams on threads, tracked
+# device memory, the launchers on the host, and an emulated NCCL.
+NCCL_INCLUDE ?= $(shell $(PYTHON) -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'include'))" 2>/dev/null)
+EMU_SOURCES := $(wildcard tests/emulated_cuda/*.c)
+EMU_KERNELS := build/emulated/emu_kernels.o
+$(EMU_KERNELS): tests/emulated_cuda/emu_kernels.cc tests/emulated_cuda/emu.h src/cuda_pieces.cuh src/gs_cuda.h src/half.h
+	@mkdir -p build/emulated
+	g++ -std=c++17 -O1 -g -fPIC -Wall -Wextra -fvisibility=hidden -ffp-contract=off \
+	    -I$(CUDA_INCLUDE) -Iinclude -Isrc -c $< -o $@
+
+$(EMULATED_LIB): $(wildcard src/*.c src/*.h src/*.cuh include/*.h) $(EMU_SOURCES) $(EMU_KERNELS)
 	@mkdir -p build/emulated
 	$(MPICC_RESOLVED) -O1 -g -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter \
 	    -fvisibility=hidden -ffp-contract=off -fopenmp -DGS_BUILDING_LIBRARY -DGS_HAVE_CUDA \
+	    $(if $(NCCL_INCLUDE),-DGS_HAVE_NCCL -I$(NCCL_INCLUDE)) \
 	    -DGS_CUDA_ARCHS='"emulated"' -I$(CUDA_INCLUDE) -Iinclude -Isrc -shared -o $@ \
-	    $(wildcard src/*.c) tests/emulated_cuda/cuda_emulation.c -Wl,-soname,libgradsync.so \
-	    -Wl,--no-undefined -ldl -lpthread -lm
+	    $(wildcard src/*.c) $(EMU_SOURCES) $(EMU_KERNELS) -Wl,-soname,libgradsync.so \
+	    -Wl,--no-undefined -ldl -lpthread -lm -lstdc++
 
-test-emulated: build tests/c/bin/test_device_paths $(CPU_ONLY_LIB)
+# Device tests against the emulated runtime: every path (staged MPI, the
+# CUDA-aware MPI path, NCCL through the emulated NCCL), the stream
+# semantics, contexts, sticky errors and NCCL faults.
+EMU_ENV = LD_LIBRARY_PATH=$(CURDIR)/build/emulated
+EMU_NCCL_ENV = $(EMU_ENV) GS_EMU_DISTINCT_GPUS=1 GRADSYNC_NCCL_LIBRARY=$(CURDIR)/$(EMULATED_LIB)
+EMU_C_TESTS := $(addprefix tests/c/bin/,test_device_paths test_device_streams test_device_context \
+    test_device_sticky test_nccl_faults)
+test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	@if [ -z "$(NVCC)" ] || [ -z "$(CUDA_INCLUDE)" ]; then \
 	    echo "== test-emulated: no CUDA toolkit, skipped"; exit 0; fi; \
 	$(MAKE) --no-print-directory $(EMULATED_LIB) && \
@@ -102,22 +128,22 @@ test-emulated: build tests/c/bin/test_device_paths $(CPU_ONLY_LIB)
 	LD_LIBRARY_PATH=$(CURDIR)/build/cpu-only timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 \
 	    $(PYTEST) tests/python/test_comm.py tests/python/test_dlpack.py || exit 1; \
 	for n in $(NP_LIST); do \
-	    echo "== tests/c/bin/test_device_paths at $$n ranks (emulated CUDA)"; \
-	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
+	    echo "== test_device_paths at $$n ranks (emulated CUDA: staged MPI, then NCCL)"; \
+	    $(EMU_NCCL_ENV) timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
 	        tests/c/bin/test_device_paths || exit 1; \
+	    for t in test_device_streams test_device_context test_device_sticky test_nccl_faults; do \
+	    echo "== $$t at $$n ranks (emulated CUDA)"; \
+	    $(EMU_ENV) timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n tests/c/bin/$$t || exit 1; done; \
 	    if [ $$n = 2 ]; then \
-	    echo "== tests/c/bin/test_device_paths at 2 ranks (emulated CUDA, CUDA-aware MPI path)"; \
-	    GRADSYNC_CUDA_AWARE_MPI=1 LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) \
-	        $(MPIEXEC) -n 2 tests/c/bin/test_device_paths || exit 1; fi; \
+	    echo "== test_device_paths at 2 ranks (emulated CUDA, CUDA-aware MPI path)"; \
+	    GRADSYNC_CUDA_AWARE_MPI=1 $(EMU_ENV) timeout $(TEST_TIMEOUT) \
+	        $(MPIEXEC) -n 2 tests/c/bin/test_device_paths || exit 1; \
+	    echo "== pytest tests/gpu at 2 ranks (emulated CUDA and NCCL)"; \
+	    $(EMU_NCCL_ENV) timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) tests/gpu || exit 1; fi; \
 	    echo "== pytest tests/gpu tests/python/test_dlpack.py at $$n ranks (emulated CUDA)"; \
-	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
+	    $(EMU_ENV) timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1; \
 	done
-
-# Every .pxd against its C header (struct layouts, prototypes, constants):
-# Cython trusts the .pxd, so a drift compiles and misbehaves at run time.
-check-bindings: deps
-	$(PYTHON) scripts/check_pxd.py --cc $(MPICC_RESOLVED)
 
 test: check-bindings c-tests py-tests test-emulated
 
@@ -125,8 +151,17 @@ test: check-bindings c-tests py-tests test-emulated
 # pytest suite at 1 rank (NCCL) and at GPU_NP ranks sharing the GPU (staged
 # MPI), then the figures for docs/GPU.md. Skipped cleanly without a GPU.
 GPU_NP ?= 2
-gpu-test: build tests/c/bin/test_device_paths
-	@if ! $(PYTHON) -c "import gradsync as g, sys; sys.exit(0 if g.build_info()['cuda_devices'] else 1)"; then \
+# On a machine with a GPU: the device C tests on the real runtime, then
+# under compute-sanitizer (memcheck, racecheck), the GPU pytest suite at 1
+# rank (NCCL) and at GPU_NP ranks sharing the GPU (staged MPI), then the
+# figures for docs/GPU.md. Without a GPU it says so and passes, but a
+# machine whose nvidia-smi lists GPUs that gradsync cannot see (a driver
+# older than the CUDA runtime, say) fails, with gradsync's reason.
+GPU_NP ?= 2
+SANITIZER ?= $(or $(shell command -v compute-sanitizer 2>/dev/null),$(wildcard $(CUDA_TOP)/bin/compute-sanitizer))
+gpu-test: build tests/c/bin/test_device_paths tests/c/bin/test_device_streams
+	@$(PYTHON) scripts/gpu_visible.py || exit 1; \
+	if ! $(PYTHON) -c "import gradsync as g, sys; sys.exit(0 if g.build_info()['cuda_devices'] else 1)"; then \
 	    echo "== gpu-test: no CUDA device visible, skipped"; exit 0; fi; \
 	for n in 1 $(GPU_NP); do \
 	    echo "== tests/c/bin/test_device_paths at $$n ranks (CUDA)"; \
@@ -134,6 +169,10 @@ gpu-test: build tests/c/bin/test_device_paths
 	    echo "== pytest tests/gpu at $$n ranks"; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/gpu || exit 1; \
 	done; \
+	if [ -n "$(SANITIZER)" ]; then for tool in memcheck racecheck; do \
+	    echo "== compute-sanitizer --tool $$tool tests/c/bin/test_device_paths (1 rank)"; \
+	    GRADSYNC_NCCL=0 timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(SANITIZER) --tool $$tool \
+	        --error-exitcode 3 tests/c/bin/test_device_paths || exit 1; done; fi; \
 	echo "== scripts/bench_gpu.py"; \
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTHON) scripts/bench_gpu.py --json gpu-bench.json
 

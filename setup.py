@@ -134,7 +134,7 @@ class BuildWithRuntime(build_ext):
         lib = os.path.join(pkg_dir, "libgradsync.so")
         sources = sorted(glob.glob(os.path.join(ROOT, "src", "*.c")))
         cu_sources = sorted(glob.glob(os.path.join(ROOT, "src", "*.cu")))
-        deps = sources + cu_sources + glob.glob(os.path.join(ROOT, "src", "*.h")) + \
+        deps = sources + cu_sources + glob.glob(os.path.join(ROOT, "src", "*.h")) + glob.glob(os.path.join(ROOT, "src", "*.cuh")) + \
             glob.glob(os.path.join(INCLUDE, "*.h")) + [os.path.abspath(__file__)]
         nvcc = find_nvcc()
         config = os.path.join(pkg_dir, ".gradsync-build")

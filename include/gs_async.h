@@ -44,9 +44,22 @@ GS_API gs_status_t gs_reduce_scatter_shards_async(gs_comm_t comm, const gs_tenso
 /* *done = 1 once the collective has finished; returns its status then (and
  * GS_SUCCESS while it runs). */
 GS_API gs_status_t gs_request_test(gs_request_t request, int *done);
-/* Waits for the collective; returns its status, with its message in
- * gs_last_error(). */
+/* Waits for the collective (on CUDA memory: its device work too, polling);
+ * returns its status, with its message in gs_last_error(). */
 GS_API gs_status_t gs_request_wait(gs_request_t request);
+/* For a request on CUDA memory: once its host part has run (waited for as
+ * gs_request_wait does), makes `stream` (a cudaStream_t; 1 the legacy
+ * default stream, 2 the per-thread one) wait for its device work, without
+ * blocking the host: a framework's current stream goes on past the
+ * communication the way its own ops would. The background thread still
+ * watches the device work (GRADSYNC_TIMEOUT_SECONDS); an error there is
+ * reported by gs_request_test/wait and the communicator's next call. Host
+ * memory: gs_request_wait. */
+GS_API gs_status_t gs_request_wait_stream(gs_request_t request, uintptr_t stream);
+/* Once the host part has run: the cudaStream_t the request's device work is
+ * queued on while it is still pending (for exporting its results with that
+ * stream), else NULL. */
+GS_API gs_status_t gs_request_stream(gs_request_t request, void **stream);
 /* Waits if needed, then frees the request; *request becomes NULL. */
 GS_API gs_status_t gs_request_free(gs_request_t *request);
 /* Requests queued or running, process-wide. */

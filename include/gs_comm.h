@@ -77,6 +77,11 @@ GS_API gs_status_t gs_comm_get_stats(gs_comm_t comm, gs_comm_stats_t *stats);
  * on; with validation off it only records the error. */
 GS_API gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reason);
 
+/* The transport this communicator's collectives on CUDA memory take, chosen
+ * (collectively) at its first such call: "nccl", "mpi-cuda-aware",
+ * "mpi-staged", or "none" before that call. */
+GS_API gs_status_t gs_comm_device_transport(gs_comm_t comm, const char **name);
+
 /* Collective barrier that takes part in validation and the stall warning. */
 GS_API gs_status_t gs_barrier(gs_comm_t comm);
 

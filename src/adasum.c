@@ -49,7 +49,7 @@ static gs_status_t exchange(const gs_engine_t *e, const void *sbuf, int64_t scou
   if (c->dev_path == GS_PATH_NCCL)
     return gs_nccl_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer);
   if (c->dev_path == GS_PATH_CUDA_AWARE) { /* MPI reads and writes device memory */
-    GS_CHECK(gs_cu_sync(c->dev_stream, "adasum: before CUDA-aware MPI"));
+    GS_CHECK(gs_cu_stream_wait(c->dev_stream, "adasum: before CUDA-aware MPI"));
     return host_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer);
   }
   return gs_staged_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer, host_exchange);

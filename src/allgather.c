@@ -122,6 +122,9 @@ static gs_status_t allgatherv_impl(gs_comm_t c, const gs_tensor_t *in, const gs_
                       "tensor has %lld", fn, (long long)i, (long long)out[i].count, (long long)sum);
   }
   if (local == GS_SUCCESS) local = gs_check_memory(c, fn, in, n, out, n);
+  /* a device copy of in into out races where a host memmove did not */
+  if (local == GS_SUCCESS && n > 0 && out[0].device.kind == GS_DEVICE_CUDA)
+    local = gs_check_disjoint(fn, in, out, n);
   gs_call_t call = {GS_CALL_ALLGATHERV, GS_OP_SUM, 0, n, out, NULL, NULL, 0};
   GS_CHECK(gs_begin_call(c, &call, local));
   if (n == 0) return GS_SUCCESS;

@@ -122,7 +122,7 @@ static gs_status_t small_allreduce(gs_comm_t c, const gs_call_t *call, const gs_
   GS_CHECK(gs_plan_tensors(&plan, in, call->n, c));
   const gs_message_t *m = &plan.msgs[0];
   uint64_t staging[GS_CHECK_PAYLOAD_BYTES / 8];
-  gs_engine_t host = {.comm = c, .call = "allreduce", .device = -1, .previous = -1,
+  gs_engine_t host = {.comm = c, .call = "allreduce", .device = -1,
                       .stream = NULL, .transport = &gs_mpi_transport};
   gs_pack(&host, &plan, m, in, staging, pre);
   gs_payload_t payload = {staging, m->count, m->dtype, op};

@@ -18,8 +18,9 @@ static int by_start(const void *a, const void *b) {
 /* Outputs must not overlap each other, nor any input other than their own
  * in-place partner (out[i] == in[i] exactly). Sort the outputs, then look up
  * each input among them: O(n log n). */
-static gs_status_t check_aliasing(const char *op_name, const gs_tensor_t *in,
-                                  const gs_tensor_t *out, int64_t n, int allow_in_place) {
+static gs_status_t check_aliasing(const char *op_name, const char *in_name, const gs_tensor_t *in,
+                                  const char *out_name, const gs_tensor_t *out, int64_t n,
+                                  int allow_in_place) {
   span_t *outs = malloc((size_t)(n > 0 ? n : 1) * sizeof *outs);
   if (!outs) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", op_name);
   int64_t m = 0;
@@ -35,8 +36,8 @@ static gs_status_t check_aliasing(const char *op_name, const gs_tensor_t *in,
   gs_status_t s = GS_SUCCESS;
   for (int64_t k = 1; k < m && s == GS_SUCCESS; k++)
     if (outs[k].lo < outs[k - 1].hi)
-      s = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] and out[%lld] overlap", op_name,
-                  (long long)outs[k - 1].index, (long long)outs[k].index);
+      s = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld] and %s[%lld] overlap", op_name,
+                  out_name, (long long)outs[k - 1].index, out_name, (long long)outs[k].index);
   for (int64_t i = 0; i < n && s == GS_SUCCESS; i++) {
     size_t bytes = (size_t)in[i].count * gs_dtype_size(in[i].dtype);
     if (!bytes) continue; /* (an empty tensor's data may be NULL: no arithmetic on it) */
@@ -51,9 +52,9 @@ static gs_status_t check_aliasing(const char *op_name, const gs_tensor_t *in,
       if (allow_in_place && outs[k].index == i && outs[k].lo == lo && outs[k].hi == hi)
         continue; /* in place */
       s = gs_fail(GS_ERR_INVALID_ARGUMENT,
-                  "%s: out[%lld] overlaps in[%lld]; an output must be its own input exactly "
-                  "(in place) or memory no input uses", op_name, (long long)outs[k].index,
-                  (long long)i);
+                  "%s: %s[%lld] overlaps %s[%lld]; an output must be its own input exactly "
+                  "(in place) or memory no input uses", op_name, out_name,
+                  (long long)outs[k].index, in_name, (long long)i);
       break;
     }
   }
@@ -92,6 +93,13 @@ gs_status_t gs_check_tensors(const char *op_name, const char *name,
       return gs_fail(GS_ERR_UNSUPPORTED,
                      "%s: %s[%lld] is CUDA device memory; this build of gradsync has no GPU "
                      "support (build with nvcc present)", op_name, name, (long long)i);
+    /* a misaligned device access is a sticky fault that kills the process's
+     * CUDA context: refuse it as the argument error it is */
+    if (cuda && t[i].count > 0 && (uintptr_t)t[i].data % (uintptr_t)es != 0)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld] is CUDA memory at %p, which is not "
+                     "aligned to its element size (%s, %lld bytes); pass an aligned view",
+                     op_name, name, (long long)i, t[i].data, gs_dtype_name(t[i].dtype),
+                     (long long)es);
   }
   return GS_SUCCESS;
 }
@@ -130,10 +138,16 @@ gs_status_t gs_check_outputs(const char *op_name, const gs_tensor_t *in,
                      op_name, (long long)i, (long long)out[i].count, (long long)i,
                      (long long)in[i].count);
   }
-  return check_aliasing(op_name, in, out, n, 1);
+  return check_aliasing(op_name, "in", in, "out", out, n, 1);
+}
+
+gs_status_t gs_check_pairs_disjoint(const char *op_name, const char *in_name,
+                                    const gs_tensor_t *in, const char *out_name,
+                                    const gs_tensor_t *out, int64_t n) {
+  return check_aliasing(op_name, in_name, in, out_name, out, n, 1);
 }
 
 gs_status_t gs_check_disjoint(const char *op_name, const gs_tensor_t *in,
                               const gs_tensor_t *out, int64_t n) {
-  return check_aliasing(op_name, in, out, n, 0);
+  return check_aliasing(op_name, "in", in, "out", out, n, 0);
 }

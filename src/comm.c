@@ -116,6 +116,15 @@ static void drain_notices(MPI_Comm notice) {
   }
 }
 
+/* Abandoned communicators stay here, reachable: MPI or the device may still
+ * complete work into their buffers (a bounded leak, not a lost one). */
+static struct gs_comm *abandoned[64];
+static int nabandoned;
+
+static void abandoned_keep(struct gs_comm *c) {
+  if (nabandoned < 64) abandoned[nabandoned++] = c;
+}
+
 static gs_status_t comm_free_impl(gs_comm_t *comm) {
   if (!comm || !*comm) return GS_SUCCESS;
   gs_comm_t c = *comm;
@@ -130,9 +139,11 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
     gs_log(GS_LOG_WARNING, "freeing a communicator abandoned after %s: its MPI "
            "communicators and buffers are kept", gs_status_string(c->broken));
     c->magic = 0;
+    abandoned_keep(c);
     *comm = NULL;
     return GS_SUCCESS;
   }
+  gs_async_settle_comm(c);
   gs_adasum_free(c);
   gs_device_path_free(c);
   if (init && !fin) {
@@ -254,6 +265,16 @@ static gs_status_t comm_abandon_impl(gs_comm_t comm, gs_status_t status, const c
   gs_fail(status, "%s", reason ? reason : "invalid arguments");
   gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
   return gs_begin_call(comm, &call, status);
+}
+
+gs_status_t gs_comm_device_transport(gs_comm_t comm, const char **name) {
+  GS_CHECK(gs_comm_valid(comm, "gs_comm_device_transport"));
+  if (!name) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_device_transport: name is NULL");
+  *name = comm->dev_path == GS_PATH_NCCL         ? gs_nccl_transport.name
+          : comm->dev_path == GS_PATH_CUDA_AWARE ? gs_cuda_aware_transport.name
+          : comm->dev_path == GS_PATH_STAGED     ? gs_staged_transport.name
+                                                 : "none";
+  return GS_SUCCESS;
 }
 
 gs_status_t gs_comm_get_stats(gs_comm_t comm, gs_comm_stats_t *stats) {

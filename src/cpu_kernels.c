@@ -248,6 +248,8 @@ gs_status_t gs_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64
       return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: acc[%lld] has %lld elements but grad[%lld] "
                      "has %lld", fn, (long long)i, (long long)acc[i].count, (long long)i,
                      (long long)grad[i].count);
+  /* acc[i] is written while grad[j] is read, by other threads (or blocks) */
+  GS_CHECK(gs_check_pairs_disjoint(fn, "grad", grad, "acc", acc, n));
   if (n && (acc[0].device.kind == GS_DEVICE_CUDA) != (grad[0].device.kind == GS_DEVICE_CUDA))
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: acc is in %s memory but grad is in %s memory",
                    fn, acc[0].device.kind == GS_DEVICE_CUDA ? "CUDA" : "host",

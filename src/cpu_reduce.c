@@ -5,9 +5,17 @@
 #include "half.h"
 
 /* NaN propagates through min/max as through sum: a non-finite gradient must
- * not be hidden by the reduction. */
-#define MIN_NAN(x, y) (((x) != (x) || (y) != (y)) ? (x) + (y) : ((x) < (y) ? (x) : (y)))
-#define MAX_NAN(x, y) (((x) != (x) || (y) != (y)) ? (x) + (y) : ((x) > (y) ? (x) : (y)))
+ * not be hidden by the reduction. The result does not depend on the order
+ * the operands meet in, so every transport gives the same bits: any NaN
+ * gives the canonical quiet NaN (+, payload 0; as the NCCL path's order keys
+ * do), and -0 is below +0. */
+#define CANONICAL_NAN gs_bits_to_float(0x7fc00000u)
+#define MIN_NAN(x, y)                                                            \
+  (((x) != (x) || (y) != (y)) ? CANONICAL_NAN                                    \
+                              : ((x) < (y) || ((x) == (y) && signbit(x))) ? (x) : (y))
+#define MAX_NAN(x, y)                                                            \
+  (((x) != (x) || (y) != (y)) ? CANONICAL_NAN                                    \
+                              : ((x) > (y) || ((x) == (y) && !signbit(x))) ? (x) : (y))
 #define MIN_INT(x, y) ((x) < (y) ? (x) : (y))
 #define MAX_INT(x, y) ((x) > (y) ? (x) : (y))
 

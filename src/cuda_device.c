@@ -1,5 +1,6 @@
-/* Memory on host and CUDA devices, and gradsync's stream per device. In a
- * build without CUDA, host memory works and CUDA requests say so. */
+/* The device runtime (gs_cuda.h): contexts, streams, events, waits and
+ * errors. In a build without CUDA the public entry points say so and the
+ * internal ones are never reached (no tensor gets to a device path). */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -7,15 +8,9 @@
 #include "gs_cuda.h"
 #include "gs_internal.h"
 
-#ifdef GS_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 #ifndef GS_CUDA_ARCHS
 #define GS_CUDA_ARCHS ""
 #endif
-
-#define MAX_DEVICES 64
 
 int gs_cuda_built(void) {
 #ifdef GS_HAVE_CUDA
@@ -27,300 +22,321 @@ int gs_cuda_built(void) {
 
 const char *gs_cuda_archs(void) { return GS_CUDA_ARCHS; }
 
-__attribute__((unused)) static gs_status_t no_cuda(const char *what) {
-  return gs_fail(GS_ERR_UNSUPPORTED, "%s: this gradsync was built without CUDA (rebuild with "
-                 "nvcc on PATH and GRADSYNC_CUDA unset)", what);
+#ifdef GS_HAVE_CUDA
+#include <cuda.h>
+#include <cuda_runtime_api.h>
+
+#define MAX_DEVICES 64
+
+/* ---- errors ------------------------------------------------------------------ */
+
+/* Errors after which the context is lost and every later call fails. */
+static int sticky(cudaError_t e) {
+  switch (e) {
+    case cudaErrorIllegalAddress:
+    case cudaErrorLaunchFailure:
+    case cudaErrorMisalignedAddress:
+    case cudaErrorIllegalInstruction:
+    case cudaErrorInvalidAddressSpace:
+    case cudaErrorInvalidPc:
+    case cudaErrorHardwareStackError:
+    case cudaErrorAssert:
+    case cudaErrorLaunchTimeout:
+    case cudaErrorECCUncorrectable:
+    case cudaErrorExternalDevice:
+      return 1;
+    default:
+      return 0;
+  }
 }
 
-#ifdef GS_HAVE_CUDA
-static gs_status_t cuda_fail(cudaError_t e, const char *what) {
-  cudaGetLastError(); /* clear a sticky-free error so the next call starts clean */
-  return gs_fail(GS_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+gs_status_t gs_cu_fail(int code, const char *what) {
+  cudaError_t e = (cudaError_t)code;
+  if (!sticky(e)) {
+    cudaGetLastError(); /* a non-sticky error: the next call starts clean */
+    return gs_fail(GS_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
+  }
+  if (gs_current_comm) gs_current_comm->broken = GS_ERR_CUDA;
+  return gs_fail(GS_ERR_CUDA, "%s: %s (%s). This error is sticky: the process's CUDA context "
+                 "is lost and every later CUDA call fails; the communicator is no longer "
+                 "usable (restart the process)", what, cudaGetErrorString(e),
+                 cudaGetErrorName(e));
 }
-#define CU_CHECK(call, what)                                    \
-  do {                                                          \
-    cudaError_t cu_e_ = (call);                                 \
-    if (cu_e_ != cudaSuccess) return cuda_fail(cu_e_, (what));  \
+
+#define CU_CHECK(call, what)                                   \
+  do {                                                         \
+    cudaError_t cu_e_ = (call);                                \
+    if (cu_e_ != cudaSuccess) return gs_cu_fail(cu_e_, (what)); \
   } while (0)
 
-static cudaStream_t streams[MAX_DEVICES];
-static pthread_mutex_t streams_lock = PTHREAD_MUTEX_INITIALIZER;
-#endif
+/* ---- version and devices -------------------------------------------------------- */
 
 int gs_cuda_version(void) {
-#ifdef GS_HAVE_CUDA
   int v = 0;
   return cudaRuntimeGetVersion(&v) == cudaSuccess ? v : CUDART_VERSION;
-#else
-  return 0;
-#endif
 }
 
 gs_status_t gs_cuda_device_count(int *count) {
   if (!count) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_cuda_device_count: count is NULL");
   *count = 0;
-#ifdef GS_HAVE_CUDA
-  if (cudaGetDeviceCount(count) != cudaSuccess) { /* no driver or no device: none */
-    cudaGetLastError();
-    *count = 0;
+  cudaError_t e = cudaGetDeviceCount(count);
+  if (e == cudaSuccess) return GS_SUCCESS;
+  *count = 0;
+  cudaGetLastError();
+  int driver = 0;
+  if (cudaDriverGetVersion(&driver) != cudaSuccess) cudaGetLastError();
+  /* the runtime says "insufficient driver" also when there is none at all */
+  if (e == cudaErrorInsufficientDriver && driver > 0) {
+    return gs_fail(GS_ERR_CUDA, "gs_cuda_device_count: the NVIDIA driver supports CUDA %d.%d, "
+                   "but this gradsync was built with the CUDA %d.%d runtime, which needs a "
+                   "driver for CUDA %d.%d or newer (cudaErrorInsufficientDriver): update the "
+                   "driver, or rebuild gradsync with an older CUDA toolkit",
+                   driver / 1000, driver % 1000 / 10, CUDART_VERSION / 1000,
+                   CUDART_VERSION % 1000 / 10, CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10);
   }
-#endif
+  /* no driver or no device: none, which is not an error */
   return GS_SUCCESS;
 }
 
 gs_status_t gs_cuda_get_device(int *device) {
   if (!device) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_cuda_get_device: device is NULL");
-#ifdef GS_HAVE_CUDA
   CU_CHECK(cudaGetDevice(device), "gs_cuda_get_device");
   return GS_SUCCESS;
-#else
-  return no_cuda("gs_cuda_get_device");
-#endif
 }
 
-gs_status_t gs_pointer_device(const void *ptr, gs_device_t *device) {
-  gs_clear_error();
-  if (!device) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_pointer_device: device is NULL");
-  device->kind = GS_DEVICE_CPU;
-  device->id = 0;
-#ifdef GS_HAVE_CUDA
-  struct cudaPointerAttributes attr;
-  if (ptr && cudaPointerGetAttributes(&attr, ptr) == cudaSuccess) {
-    if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) {
-      device->kind = GS_DEVICE_CUDA;
-      device->id = attr.device;
-    } else if (attr.type == cudaMemoryTypeHost) {
-      device->kind = GS_DEVICE_CUDA_HOST;
-    }
-  } else {
-    cudaGetLastError(); /* an unregistered host pointer is not an error */
+/* ---- contexts: pushed and popped, never created for the caller ----------------------- */
+
+typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
+typedef CUresult (*push_fn)(CUcontext);
+typedef CUresult (*pop_fn)(CUcontext *);
+typedef CUresult (*current_fn)(CUcontext *);
+static struct {
+  retain_fn retain;
+  push_fn push;
+  pop_fn pop;
+  current_fn current;
+} drv;
+static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
+static CUcontext primary[MAX_DEVICES];
+static pthread_mutex_t device_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void *entry(const char *name) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    cudaGetLastError();
+    return NULL;
   }
-#else
-  (void)ptr;
-#endif
-  return GS_SUCCESS;
+  return fn;
 }
 
-gs_status_t gs_cu_enter(int device, void **stream, int *previous) {
-#ifdef GS_HAVE_CUDA
+static void load_driver(void) {
+  drv.retain = (retain_fn)entry("cuDevicePrimaryCtxRetain");
+  drv.push = (push_fn)entry("cuCtxPushCurrent");
+  drv.pop = (pop_fn)entry("cuCtxPopCurrent");
+  drv.current = (current_fn)entry("cuCtxGetCurrent");
+}
+
+gs_status_t gs_cu_enter(int device, gs_cu_scope_t *scope) {
+  scope->device = device;
+  scope->pushed = 0;
   if (device < 0 || device >= MAX_DEVICES)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "CUDA device %d is out of range", device);
-  CU_CHECK(cudaGetDevice(previous), "gradsync: cudaGetDevice");
-  if (*previous != device) CU_CHECK(cudaSetDevice(device), "gradsync: cudaSetDevice");
-  pthread_mutex_lock(&streams_lock);
+  pthread_once(&drv_once, load_driver);
+  if (!drv.retain || !drv.push || !drv.pop || !drv.current)
+    return gs_fail(GS_ERR_CUDA, "gradsync: the CUDA driver does not provide the context entry "
+                   "points (cuCtxPushCurrent, ...) gradsync uses; update the driver");
+  pthread_mutex_lock(&device_lock);
+  CUresult r = primary[device] ? CUDA_SUCCESS : drv.retain(&primary[device], device);
+  CUcontext ctx = primary[device];
+  pthread_mutex_unlock(&device_lock);
+  if (r != CUDA_SUCCESS)
+    return gs_fail(GS_ERR_CUDA, "gradsync: cannot use CUDA device %d (its primary context: "
+                   "driver error %d)", device, (int)r);
+  CUcontext now = NULL;
+  if (drv.current(&now) == CUDA_SUCCESS && now == ctx) return GS_SUCCESS;
+  if (drv.push(ctx) != CUDA_SUCCESS)
+    return gs_fail(GS_ERR_CUDA, "gradsync: cannot make CUDA device %d current", device);
+  scope->pushed = 1;
+  return GS_SUCCESS;
+}
+
+void gs_cu_leave(gs_cu_scope_t *scope) {
+  if (scope->pushed) drv.pop(NULL);
+  scope->pushed = 0;
+}
+
+/* ---- streams ------------------------------------------------------------------------- */
+
+static cudaStream_t comm_streams[MAX_DEVICES];
+static _Thread_local uintptr_t work_stream; /* 0: legacy default */
+
+gs_status_t gs_cu_comm_stream(int device, void **stream) {
+  pthread_mutex_lock(&device_lock);
   cudaError_t e = cudaSuccess;
-  /* a blocking stream: ordered after the legacy default stream's work */
-  if (!streams[device]) e = cudaStreamCreate(&streams[device]);
-  cudaStream_t s = streams[device];
-  pthread_mutex_unlock(&streams_lock);
-  if (e != cudaSuccess) {
-    gs_cu_leave(*previous);
-    return cuda_fail(e, "gradsync: creating its CUDA stream");
-  }
-  *stream = s;
+  if (!comm_streams[device])
+    e = cudaStreamCreateWithFlags(&comm_streams[device], cudaStreamNonBlocking);
+  *stream = comm_streams[device];
+  pthread_mutex_unlock(&device_lock);
+  if (e != cudaSuccess) return gs_cu_fail(e, "gradsync: creating its CUDA stream");
   return GS_SUCCESS;
-#else
-  (void)device; (void)stream; (void)previous;
-  return no_cuda("gradsync");
-#endif
 }
 
-void gs_cu_leave(int previous) {
-#ifdef GS_HAVE_CUDA
-  int now = -1;
-  if (cudaGetDevice(&now) == cudaSuccess && now != previous && previous >= 0)
-    cudaSetDevice(previous);
-#else
-  (void)previous;
-#endif
+static cudaStream_t as_stream(uintptr_t s) {
+  return s == 0 || s == 1 ? cudaStreamLegacy : s == 2 ? cudaStreamPerThread : (cudaStream_t)s;
 }
 
-gs_status_t gs_cu_sync(void *stream, const char *what) {
-#ifdef GS_HAVE_CUDA
-  CU_CHECK(cudaStreamSynchronize((cudaStream_t)stream), what);
+void *gs_cu_work_stream(void) { return as_stream(work_stream); }
+void *gs_cu_as_stream(uintptr_t stream) { return as_stream(stream); }
+
+gs_status_t gs_cuda_set_stream(uintptr_t stream) {
+  work_stream = stream;
   return GS_SUCCESS;
-#else
-  (void)stream;
-  return no_cuda(what);
-#endif
 }
 
-gs_status_t gs_cu_copy(void *dst, const void *src, size_t bytes, void *stream) {
-#ifdef GS_HAVE_CUDA
-  if (bytes)
-    CU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, (cudaStream_t)stream),
-             "gradsync: cudaMemcpyAsync");
-  return GS_SUCCESS;
-#else
-  (void)dst; (void)src; (void)bytes; (void)stream;
-  return no_cuda("gradsync: device copy");
-#endif
-}
+uintptr_t gs_cuda_get_stream(void) { return work_stream ? work_stream : 1; }
 
-gs_status_t gs_cu_reserve(void **buf, size_t *have, size_t need, int pinned) {
-#ifdef GS_HAVE_CUDA
-  if (need <= *have && *buf) return GS_SUCCESS;
-  gs_cu_release(*buf, pinned); /* waits for work still using it */
-  *buf = NULL;
-  *have = 0;
-  size_t want = need < 4096 ? 4096 : need;
-  cudaError_t e = pinned ? cudaMallocHost(buf, want) : cudaMalloc(buf, want);
-  if (e != cudaSuccess) {
-    *buf = NULL;
-    cudaGetLastError();
-    return gs_fail(pinned ? GS_ERR_NO_MEMORY : GS_ERR_CUDA, "gradsync: cannot allocate %zu "
-                   "bytes of %s memory: %s", want, pinned ? "pinned host" : "device",
-                   cudaGetErrorString(e));
-  }
-  *have = want;
-  return GS_SUCCESS;
-#else
-  (void)buf; (void)have; (void)need; (void)pinned;
-  return no_cuda("gradsync: device buffer");
-#endif
-}
+/* ---- events ---------------------------------------------------------------------------- */
 
-void gs_cu_release(void *buf, int pinned) {
-#ifdef GS_HAVE_CUDA
-  if (buf) (void)(pinned ? cudaFreeHost(buf) : cudaFree(buf));
-#else
-  (void)buf; (void)pinned;
-#endif
-}
+typedef struct pooled {
+  cudaEvent_t ev;
+  int device;
+  struct pooled *next;
+} pooled_t;
+static pooled_t *free_events[MAX_DEVICES];
 
-#ifndef GS_HAVE_CUDA
-/* Without CUDA no tensor reaches a device path (gs_check_tensors refuses
- * CUDA memory first); these keep the library whole and say so if called. */
-gs_status_t gs_cu_elementwise(gs_cu_mode_t mode, const gs_cu_run_t *runs, int64_t n,
-                              double scale, void *stream) {
-  (void)mode; (void)runs; (void)n; (void)scale; (void)stream;
-  return no_cuda("gradsync: CUDA kernel");
-}
-gs_status_t gs_cu_nonfinite(const gs_tensor_t *t, int64_t n, int *bad, void *stream) {
-  (void)t; (void)n; (void)bad; (void)stream;
-  return no_cuda("gradsync: CUDA kernel");
-}
-gs_status_t gs_cu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b,
-                              const int64_t *start, const int64_t *count, int64_t n, double *d,
-                              void *stream) {
-  (void)dtype; (void)a; (void)b; (void)start; (void)count; (void)n; (void)d; (void)stream;
-  return no_cuda("gradsync: CUDA kernel");
-}
-gs_status_t gs_cu_adasum_combine(gs_dtype_t dtype, const void *a, const void *b, void *out,
-                                 const int64_t *start, const int64_t *count, const double *coef,
-                                 int64_t n, void *stream) {
-  (void)dtype; (void)a; (void)b; (void)out; (void)start; (void)count; (void)coef; (void)n;
-  (void)stream;
-  return no_cuda("gradsync: CUDA kernel");
-}
-#endif
-
-gs_status_t gs_malloc(gs_device_t device, size_t bytes, void **ptr) {
-  static const char fn[] = "gs_malloc";
-  gs_clear_error();
-  if (!ptr) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: ptr is NULL", fn);
-  *ptr = NULL;
-  switch (device.kind) {
-    case GS_DEVICE_CPU:
-      if (posix_memalign(ptr, 64, bytes ? bytes : 64) != 0) {
-        *ptr = NULL;
-        return gs_fail(GS_ERR_NO_MEMORY, "%s: cannot allocate %zu bytes", fn, bytes);
-      }
-      return GS_SUCCESS;
-#ifdef GS_HAVE_CUDA
-    case GS_DEVICE_CUDA_HOST: {
-      cudaError_t e = cudaMallocHost(ptr, bytes ? bytes : 64);
-      if (e != cudaSuccess) return cuda_fail(e, "gs_malloc (pinned host memory)");
-      return GS_SUCCESS;
+gs_status_t gs_cu_record(void *stream, void **event, const char *what) {
+  int device = 0;
+  CU_CHECK(cudaGetDevice(&device), what);
+  pthread_mutex_lock(&device_lock);
+  pooled_t *p = device < MAX_DEVICES ? free_events[device] : NULL;
+  if (p) free_events[device] = p->next;
+  pthread_mutex_unlock(&device_lock);
+  if (!p) {
+    p = calloc(1, sizeof *p);
+    if (!p) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", what);
+    cudaError_t e = cudaEventCreateWithFlags(&p->ev, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      free(p);
+      return gs_cu_fail(e, what);
     }
-    case GS_DEVICE_CUDA: {
-      void *stream;
-      int prev;
-      GS_CHECK(gs_cu_enter(device.id, &stream, &prev));
-      cudaError_t e = cudaMalloc(ptr, bytes ? bytes : 256);
-      gs_cu_leave(prev);
-      if (e != cudaSuccess) {
-        *ptr = NULL;
-        return cuda_fail(e, "gs_malloc (CUDA device memory)");
-      }
-      return GS_SUCCESS;
-    }
-#else
-    case GS_DEVICE_CUDA_HOST:
-    case GS_DEVICE_CUDA: return no_cuda(fn);
-#endif
+    p->device = device;
   }
-  return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: unknown device kind %d", fn, (int)device.kind);
-}
-
-gs_status_t gs_free(gs_device_t device, void *ptr) {
-  gs_clear_error();
-  if (!ptr) return GS_SUCCESS;
-  switch (device.kind) {
-    case GS_DEVICE_CPU: free(ptr); return GS_SUCCESS;
-#ifdef GS_HAVE_CUDA
-    case GS_DEVICE_CUDA_HOST: CU_CHECK(cudaFreeHost(ptr), "gs_free"); return GS_SUCCESS;
-    case GS_DEVICE_CUDA: CU_CHECK(cudaFree(ptr), "gs_free"); return GS_SUCCESS;
-#else
-    case GS_DEVICE_CUDA_HOST:
-    case GS_DEVICE_CUDA: return no_cuda("gs_free");
-#endif
+  cudaError_t e = cudaEventRecord(p->ev, (cudaStream_t)stream);
+  if (e != cudaSuccess) {
+    gs_cu_event_free(p);
+    return gs_cu_fail(e, what);
   }
-  return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_free: unknown device kind %d", (int)device.kind);
-}
-
-gs_status_t gs_memcpy(void *dst, gs_device_t dst_device, const void *src,
-                      gs_device_t src_device, size_t bytes) {
-  gs_clear_error();
-  if (!bytes) return GS_SUCCESS;
-  if (!dst || !src) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_memcpy: %s is NULL",
-                                   dst ? "src" : "dst");
-  if (dst_device.kind != GS_DEVICE_CUDA && src_device.kind != GS_DEVICE_CUDA) {
-    memmove(dst, src, bytes);
-    return GS_SUCCESS;
-  }
-#ifdef GS_HAVE_CUDA
-  /* unified addressing: the runtime finds the direction and the devices */
-  CU_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault), "gs_memcpy");
+  *event = p;
   return GS_SUCCESS;
-#else
-  return no_cuda("gs_memcpy");
-#endif
 }
+
+void gs_cu_event_free(void *event) {
+  pooled_t *p = event;
+  if (!p) return;
+  pthread_mutex_lock(&device_lock);
+  p->next = free_events[p->device];
+  free_events[p->device] = p;
+  pthread_mutex_unlock(&device_lock);
+}
+
+int gs_cu_event_poll(void *event, const char *what) {
+  cudaError_t e = cudaEventQuery(((pooled_t *)event)->ev);
+  if (e == cudaSuccess) return 1;
+  if (e == cudaErrorNotReady) return 0;
+  gs_cu_fail(e, what);
+  return -1;
+}
+
+gs_status_t gs_cu_stream_wait_event(void *stream, void *event, const char *what) {
+  cudaError_t e = cudaStreamWaitEvent((cudaStream_t)stream, ((pooled_t *)event)->ev, 0);
+  return e == cudaSuccess ? GS_SUCCESS : gs_cu_fail(e, what);
+}
+
+gs_status_t gs_cu_order(void *waiter, void *producer, const char *what) {
+  if (waiter == producer) return GS_SUCCESS;
+  void *ev = NULL;
+  GS_CHECK(gs_cu_record(producer, &ev, what));
+  cudaError_t e = cudaStreamWaitEvent((cudaStream_t)waiter, ((pooled_t *)ev)->ev, 0);
+  gs_cu_event_free(ev); /* the wait took the event's state when it was queued */
+  if (e != cudaSuccess) return gs_cu_fail(e, what);
+  return GS_SUCCESS;
+}
+
+typedef struct event_wait {
+  void *event;
+  const char *what;
+} event_wait_t;
+
+static int event_poll(void *ctx, gs_status_t *err) {
+  event_wait_t *w = ctx;
+  int r = gs_cu_event_poll(w->event, w->what);
+  if (r < 0) *err = GS_ERR_CUDA;
+  return r;
+}
+
+gs_status_t gs_cu_event_wait(void *event, const char *what) {
+  event_wait_t ctx = {event, what};
+  gs_wait_t w = {event_poll, NULL, NULL, NULL, &ctx, what};
+  return gs_progress_wait(&w);
+}
+
+gs_status_t gs_cu_stream_wait(void *stream, const char *what) {
+  void *ev = NULL;
+  GS_CHECK(gs_cu_record(stream, &ev, what));
+  gs_status_t s = gs_cu_event_wait(ev, what);
+  gs_cu_event_free(ev);
+  return s;
+}
+
+/* ---- the public stream API --------------------------------------------------------------- */
 
 gs_status_t gs_cuda_stream(int device, void **stream) {
   gs_clear_error();
   if (!stream) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_cuda_stream: stream is NULL");
-  int prev;
-  GS_CHECK(gs_cu_enter(device, stream, &prev));
-  gs_cu_leave(prev);
-  return GS_SUCCESS;
+  gs_cu_scope_t scope;
+  GS_CHECK(gs_cu_enter(device, &scope));
+  gs_status_t s = gs_cu_comm_stream(device, stream);
+  gs_cu_leave(&scope);
+  return s;
 }
 
 gs_status_t gs_cuda_order_after(int device, uintptr_t stream) {
   gs_clear_error();
-#ifdef GS_HAVE_CUDA
+  gs_cu_scope_t scope;
+  GS_CHECK(gs_cu_enter(device, &scope));
   void *ours;
-  int prev;
-  GS_CHECK(gs_cu_enter(device, &ours, &prev));
-  cudaStream_t theirs = stream == 1   ? cudaStreamLegacy
-                        : stream == 2 ? cudaStreamPerThread
-                                      : (cudaStream_t)stream;
-  gs_status_t s = GS_SUCCESS;
-  if (theirs != (cudaStream_t)ours) {
-    cudaEvent_t ev;
-    cudaError_t e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
-    if (e == cudaSuccess) {
-      e = cudaEventRecord(ev, theirs);
-      if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)ours, ev, 0);
-      cudaEventDestroy(ev); /* the runtime releases it once the wait is over */
-    }
-    if (e != cudaSuccess) s = cuda_fail(e, "gs_cuda_order_after");
-  }
-  gs_cu_leave(prev);
+  gs_status_t s = gs_cu_comm_stream(device, &ours);
+  if (s == GS_SUCCESS) s = gs_cu_order(ours, as_stream(stream), "gs_cuda_order_after");
+  gs_cu_leave(&scope);
   return s;
-#else
+}
+
+#else /* no CUDA */
+
+static gs_status_t no_cuda(const char *what) {
+  return gs_fail(GS_ERR_UNSUPPORTED, "%s: this gradsync was built without CUDA (rebuild with "
+                 "nvcc on PATH and GRADSYNC_CUDA unset)", what);
+}
+int gs_cuda_version(void) { return 0; }
+gs_status_t gs_cuda_device_count(int *count) {
+  if (!count) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_cuda_device_count: count is NULL");
+  *count = 0;
+  return GS_SUCCESS;
+}
+gs_status_t gs_cuda_get_device(int *device) { (void)device; return no_cuda("gs_cuda_get_device"); }
+gs_status_t gs_cuda_stream(int device, void **stream) {
+  (void)device; (void)stream;
+  return no_cuda("gs_cuda_stream");
+}
+gs_status_t gs_cuda_order_after(int device, uintptr_t stream) {
   (void)device; (void)stream;
   return no_cuda("gs_cuda_order_after");
-#endif
 }
+gs_status_t gs_cuda_set_stream(uintptr_t stream) {
+  (void)stream;
+  return GS_SUCCESS; /* nothing runs on a device: there is no stream to use */
+}
+uintptr_t gs_cuda_get_stream(void) { return 1; }
+#endif

@@ -1,12 +1,16 @@
 /* Where a call's data lives. Host memory: the MPI transport and the host
- * kernels, exactly as before engines existed. CUDA memory: the communicator's
- * device path (NCCL when every rank can use it, else MPI staged through
- * pinned host memory), the CUDA kernels, and one wait at the end of the call.
+ * kernels. CUDA memory: the communicator's device path (NCCL when every rank
+ * can use it, CUDA-aware MPI, else MPI staged through pinned host memory),
+ * the CUDA kernels on gradsync's non-blocking communication stream, ordered
+ * after the caller's work stream by an event, and one wait at the end of the
+ * call that polls like every other wait (timeouts, interrupts, the runtime
+ * lock released). An asynchronous call on the background thread does not
+ * wait: it hands the event to its request (gs_defer_device).
  *
  * The path is chosen once per communicator, collectively, at its first call
- * on CUDA memory: NCCL needs the library on every rank and one GPU per rank
- * (NCCL refuses two ranks on one device), so the ranks compare their GPUs'
- * UUIDs and agree by a MIN allreduce. GRADSYNC_NCCL=0 forces staged MPI. */
+ * on CUDA memory: NCCL needs a usable library on every rank and one GPU per
+ * rank (NCCL refuses two ranks on one device), so the ranks compare their
+ * GPUs' UUIDs and agree by a MIN allreduce. GRADSYNC_NCCL=0 forces MPI. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,6 +20,8 @@
 #ifdef GS_HAVE_CUDA
 #include <cuda_runtime_api.h>
 #endif
+
+_Thread_local gs_device_done_t *gs_defer_device;
 
 gs_status_t gs_check_memory(gs_comm_t c, const char *fn, const gs_tensor_t *a, int64_t na,
                             const gs_tensor_t *b, int64_t nb) {
@@ -41,8 +47,8 @@ static int env_nccl_off(void) {
   return s && strcmp(s, "0") == 0;
 }
 
-/* Collective over c->mpi: every rank reaches it in the same call. */
-static gs_status_t choose_path(gs_comm_t c, int device) {
+/* Whether every rank has a GPU of its own (collective over c->mpi). */
+static gs_status_t distinct_gpus(gs_comm_t c, int device, int *yes) {
   unsigned char *uuids = malloc(16 * (size_t)c->size);
   if (!uuids) return gs_fail(GS_ERR_NO_MEMORY, "gradsync: out of memory");
   unsigned char mine[16] = {0};
@@ -50,17 +56,26 @@ static gs_status_t choose_path(gs_comm_t c, int device) {
   if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) memcpy(mine, prop.uuid.bytes, 16);
   else cudaGetLastError();
   int e = MPI_Allgather(mine, 16, MPI_BYTE, uuids, 16, MPI_BYTE, c->mpi);
-  int want = !env_nccl_off() && gs_nccl_loadable();
-  for (int i = 0; e == MPI_SUCCESS && i < c->size && want; i++)
-    for (int j = i + 1; j < c->size && want; j++)
-      if (memcmp(uuids + 16 * (size_t)i, uuids + 16 * (size_t)j, 16) == 0) want = 0;
+  *yes = 1;
+  for (int i = 0; e == MPI_SUCCESS && i < c->size && *yes; i++)
+    for (int j = i + 1; j < c->size && *yes; j++)
+      if (memcmp(uuids + 16 * (size_t)i, uuids + 16 * (size_t)j, 16) == 0) *yes = 0;
   free(uuids);
   if (e != MPI_SUCCESS) return gs_mpi_fail(e, "gradsync: comparing GPUs (MPI_Allgather)");
+  return GS_SUCCESS;
+}
+
+/* Collective over c->mpi: every rank reaches it in the same call. */
+static gs_status_t choose_path(gs_comm_t c, int device) {
+  int want = 0;
+  GS_CHECK(distinct_gpus(c, device, &want));
+  want = want && !env_nccl_off() && gs_nccl_loadable();
   GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_INT, MPI_MIN, c->mpi),
                "gradsync: choosing the device path");
   c->dev_id = device;
   if (want) {
     int ok = gs_nccl_comm_init(c) == GS_SUCCESS;
+    if (!ok) gs_log(GS_LOG_WARNING, "NCCL initialization failed (%s); using MPI", gs_last_error());
     GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, c->mpi),
                  "gradsync: NCCL initialization");
     if (!ok) gs_nccl_comm_free(c); /* some rank failed: all fall back */
@@ -79,45 +94,108 @@ static gs_status_t choose_path(gs_comm_t c, int device) {
                    "GRADSYNC_NCCL=0, or ranks share a GPU)");
   return GS_SUCCESS;
 }
-#endif
 
-gs_status_t gs_engine_open(gs_comm_t c, const gs_tensor_t *t, int64_t n, gs_engine_t *e) {
-  e->comm = c;
-  e->call = "collective";
-  e->device = -1;
-  e->previous = -1;
-  e->stream = NULL;
-  e->transport = &gs_mpi_transport;
-  if (n == 0 || t[0].device.kind != GS_DEVICE_CUDA) return GS_SUCCESS;
-#ifdef GS_HAVE_CUDA
-  GS_CHECK(gs_cu_enter(t[0].device.id, &e->stream, &e->previous));
-  e->device = t[0].device.id;
-  gs_status_t s = GS_SUCCESS;
-  if (c && c->dev_path == GS_PATH_NONE) s = choose_path(c, e->device);
+/* The communication stream runs this call's work after what it depends on:
+ * on the background thread, the work its request was submitted behind;
+ * otherwise everything queued so far on the caller's work stream. */
+static gs_status_t order_after_caller(gs_engine_t *e) {
+  if (gs_async_in_worker()) {
+    if (!gs_defer_device || !gs_defer_device->ready) return GS_SUCCESS;
+    return gs_cu_stream_wait_event(e->stream, gs_defer_device->ready,
+                                   "gradsync: ordering after the caller");
+  }
+  return gs_cu_order(e->stream, gs_cu_work_stream(), "gradsync: ordering after the caller");
+}
+
+static gs_status_t open_device(gs_comm_t c, int device, gs_engine_t *e) {
+  GS_CHECK(gs_cu_enter(device, &e->scope));
+  e->device = device;
+  gs_status_t s = gs_cu_comm_stream(device, &e->stream);
+  if (s == GS_SUCCESS && c->dev_path == GS_PATH_NONE) s = choose_path(c, device);
+  if (s == GS_SUCCESS) s = order_after_caller(e);
   if (s != GS_SUCCESS) {
-    gs_cu_leave(e->previous);
+    gs_cu_leave(&e->scope);
     e->device = -1;
     return s;
   }
-  if (c) {
-    c->dev_stream = e->stream;
-    e->transport = c->dev_path == GS_PATH_NCCL         ? &gs_nccl_transport
-                   : c->dev_path == GS_PATH_CUDA_AWARE ? &gs_cuda_aware_transport
-                                                       : &gs_staged_transport;
-  }
+  c->dev_stream = e->stream;
+  e->transport = c->dev_path == GS_PATH_NCCL         ? &gs_nccl_transport
+                 : c->dev_path == GS_PATH_CUDA_AWARE ? &gs_cuda_aware_transport
+                                                     : &gs_staged_transport;
   return GS_SUCCESS;
+}
+#endif
+
+gs_status_t gs_engine_open(gs_comm_t c, const gs_tensor_t *t, int64_t n, gs_engine_t *e) {
+  memset(e, 0, sizeof *e);
+  e->comm = c;
+  e->call = "collective";
+  e->device = -1;
+  e->transport = &gs_mpi_transport;
+  if (n == 0 || t[0].device.kind != GS_DEVICE_CUDA) return GS_SUCCESS;
+#ifdef GS_HAVE_CUDA
+  return open_device(c, t[0].device.id, e);
 #else
   return gs_fail(GS_ERR_UNSUPPORTED, "gradsync was built without CUDA");
 #endif
 }
 
+/* ---- waiting for a device path's work ------------------------------------------ */
+
+typedef struct device_wait {
+  gs_comm_t comm;
+  const gs_transport_t *transport;
+  void *event;
+} device_wait_t;
+
+static int device_poll(void *ctx, gs_status_t *err) {
+  device_wait_t *w = ctx;
+  return w->transport->poll(w->comm, w->event, err);
+}
+
+static void device_abort(void *ctx, gs_status_t why) {
+  device_wait_t *w = ctx;
+  if (w->transport->abort) w->transport->abort(w->comm, why);
+}
+
+static const char *device_detail(void *ctx) {
+  device_wait_t *w = ctx;
+  return w->transport->detail ? w->transport->detail(w->comm) : NULL;
+}
+
+gs_status_t gs_device_wait(gs_comm_t c, const gs_transport_t *tr, void *event, const char *what) {
+  device_wait_t ctx = {c, tr, event};
+  gs_wait_t w = {device_poll, device_abort, NULL, device_detail, &ctx, what};
+  gs_comm_t saved = gs_current_comm;
+  gs_current_comm = c; /* a wait that gives up marks this communicator */
+  gs_status_t s = gs_progress_wait(&w);
+  gs_current_comm = saved;
+  return s;
+}
+
 gs_status_t gs_engine_close(gs_engine_t *e, gs_status_t s) {
   if (e->device < 0) return s;
-  gs_status_t w = gs_cu_sync(e->stream, "gradsync: waiting for the call's device work");
-  gs_cu_leave(e->previous);
+  gs_comm_t c = e->comm;
+  void *ev = NULL;
+  gs_status_t w = gs_cu_record(e->stream, &ev, "gradsync: after the call's device work");
+  if (w == GS_SUCCESS && s == GS_SUCCESS && gs_defer_device && gs_async_in_worker()) {
+    /* the request waits (or has the caller's stream wait) for it */
+    gs_defer_device->event = ev;
+    gs_defer_device->comm = c;
+    gs_defer_device->transport = e->transport;
+    gs_defer_device->device = e->device;
+    ev = NULL;
+  } else if (w == GS_SUCCESS && (s == GS_SUCCESS || !c->broken)) {
+    /* after a failure too: the call's tensors may still be in use */
+    w = gs_device_wait(c, e->transport, ev, e->call);
+  }
+  gs_cu_event_free(ev);
+  gs_cu_leave(&e->scope);
   e->device = -1;
   return s != GS_SUCCESS ? s : w;
 }
+
+/* ---- copies and buffers in the engine's memory ------------------------------------ */
 
 gs_status_t gs_scale_copy(const gs_engine_t *e, gs_dtype_t dtype, const void *src, void *dst,
                           int64_t count, double scale) {
@@ -128,62 +206,6 @@ gs_status_t gs_scale_copy(const gs_engine_t *e, gs_dtype_t dtype, const void *sr
   if (count <= 0 || (scale == 1.0 && src == dst)) return GS_SUCCESS;
   gs_cu_run_t run = {dst, src, count, (int32_t)dtype, (int32_t)dtype};
   return gs_cu_elementwise(GS_CU_COPY_SCALE, &run, 1, scale, e->stream);
-}
-
-/* Pack and unpack on a device: every slot of the message in one launch. */
-static gs_status_t device_copy_slots(const gs_engine_t *e, const gs_plan_t *plan,
-                                     const gs_message_t *m, const gs_tensor_t *t, void *buf,
-                                     double scale, int unpack) {
-  size_t es = gs_dtype_size(m->dtype);
-  gs_cu_run_t small[GS_PLAN_INLINE];
-  gs_cu_run_t *runs = m->nslots <= GS_PLAN_INLINE ? small : malloc((size_t)m->nslots * sizeof *runs);
-  if (!runs) return gs_fail(GS_ERR_NO_MEMORY, "gradsync: out of memory packing a message");
-  for (int64_t k = 0; k < m->nslots; k++) {
-    const gs_slot_t *s = &plan->slots[m->first + k];
-    char *slot = (char *)buf + (size_t)s->offset * es;
-    void *tensor = t[s->tensor].data;
-    runs[k] = (gs_cu_run_t){unpack ? tensor : slot, unpack ? slot : tensor, s->count,
-                            (int32_t)m->dtype, (int32_t)m->dtype};
-  }
-  gs_status_t st = gs_cu_elementwise(GS_CU_COPY_SCALE, runs, m->nslots, scale, e->stream);
-  if (runs != small) free(runs);
-  return st;
-}
-
-gs_status_t gs_pack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
-                    const gs_tensor_t *t, void *buf, double scale) {
-  double t0 = GS_TL_START();
-  size_t es = gs_dtype_size(m->dtype);
-  gs_status_t s = GS_SUCCESS;
-  if (e->device >= 0) {
-    s = device_copy_slots(e, plan, m, t, buf, scale, 0);
-  } else {
-    for (int64_t k = m->first; k < m->first + m->nslots; k++) {
-      const gs_slot_t *sl = &plan->slots[k];
-      gs_cpu_scale_copy(m->dtype, t[sl->tensor].data, (char *)buf + (size_t)sl->offset * es,
-                        sl->count, scale);
-    }
-  }
-  GS_TL_END("pack", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
-  return s;
-}
-
-gs_status_t gs_unpack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
-                      const void *buf, const gs_tensor_t *t, double scale) {
-  double t0 = GS_TL_START();
-  size_t es = gs_dtype_size(m->dtype);
-  gs_status_t s = GS_SUCCESS;
-  if (e->device >= 0) {
-    s = device_copy_slots(e, plan, m, t, (void *)buf, scale, 1);
-  } else {
-    for (int64_t k = m->first; k < m->first + m->nslots; k++) {
-      const gs_slot_t *sl = &plan->slots[k];
-      gs_cpu_scale_copy(m->dtype, (const char *)buf + (size_t)sl->offset * es,
-                        t[sl->tensor].data, sl->count, scale);
-    }
-  }
-  GS_TL_END("unpack", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
-  return s;
 }
 
 gs_status_t gs_copy_batch(const gs_engine_t *e, gs_dtype_t dtype, const gs_copy_t *copies,
@@ -217,10 +239,7 @@ gs_status_t gs_zero_bytes(const gs_engine_t *e, void *dst, size_t bytes) {
 gs_status_t gs_buffer_reserve(const gs_engine_t *e, size_t bytes, void **buf) {
   gs_comm_t c = e->comm;
   if (e->device < 0) return gs_fusion_reserve(c, bytes, buf);
-  /* grow geometrically, as the host buffer does */
-  size_t want = bytes > c->dev_fusion_bytes && bytes < 2 * c->dev_fusion_bytes
-                    ? 2 * c->dev_fusion_bytes : bytes;
-  GS_CHECK(gs_cu_reserve(&c->dev_fusion, &c->dev_fusion_bytes, want, 0));
+  GS_CHECK(gs_cu_grow(&c->dev_fusion, &c->dev_fusion_bytes, bytes, e->stream));
   *buf = c->dev_fusion;
   return GS_SUCCESS;
 }
@@ -239,64 +258,25 @@ gs_status_t gs_scratch_reserve(const gs_engine_t *e, size_t bytes, void **buf) {
     *buf = c->adasum_tmp;
     return GS_SUCCESS;
   }
-  GS_CHECK(gs_cu_reserve(&c->dev_tmp, &c->dev_tmp_bytes, bytes, 0));
+  GS_CHECK(gs_cu_grow(&c->dev_tmp, &c->dev_tmp_bytes, bytes, e->stream));
   *buf = c->dev_tmp;
   return GS_SUCCESS;
 }
 
 void gs_device_path_free(gs_comm_t c) {
-  gs_nccl_comm_free(c);
-  gs_cu_release(c->dev_fusion, 0);
-  gs_cu_release(c->dev_tmp, 0);
-  gs_cu_release(c->pinned, 1);
-  c->dev_fusion = c->dev_tmp = c->pinned = NULL;
-  c->dev_fusion_bytes = c->dev_tmp_bytes = c->pinned_bytes = 0;
+  if (c->dev_path == GS_PATH_NONE) return;
+  gs_cu_scope_t scope;
+  if (gs_cu_enter(c->dev_id, &scope) == GS_SUCCESS) {
+    /* the buffers' last users are on the communication stream */
+    if (c->dev_stream) gs_cu_stream_wait(c->dev_stream, "gs_comm_free: the last device work");
+    gs_nccl_comm_free(c);
+    gs_cu_free_async(c->dev_fusion, c->dev_stream);
+    gs_cu_free_async(c->dev_tmp, c->dev_stream);
+    gs_cu_free_async(c->dev_keys, c->dev_stream);
+    gs_cu_release(c->pinned, 1);
+    gs_cu_leave(&scope);
+  }
+  c->dev_fusion = c->dev_tmp = c->dev_keys = c->pinned = NULL;
+  c->dev_fusion_bytes = c->dev_tmp_bytes = c->dev_keys_bytes = c->pinned_bytes = 0;
   c->dev_path = GS_PATH_NONE;
-}
-
-/* ---- the kernels API on CUDA memory ---------------------------------------- */
-
-/* Runs `mode` over pairs (a[i], b[i]) (b may be NULL) on a's device. */
-static gs_status_t device_elementwise(gs_cu_mode_t mode, const gs_tensor_t *a,
-                                      const gs_tensor_t *b, int64_t n, double scale) {
-  if (n == 0) return GS_SUCCESS;
-  gs_engine_t e;
-  GS_CHECK(gs_engine_open(NULL, a, n, &e));
-  gs_cu_run_t *runs = malloc((size_t)n * sizeof *runs);
-  gs_status_t s = runs ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "gradsync: out of memory");
-  for (int64_t i = 0; s == GS_SUCCESS && i < n; i++)
-    runs[i] = (gs_cu_run_t){a[i].data, b ? b[i].data : a[i].data, a[i].count,
-                            (int32_t)a[i].dtype, (int32_t)(b ? b[i].dtype : a[i].dtype)};
-  if (s == GS_SUCCESS) s = gs_cu_elementwise(mode, runs, n, scale, e.stream);
-  free(runs);
-  return gs_engine_close(&e, s);
-}
-
-gs_status_t gs_device_zero(const gs_tensor_t *t, int64_t n) {
-  return device_elementwise(GS_CU_ZERO, t, NULL, n, 1.0);
-}
-
-gs_status_t gs_device_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64_t n,
-                                 int overwrite) {
-  for (int64_t i = 0; i < n; i++)
-    if (grad[i].device.kind != GS_DEVICE_CUDA || grad[i].device.id != acc[0].device.id)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_accumulate: grad[%lld] is not on acc's CUDA "
-                     "device %d", (long long)i, (int)acc[0].device.id);
-  return device_elementwise(overwrite ? GS_CU_OVERWRITE : GS_CU_ACCUMULATE, acc, grad, n, 1.0);
-}
-
-gs_status_t gs_device_scale(const gs_tensor_t *t, int64_t n, double factor) {
-  if (factor == 1.0) return GS_SUCCESS;
-  return device_elementwise(GS_CU_COPY_SCALE, t, NULL, n, factor);
-}
-
-gs_status_t gs_device_all_finite(const gs_tensor_t *t, int64_t n, int *finite) {
-  *finite = 1;
-  if (n == 0) return GS_SUCCESS;
-  gs_engine_t e;
-  GS_CHECK(gs_engine_open(NULL, t, n, &e));
-  int bad = 0;
-  gs_status_t s = gs_cu_nonfinite(t, n, &bad, e.stream);
-  *finite = !bad;
-  return gs_engine_close(&e, s);
 }

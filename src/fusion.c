@@ -1,5 +1,6 @@
 /* The fusion engine: one offset table per call, shared by packing,
- * unpacking and (later) Adasum's per-tensor boundaries. */
+ * unpacking and Adasum's per-tensor boundaries, and the packing and
+ * unpacking themselves (host loops, or one device launch per message). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -74,4 +75,60 @@ int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m,
   }
   *base = b;
   return 1;
+}
+
+/* Pack and unpack on a device: every slot of the message in one launch. */
+static gs_status_t device_copy_slots(const gs_engine_t *e, const gs_plan_t *plan,
+                                     const gs_message_t *m, const gs_tensor_t *t, void *buf,
+                                     double scale, int unpack) {
+  size_t es = gs_dtype_size(m->dtype);
+  gs_cu_run_t small[GS_PLAN_INLINE];
+  gs_cu_run_t *runs = m->nslots <= GS_PLAN_INLINE ? small : malloc((size_t)m->nslots * sizeof *runs);
+  if (!runs) return gs_fail(GS_ERR_NO_MEMORY, "gradsync: out of memory packing a message");
+  for (int64_t k = 0; k < m->nslots; k++) {
+    const gs_slot_t *s = &plan->slots[m->first + k];
+    char *slot = (char *)buf + (size_t)s->offset * es;
+    void *tensor = t[s->tensor].data;
+    runs[k] = (gs_cu_run_t){unpack ? tensor : slot, unpack ? slot : tensor, s->count,
+                            (int32_t)m->dtype, (int32_t)m->dtype};
+  }
+  gs_status_t st = gs_cu_elementwise(GS_CU_COPY_SCALE, runs, m->nslots, scale, e->stream);
+  if (runs != small) free(runs);
+  return st;
+}
+
+gs_status_t gs_pack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                    const gs_tensor_t *t, void *buf, double scale) {
+  double t0 = GS_TL_START();
+  size_t es = gs_dtype_size(m->dtype);
+  gs_status_t s = GS_SUCCESS;
+  if (e->device >= 0) {
+    s = device_copy_slots(e, plan, m, t, buf, scale, 0);
+  } else {
+    for (int64_t k = m->first; k < m->first + m->nslots; k++) {
+      const gs_slot_t *sl = &plan->slots[k];
+      gs_cpu_scale_copy(m->dtype, t[sl->tensor].data, (char *)buf + (size_t)sl->offset * es,
+                        sl->count, scale);
+    }
+  }
+  GS_TL_END("pack", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
+  return s;
+}
+
+gs_status_t gs_unpack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                      const void *buf, const gs_tensor_t *t, double scale) {
+  double t0 = GS_TL_START();
+  size_t es = gs_dtype_size(m->dtype);
+  gs_status_t s = GS_SUCCESS;
+  if (e->device >= 0) {
+    s = device_copy_slots(e, plan, m, t, (void *)buf, scale, 1);
+  } else {
+    for (int64_t k = m->first; k < m->first + m->nslots; k++) {
+      const gs_slot_t *sl = &plan->slots[k];
+      gs_cpu_scale_copy(m->dtype, (const char *)buf + (size_t)sl->offset * es,
+                        t[sl->tensor].data, sl->count, scale);
+    }
+  }
+  GS_TL_END("unpack", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
+  return s;
 }

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "gradsync.h"
+#include "gs_cuda.h"
 
 /* ---- errors (status.c) ------------------------------------------------- */
 
@@ -101,6 +102,8 @@ struct gs_comm {
   size_t dev_fusion_bytes;
   void *dev_tmp;           /* device scratch: Adasum's received halves */
   size_t dev_tmp_bytes;
+  void *dev_keys;          /* device scratch: NCCL min/max order keys */
+  size_t dev_keys_bytes;
   void *pinned;            /* pinned host staging for GS_PATH_STAGED */
   size_t pinned_bytes;
   gs_status_t broken;      /* a wait was abandoned (timeout, interrupt): unusable */
@@ -114,6 +117,9 @@ gs_status_t gs_comm_valid(gs_comm_t comm, const char *where);
  * stays unusable (its ranks may be mid-collective). */
 gs_status_t gs_comm_enter(gs_comm_t comm, const char *where);
 void gs_async_drain(void);
+/* Waits for the device work of finished asynchronous requests on `c` (its
+ * free is next). */
+void gs_async_settle_comm(gs_comm_t c);
 int gs_async_in_worker(void);
 /* Every public collective runs between these (async.c): they wait for queued
  * asynchronous collectives, then hold the runtime lock, which keeps
@@ -158,11 +164,31 @@ void gs_timeline_from_env(void);
 
 gs_status_t gs_mpi_datatype(gs_dtype_t dtype, MPI_Datatype *out);
 
-/* Called while waiting, about every 128 polls, with the seconds waited so
- * far; may complete the request itself (then sets *done). */
+/* ---- waiting (progress.c): every wait on every transport ------------------- */
+
+/* What a wait polls. poll: 1 done, 0 not yet, -1 failed (*err set, message
+ * recorded). abandon (may be NULL): called when the wait gives up (timeout,
+ * interrupt) to cancel or abort what is pending. tick (may be NULL): about
+ * every 128 polls with the seconds waited. detail (may be NULL): more words
+ * for the timeout message (NCCL's last error). */
+typedef struct gs_wait {
+  int (*poll)(void *ctx, gs_status_t *err);
+  void (*abandon)(void *ctx, gs_status_t why);
+  void (*tick)(void *ctx, double waited);
+  const char *(*detail)(void *ctx);
+  void *ctx;
+  const char *what;
+} gs_wait_t;
+/* Polls until done, yielding the core and releasing the runtime lock between
+ * polls; GRADSYNC_TIMEOUT_SECONDS and interrupts end it with GS_ERR_TIMEOUT
+ * or GS_ERR_INTERRUPTED and leave the current communicator unusable. */
+gs_status_t gs_progress_wait(const gs_wait_t *w);
+
+/* Called while waiting on an MPI request, about every 128 polls, with the
+ * seconds waited so far; may complete the request itself (then sets *done). */
 typedef void (*gs_wait_tick)(void *ctx, MPI_Request *req, int *done, double waited);
-/* Completes a nonblocking MPI call, yielding the core between polls so ranks
- * that share cores make progress. `tick` may be NULL. */
+/* Completes a nonblocking MPI call through gs_progress_wait; on giving up
+ * the request is cancelled. `tick` may be NULL. */
 gs_status_t gs_mpi_wait(MPI_Request *req, const char *what, gs_wait_tick tick, void *ctx);
 
 /* Messages below this size use MPI's blocking calls when every rank has a
@@ -191,6 +217,14 @@ typedef struct gs_transport {
    * gets this rank's block reduced. */
   gs_status_t (*reduce_scatter)(gs_comm_t, const void *send, void *recv,
                                 const int64_t *counts, gs_dtype_t, gs_op_t);
+  /* Device transports (NULL for host memory): whether the work queued on the
+   * communicator's stream up to `event` has finished (1), not yet (0), or
+   * failed (-1, *err set, message recorded); abort (may be NULL): what to do
+   * when a wait gives up on it; detail (may be NULL): the transport's own
+   * words on its last error, for messages. */
+  int (*poll)(gs_comm_t, void *event, gs_status_t *err);
+  void (*abort)(gs_comm_t, gs_status_t why);
+  const char *(*detail)(gs_comm_t);
 } gs_transport_t;
 
 extern const gs_transport_t gs_mpi_transport;
@@ -205,6 +239,8 @@ int gs_mpi_cuda_aware(void);
 int gs_mpi_op_is_builtin(gs_dtype_t dtype, gs_op_t op);
 /* MPI over host staging for device buffers (staged.c). */
 extern const gs_transport_t gs_staged_transport;
+/* The staged and CUDA-aware transports' poll: the event alone. */
+int gs_staged_poll(gs_comm_t c, void *event, gs_status_t *err);
 typedef gs_status_t (*gs_exchange_fn)(gs_comm_t, const void *, int64_t, void *, int64_t,
                                       gs_dtype_t, int);
 /* A pairwise exchange of device buffers through pinned memory, by `host_exchange`. */
@@ -225,12 +261,29 @@ gs_status_t gs_nccl_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void
  * the CUDA kernels, queued on gradsync's stream and awaited at close. */
 typedef struct gs_engine {
   gs_comm_t comm;
-  const char *call;  /* the collective's name, for the timeline */
+  const char *call;  /* the collective's name, for the timeline and messages */
   int device;        /* CUDA ordinal; -1: host memory */
-  int previous;      /* the caller's current CUDA device, restored at close */
-  void *stream;
+  gs_cu_scope_t scope; /* the device entered for the call, left at close */
+  void *stream;      /* the communication stream */
   const gs_transport_t *transport;
 } gs_engine_t;
+
+/* A device call's completion, handed to the asynchronous worker's request
+ * instead of waited for (set by the worker around each job). `ready`: an
+ * event recorded on the submitter's work stream at submission, which the
+ * call's device work follows. */
+typedef struct gs_device_done {
+  void *ready;
+  void *event;
+  gs_comm_t comm;
+  const gs_transport_t *transport;
+  int device;
+} gs_device_done_t;
+extern _Thread_local gs_device_done_t *gs_defer_device;
+/* Waits for device work up to `event` through the transport's poll, with
+ * gs_progress_wait's timeouts and interrupts; on giving up the transport
+ * aborts and `c` becomes unusable. */
+gs_status_t gs_device_wait(gs_comm_t c, const gs_transport_t *tr, void *event, const char *what);
 
 /* Local check before validation: in and out on the same memory, and CUDA
  * memory on the device this communicator serves. */
@@ -421,6 +474,11 @@ gs_status_t gs_check_op(const char *op_name, gs_op_t op, const gs_tensor_t *t,
 /* out[i] must match in[i] in count and dtype. */
 gs_status_t gs_check_outputs(const char *op_name, const gs_tensor_t *in,
                              const gs_tensor_t *out, int64_t n);
+/* out[i] (written) is in[i] exactly or overlaps no in[j] and no other out[j];
+ * the names are the arguments' in messages (gs_accumulate's acc and grad). */
+gs_status_t gs_check_pairs_disjoint(const char *op_name, const char *in_name,
+                                    const gs_tensor_t *in, const char *out_name,
+                                    const gs_tensor_t *out, int64_t n);
 /* No out[i] overlaps another output or any input (not even its own). */
 gs_status_t gs_check_disjoint(const char *op_name, const gs_tensor_t *in,
                               const gs_tensor_t *out, int64_t n);

@@ -130,71 +130,50 @@ static gs_status_t finish(int e, MPI_Request *req, const char *what) {
   return req ? gs_mpi_wait(req, what, NULL, NULL) : GS_SUCCESS;
 }
 
-static gs_interrupt_check_t interrupt_check;
-static double interrupt_every = 0.1; /* seconds between checks */
+/* gs_mpi_wait through the one wait loop. */
+typedef struct mpi_wait {
+  MPI_Request *req;
+  const char *what;
+  gs_wait_tick tick;
+  void *ctx;
+} mpi_wait_t;
 
-void gs_set_interrupt_check(gs_interrupt_check_t check) { interrupt_check = check; }
-
-/* Gives up on a wait: the communicator cannot be trusted afterwards (other
- * ranks may still be inside the call). The request may point at memory the
- * caller is about to release (validation messages live on the stack), so
- * it is cancelled (receives cancel reliably) and given a moment to finish;
- * one that will not is released to MPI. */
-static gs_status_t abandon_wait(MPI_Request *req, gs_status_t why, const char *what,
-                                double waited) {
-  if (gs_current_comm) gs_current_comm->broken = why;
-  if (*req != MPI_REQUEST_NULL) {
-    MPI_Cancel(req);
-    int done = 0;
-    double until = gs_now() + 0.1;
-    while (!done && gs_now() < until)
-      if (MPI_Test(req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
-    if (!done && *req != MPI_REQUEST_NULL) MPI_Request_free(req);
+static int mpi_poll(void *ctx, gs_status_t *err) {
+  mpi_wait_t *m = ctx;
+  int done = 0, e = MPI_Test(m->req, &done, MPI_STATUS_IGNORE);
+  if (e != MPI_SUCCESS) {
+    *err = gs_mpi_fail(e, m->what);
+    return -1;
   }
-  if (why == GS_ERR_TIMEOUT)
-    return gs_fail(why, "%s did not complete within GRADSYNC_TIMEOUT_SECONDS=%g s (waited %.1f "
-                   "s): a rank may have died or stopped calling collectives. The communicator "
-                   "is no longer usable", what, gs_env_timeout_seconds(), waited);
-  return gs_fail(why, "%s was interrupted after %.1f s; the communicator is no longer usable",
-                 what, waited);
+  return done;
+}
+
+static void mpi_tick(void *ctx, double waited) {
+  mpi_wait_t *m = ctx;
+  int done = 0;
+  m->tick(m->ctx, m->req, &done, waited); /* a completed request tests done next */
+}
+
+/* The request may point at memory the caller is about to release
+ * (validation messages live on the stack), so it is cancelled (receives
+ * cancel reliably) and given a moment to finish; one that will not is
+ * released to MPI. */
+static void mpi_cancel(void *ctx, gs_status_t why) {
+  mpi_wait_t *m = ctx;
+  (void)why;
+  if (*m->req == MPI_REQUEST_NULL) return;
+  MPI_Cancel(m->req);
+  int done = 0;
+  double until = gs_now() + 0.1;
+  while (!done && gs_now() < until)
+    if (MPI_Test(m->req, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
+  if (!done && *m->req != MPI_REQUEST_NULL) MPI_Request_free(m->req);
 }
 
 gs_status_t gs_mpi_wait(MPI_Request *req, const char *what, gs_wait_tick tick, void *ctx) {
-  int done = 0;
-  double t0 = 0, start = 0, last_check = 0, timeout = gs_env_timeout_seconds();
-  /* with a core of its own, a rank spins as MPI's blocking calls do for the
-   * first SPIN_SECONDS (the peer is running too), then starts yielding */
-  const double spin_until = gs_current_comm && gs_current_comm->owns_core ? 50e-6 : 0.0;
-  for (unsigned long spins = 0; !done; spins++) {
-    int e = MPI_Test(req, &done, MPI_STATUS_IGNORE);
-    if (e != MPI_SUCCESS) return gs_mpi_fail(e, what);
-    if (done || (spins & 127) != 127) continue;
-    if (spin_until > 0) {
-      double t = gs_now();
-      if (start == 0) start = last_check = t;
-      if (t - start < spin_until) continue;
-    }
-    /* Past the first microseconds, hand the core to whoever we wait for:
-     * with more ranks than cores, MPI's own blocking calls spin for a whole
-     * time slice per step (milliseconds) while the peer cannot run. The
-     * background thread naps instead (20 us, then 200 us past 1 ms): the
-     * cores belong to the computation it overlaps with, and what it waits
-     * for is usually the other ranks' backward pass. */
-    double t = gs_now();
-    gs_runtime_pause(gs_async_in_worker() ? (start == 0 || t - start < 1e-3 ? 20 : 200) : 0);
-    if (start == 0) start = last_check = t;
-    if (timeout > 0 && t - start > timeout)
-      return abandon_wait(req, GS_ERR_TIMEOUT, what, t - start);
-    if (interrupt_check && !gs_async_in_worker() && t - last_check >= interrupt_every) {
-      last_check = t;
-      if (interrupt_check()) return abandon_wait(req, GS_ERR_INTERRUPTED, what, t - start);
-    }
-    if (tick) {
-      if (t0 == 0) t0 = t;
-      tick(ctx, req, &done, t - t0);
-    }
-  }
-  return GS_SUCCESS;
+  mpi_wait_t m = {req, what, tick, ctx};
+  gs_wait_t w = {mpi_poll, mpi_cancel, tick ? mpi_tick : NULL, NULL, &m, what};
+  return gs_progress_wait(&w);
 }
 
 /* ---- chunked collectives ------------------------------------------------ */
@@ -418,7 +397,7 @@ int gs_mpi_cuda_aware(void) {
 /* MPI reads device memory itself: the kernels queued before (packing) must
  * have finished first. */
 static gs_status_t device_ready(gs_comm_t c) {
-  return c->dev_stream ? gs_cu_sync(c->dev_stream, "gradsync: before CUDA-aware MPI")
+  return c->dev_stream ? gs_cu_stream_wait(c->dev_stream, "gradsync: before CUDA-aware MPI")
                        : GS_SUCCESS;
 }
 
@@ -453,8 +432,9 @@ static gs_status_t aware_reduce_scatter(gs_comm_t c, const void *send, void *rec
 
 const gs_transport_t gs_cuda_aware_transport = {
     "mpi-cuda-aware", aware_allreduce, aware_broadcast, aware_allgatherv, aware_reduce_scatter,
+    gs_staged_poll, NULL, NULL,
 };
 
 const gs_transport_t gs_mpi_transport = {
-    "mpi", mpi_allreduce, mpi_broadcast, mpi_allgatherv, mpi_reduce_scatter,
+    "mpi", mpi_allreduce, mpi_broadcast, mpi_allgatherv, mpi_reduce_scatter, NULL, NULL, NULL,
 };

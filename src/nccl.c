@@ -1,10 +1,21 @@
-/* The NCCL backend. NCCL is opened at run time (GRADSYNC_NCCL_LIBRARY, the
+/* The NCCL transport. NCCL is opened at run time (GRADSYNC_NCCL_LIBRARY, the
  * library found at build time, then libnccl.so.2 on the loader's path), so
  * one build runs on machines with and without it; only its header is needed
- * to compile. One NCCL communicator per gradsync communicator, bootstrapped
- * by broadcasting rank 0's unique id over MPI. Calls queue on gradsync's
- * stream; the engine waits at the end of the call. */
+ * to compile. NCCL older than 2.14 is refused (no non-blocking communicators
+ * to poll; bf16 came in 2.10), and the device path then stages through MPI.
+ *
+ * Nothing here blocks: communicators are created non-blocking and every NCCL
+ * call that reports ncclInProgress is polled to completion through
+ * gs_progress_wait, as is the work on the stream (the engine polls the
+ * transport). A wait that gives up (GRADSYNC_TIMEOUT_SECONDS, an interrupt)
+ * or an asynchronous NCCL error aborts the NCCL communicator; the gradsync
+ * communicator is then unusable and the message carries ncclGetLastError.
+ *
+ * NCCL's min and max drop NaN (fmin/fmax); gradsync's propagate it on every
+ * path, so float min/max go over NCCL as an integer min/max of order keys
+ * (cuda_pieces.cuh) that keep NaN winning. */
 #include <dlfcn.h>
+#include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,20 +31,29 @@
 #ifdef GS_HAVE_NCCL
 #include <nccl.h>
 
-#define NCCL_FUNCTIONS(X)                                                              \
-  X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRank) X(ncclCommDestroy)            \
-  X(ncclCommAbort) X(ncclGetErrorString) X(ncclAllReduce) X(ncclBroadcast)               \
-  X(ncclAllGather) X(ncclReduceScatter) X(ncclReduce) X(ncclSend) X(ncclRecv)            \
-  X(ncclGroupStart) X(ncclGroupEnd)
+#define MIN_VERSION 21400 /* NCCL 2.14: ncclCommInitRankConfig with blocking = 0 */
+
+#define NCCL_FUNCTIONS(X)                                                                 \
+  X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRankConfig) X(ncclCommDestroy)         \
+  X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclGetErrorString) X(ncclGetLastError)        \
+  X(ncclAllReduce) X(ncclBroadcast) X(ncclAllGather) X(ncclReduceScatter) X(ncclReduce)      \
+  X(ncclSend) X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd)
 
 static struct {
 #define NCCL_POINTER(name) __typeof__(name) *name;
   NCCL_FUNCTIONS(NCCL_POINTER)
 #undef NCCL_POINTER
   void *handle;
+  int version;
   char error[512];
 } api;
 static pthread_once_t api_once = PTHREAD_ONCE_INIT;
+
+static void refuse(const char *why) {
+  snprintf(api.error, sizeof api.error, "%s", why);
+  dlclose(api.handle);
+  api.handle = NULL;
+}
 
 static void open_library(void) {
   const char *env = getenv("GRADSYNC_NCCL_LIBRARY");
@@ -45,12 +65,19 @@ static void open_library(void) {
              "install nvidia-nccl-cu13): %s", dlerror());
     return;
   }
-#define NCCL_LOAD(name)                                                         \
-  if (!(api.name = (__typeof__(name) *)dlsym(api.handle, #name))) {            \
-    snprintf(api.error, sizeof api.error, "the NCCL library lacks %s", #name); \
-    dlclose(api.handle);                                                        \
-    api.handle = NULL;                                                          \
-    return;                                                                     \
+  if (!(api.ncclGetVersion = (__typeof__(ncclGetVersion) *)dlsym(api.handle, "ncclGetVersion")) ||
+      api.ncclGetVersion(&api.version) != ncclSuccess || api.version < MIN_VERSION) {
+    char why[256];
+    snprintf(why, sizeof why, "NCCL %d.%d.%d is older than 2.14, the oldest gradsync uses "
+             "(non-blocking communicators, bfloat16); device collectives use MPI",
+             api.version / 10000, api.version / 100 % 100, api.version % 100);
+    refuse(why);
+    return;
+  }
+#define NCCL_LOAD(name)                                                    \
+  if (!(api.name = (__typeof__(name) *)dlsym(api.handle, #name))) {       \
+    refuse("the NCCL library lacks " #name);                               \
+    return;                                                                \
   }
   NCCL_FUNCTIONS(NCCL_LOAD)
 #undef NCCL_LOAD
@@ -63,21 +90,141 @@ int gs_nccl_loadable(void) {
   return api.handle != NULL;
 }
 
-int gs_nccl_version(void) {
-  int v = 0;
-  if (!gs_nccl_loadable() || api.ncclGetVersion(&v) != ncclSuccess) return 0;
-  return v;
+int gs_nccl_version(void) { return gs_nccl_loadable() ? api.version : 0; }
+
+/* NCCL's words on the communicator's last error. */
+static const char *last_error(gs_comm_t c) {
+  const char *s = api.handle ? api.ncclGetLastError(c ? (ncclComm_t)c->nccl : NULL) : NULL;
+  return s ? s : "";
 }
 
-static gs_status_t nccl_fail(ncclResult_t r, const char *what) {
-  return gs_fail(GS_ERR_NCCL, "%s: %s", what, api.ncclGetErrorString(r));
+static gs_status_t nccl_fail(gs_comm_t c, ncclResult_t r, const char *what) {
+  const char *last = last_error(c);
+  return gs_fail(GS_ERR_NCCL, "%s: %s%s%s", what, api.ncclGetErrorString(r), *last ? ": " : "",
+                 last);
 }
 
-#define NCCL_CHECK(call, what)                              \
-  do {                                                      \
-    ncclResult_t nccl_r_ = (call);                          \
-    if (nccl_r_ != ncclSuccess) return nccl_fail(nccl_r_, (what)); \
-  } while (0)
+/* ---- polling a non-blocking communicator ------------------------------------------ */
+
+static void abort_comm(gs_comm_t c, gs_status_t why) {
+  (void)why;
+  if (!c->nccl) return;
+  gs_log(GS_LOG_ERROR, "aborting the NCCL communicator (%s)", gs_status_string(why));
+  api.ncclCommAbort((ncclComm_t)c->nccl); /* ends its kernels; the handle is gone */
+  c->nccl = NULL;
+}
+
+static const char *detail(gs_comm_t c) { return c->nccl ? last_error(c) : NULL; }
+
+typedef struct settle_ctx {
+  gs_comm_t c;
+  const char *what;
+} settle_ctx_t;
+
+static int settle_poll(void *ctx, gs_status_t *err) {
+  settle_ctx_t *s = ctx;
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t r = api.ncclCommGetAsyncError((ncclComm_t)s->c->nccl, &state);
+  if (r == ncclSuccess && state == ncclInProgress) return 0;
+  if (r == ncclSuccess && state == ncclSuccess) return 1;
+  *err = nccl_fail(s->c, r != ncclSuccess ? r : state, s->what);
+  abort_comm(s->c, GS_ERR_NCCL);
+  s->c->broken = GS_ERR_NCCL;
+  return -1;
+}
+
+static void settle_abort(void *ctx, gs_status_t why) { abort_comm(((settle_ctx_t *)ctx)->c, why); }
+static const char *settle_detail(void *ctx) { return detail(((settle_ctx_t *)ctx)->c); }
+
+/* A call on a non-blocking communicator: ncclInProgress is polled until the
+ * call is done (its enqueue, not its kernel); any error aborts. */
+static gs_status_t settle(gs_comm_t c, ncclResult_t r, const char *what) {
+  if (r == ncclSuccess) return GS_SUCCESS;
+  if (r != ncclInProgress) {
+    gs_status_t s = nccl_fail(c, r, what);
+    abort_comm(c, GS_ERR_NCCL);
+    c->broken = GS_ERR_NCCL;
+    return s;
+  }
+  settle_ctx_t ctx = {c, what};
+  gs_wait_t w = {settle_poll, settle_abort, NULL, settle_detail, &ctx, what};
+  return gs_progress_wait(&w);
+}
+
+#define NCCL_CALL(c, call, what) GS_CHECK(settle((c), (call), (what)))
+
+static int nccl_poll(gs_comm_t c, void *event, gs_status_t *err) {
+  if (!c->nccl) {
+    *err = gs_fail(GS_ERR_NCCL, "the NCCL communicator was aborted");
+    return -1;
+  }
+  ncclResult_t state = ncclSuccess;
+  ncclResult_t r = api.ncclCommGetAsyncError((ncclComm_t)c->nccl, &state);
+  if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
+    *err = nccl_fail(c, r != ncclSuccess ? r : state, "NCCL reported an asynchronous error");
+    abort_comm(c, GS_ERR_NCCL);
+    c->broken = GS_ERR_NCCL;
+    return -1;
+  }
+  int done = gs_cu_event_poll(event, "gradsync: NCCL work");
+  if (done < 0) *err = GS_ERR_CUDA;
+  return done;
+}
+
+/* ---- communicators ---------------------------------------------------------------------- */
+
+/* The 2.14 layout of ncclConfig_t (fields are only appended): NCCL reads as
+ * many bytes as `size` says, so this works with every NCCL from 2.14 on,
+ * whichever nccl.h gradsync was built with. */
+typedef struct config_2_14 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking, cgaClusterSize, minCTAs, maxCTAs;
+  const char *netName;
+  int splitShare;
+} config_2_14_t;
+
+gs_status_t gs_nccl_comm_init(gs_comm_t c) {
+  if (!gs_nccl_loadable()) return gs_fail(GS_ERR_UNSUPPORTED, "%s", api.error);
+  ncclUniqueId id;
+  memset(&id, 0, sizeof id);
+  gs_status_t s = GS_SUCCESS;
+  if (c->rank == 0) {
+    ncclResult_t r = api.ncclGetUniqueId(&id);
+    if (r != ncclSuccess) s = nccl_fail(NULL, r, "ncclGetUniqueId");
+  }
+  /* rank 0 broadcasts the id even after a failure, so nobody waits */
+  int ok = s == GS_SUCCESS;
+  GS_MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, c->mpi), "gradsync: NCCL bootstrap");
+  GS_MPI_CHECK(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi), "gradsync: NCCL bootstrap");
+  if (!ok) return s != GS_SUCCESS ? s : gs_fail(GS_ERR_NCCL, "ncclGetUniqueId failed on rank 0");
+  config_2_14_t cfg = {sizeof cfg, NCCL_API_MAGIC, MIN_VERSION, 0, NCCL_CONFIG_UNDEF_INT,
+                       NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_INT, NCCL_CONFIG_UNDEF_PTR,
+                       NCCL_CONFIG_UNDEF_INT};
+  ncclComm_t comm = NULL;
+  ncclResult_t r = api.ncclCommInitRankConfig(&comm, c->size, id, c->rank, (ncclConfig_t *)&cfg);
+  c->nccl = comm;
+  if (r != ncclSuccess && r != ncclInProgress) {
+    s = nccl_fail(c, r, "ncclCommInitRankConfig");
+    if (comm) api.ncclCommAbort(comm);
+    c->nccl = NULL;
+    return s;
+  }
+  s = settle(c, r, "ncclCommInitRankConfig"); /* polls the initialization */
+  if (s != GS_SUCCESS) {
+    abort_comm(c, s);
+    c->broken = GS_SUCCESS; /* the ranks agree on a fallback in choose_path */
+  }
+  return s;
+}
+
+void gs_nccl_comm_free(gs_comm_t c) {
+  if (c->nccl && api.handle) api.ncclCommDestroy((ncclComm_t)c->nccl);
+  c->nccl = NULL;
+}
+
+/* ---- the collectives ---------------------------------------------------------------------- */
 
 static ncclDataType_t nccl_type(gs_dtype_t d) {
   switch (d) {
@@ -101,45 +248,53 @@ static ncclRedOp_t nccl_op(gs_op_t op) {
   }
 }
 
-gs_status_t gs_nccl_comm_init(gs_comm_t c) {
-  if (!gs_nccl_loadable()) return gs_fail(GS_ERR_UNSUPPORTED, "%s", api.error);
-  ncclUniqueId id;
-  memset(&id, 0, sizeof id);
-  gs_status_t s = GS_SUCCESS;
-  if (c->rank == 0) {
-    ncclResult_t r = api.ncclGetUniqueId(&id);
-    if (r != ncclSuccess) s = nccl_fail(r, "ncclGetUniqueId");
-  }
-  /* rank 0 broadcasts the id even after a failure, so nobody waits; a zero
-   * id then fails everywhere in ncclCommInitRank's place below */
-  int ok = s == GS_SUCCESS;
-  GS_MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, c->mpi), "gradsync: NCCL bootstrap");
-  GS_MPI_CHECK(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi), "gradsync: NCCL bootstrap");
-  if (!ok) return s != GS_SUCCESS ? s : gs_fail(GS_ERR_NCCL, "ncclGetUniqueId failed on rank 0");
-  ncclComm_t comm = NULL;
-  NCCL_CHECK(api.ncclCommInitRank(&comm, c->size, id, c->rank), "ncclCommInitRank");
-  c->nccl = comm;
+#define COMM(c) ((ncclComm_t)(c)->nccl)
+#define STREAM(c) ((cudaStream_t)(c)->dev_stream)
+
+/* One rank reduces nothing: its data passes unchanged, as on every path. */
+static int keyed(gs_comm_t c, gs_dtype_t dtype, gs_op_t op) {
+  return c->size > 1 && (op == GS_OP_MIN || op == GS_OP_MAX) && gs_dtype_is_float(dtype);
+}
+
+static ncclDataType_t key_type(gs_dtype_t dtype) {
+  return gs_cu_key_bytes(dtype) == 8 ? ncclUint64 : ncclUint32;
+}
+
+/* Scratch for keys: `elements` of them. */
+static gs_status_t key_scratch(gs_comm_t c, int64_t elements, gs_dtype_t dtype, char **keys) {
+  GS_CHECK(gs_cu_grow(&c->dev_keys, &c->dev_keys_bytes,
+                      (size_t)elements * (size_t)gs_cu_key_bytes(dtype), c->dev_stream));
+  *keys = c->dev_keys;
   return GS_SUCCESS;
 }
 
-void gs_nccl_comm_free(gs_comm_t c) {
-  if (c->nccl && api.handle) api.ncclCommDestroy((ncclComm_t)c->nccl);
-  c->nccl = NULL;
+static gs_status_t to_keys(gs_comm_t c, gs_dtype_t dtype, gs_op_t op, const void *src, void *keys,
+                           int64_t n, int inverse) {
+  return gs_cu_launch_order_keys((int)dtype, op == GS_OP_MAX, inverse, src, keys, n,
+                                 c->dev_stream);
 }
 
 static gs_status_t nccl_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
                                   gs_dtype_t dtype, gs_op_t op) {
-  NCCL_CHECK(api.ncclAllReduce(send ? send : recv, recv, (size_t)count, nccl_type(dtype),
-                               nccl_op(op), (ncclComm_t)c->nccl, (cudaStream_t)c->dev_stream),
-             "ncclAllReduce");
-  return GS_SUCCESS;
+  const void *src = send ? send : recv;
+  if (!keyed(c, dtype, op)) {
+    NCCL_CALL(c, api.ncclAllReduce(src, recv, (size_t)count, nccl_type(dtype), nccl_op(op),
+                                   COMM(c), STREAM(c)), "ncclAllReduce");
+    return GS_SUCCESS;
+  }
+  char *keys = recv; /* 32- and 64-bit floats: keys of their own width, in place */
+  if ((size_t)gs_cu_key_bytes(dtype) != gs_dtype_size(dtype))
+    GS_CHECK(key_scratch(c, count, dtype, &keys));
+  GS_CHECK(to_keys(c, dtype, op, src, keys, count, 0));
+  NCCL_CALL(c, api.ncclAllReduce(keys, keys, (size_t)count, key_type(dtype), nccl_op(op), COMM(c),
+                                 STREAM(c)), "ncclAllReduce (min/max order keys)");
+  return to_keys(c, dtype, op, keys, recv, count, 1);
 }
 
 static gs_status_t nccl_broadcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
                                   int root) {
-  NCCL_CHECK(api.ncclBroadcast(buf, buf, (size_t)count, nccl_type(dtype), root,
-                               (ncclComm_t)c->nccl, (cudaStream_t)c->dev_stream),
-             "ncclBroadcast");
+  NCCL_CALL(c, api.ncclBroadcast(buf, buf, (size_t)count, nccl_type(dtype), root, COMM(c),
+                                 STREAM(c)), "ncclBroadcast");
   return GS_SUCCESS;
 }
 
@@ -153,74 +308,83 @@ static int equal_blocks(gs_comm_t c, const int64_t *counts, const int64_t *displ
  * block, all in one group (NCCL runs them as one operation). */
 static gs_status_t nccl_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
                                    const int64_t *displs, gs_dtype_t dtype) {
-  ncclComm_t comm = (ncclComm_t)c->nccl;
-  cudaStream_t stream = (cudaStream_t)c->dev_stream;
   size_t es = gs_dtype_size(dtype);
   if (equal_blocks(c, counts, displs)) {
     char *mine = (char *)recv + (size_t)displs[c->rank] * es;
-    NCCL_CHECK(api.ncclAllGather(mine, recv, (size_t)counts[0], nccl_type(dtype), comm, stream),
-               "ncclAllGather");
+    NCCL_CALL(c, api.ncclAllGather(mine, recv, (size_t)counts[0], nccl_type(dtype), COMM(c),
+                                   STREAM(c)), "ncclAllGather");
     return GS_SUCCESS;
   }
-  NCCL_CHECK(api.ncclGroupStart(), "ncclGroupStart");
+  NCCL_CALL(c, api.ncclGroupStart(), "ncclGroupStart");
   ncclResult_t r = ncclSuccess;
-  for (int root = 0; root < c->size && r == ncclSuccess; root++) {
+  for (int root = 0; root < c->size && (r == ncclSuccess || r == ncclInProgress); root++) {
     char *block = (char *)recv + (size_t)displs[root] * es;
     if (counts[root])
-      r = api.ncclBroadcast(block, block, (size_t)counts[root], nccl_type(dtype), root, comm,
-                            stream);
+      r = api.ncclBroadcast(block, block, (size_t)counts[root], nccl_type(dtype), root, COMM(c),
+                            STREAM(c));
   }
   ncclResult_t g = api.ncclGroupEnd();
-  if (r != ncclSuccess) return nccl_fail(r, "ncclBroadcast (allgatherv)");
-  NCCL_CHECK(g, "ncclGroupEnd (allgatherv)");
+  if (r != ncclSuccess && r != ncclInProgress) return settle(c, r, "ncclBroadcast (allgatherv)");
+  NCCL_CALL(c, g, "ncclGroupEnd (allgatherv)");
   return GS_SUCCESS;
 }
 
 /* Equal blocks: one ncclReduceScatter. Otherwise one ncclReduce per block,
- * rooted at its owner, in one group. */
-static gs_status_t nccl_reduce_scatter(gs_comm_t c, const void *send, void *recv,
-                                       const int64_t *counts, gs_dtype_t dtype, gs_op_t op) {
-  ncclComm_t comm = (ncclComm_t)c->nccl;
-  cudaStream_t stream = (cudaStream_t)c->dev_stream;
-  size_t es = gs_dtype_size(dtype);
+ * rooted at its owner, in one group. Elements of `type`, `size` bytes each. */
+static gs_status_t reduce_blocks(gs_comm_t c, const void *send, void *recv, const int64_t *counts,
+                                 ncclDataType_t type, size_t size, ncclRedOp_t op) {
   if (equal_blocks(c, counts, NULL)) {
-    NCCL_CHECK(api.ncclReduceScatter(send, recv, (size_t)counts[0], nccl_type(dtype),
-                                     nccl_op(op), comm, stream),
-               "ncclReduceScatter");
+    NCCL_CALL(c, api.ncclReduceScatter(send, recv, (size_t)counts[0], type, op, COMM(c),
+                                       STREAM(c)), "ncclReduceScatter");
     return GS_SUCCESS;
   }
-  NCCL_CHECK(api.ncclGroupStart(), "ncclGroupStart");
+  NCCL_CALL(c, api.ncclGroupStart(), "ncclGroupStart");
   ncclResult_t r = ncclSuccess;
   size_t off = 0;
-  for (int root = 0; root < c->size && r == ncclSuccess; root++) {
+  for (int root = 0; root < c->size && (r == ncclSuccess || r == ncclInProgress); root++) {
     if (counts[root])
-      r = api.ncclReduce((const char *)send + off, recv, (size_t)counts[root], nccl_type(dtype),
-                         nccl_op(op), root, comm, stream);
-    off += (size_t)counts[root] * es;
+      r = api.ncclReduce((const char *)send + off, recv, (size_t)counts[root], type, op, root,
+                         COMM(c), STREAM(c));
+    off += (size_t)counts[root] * size;
   }
   ncclResult_t g = api.ncclGroupEnd();
-  if (r != ncclSuccess) return nccl_fail(r, "ncclReduce (reduce_scatter)");
-  NCCL_CHECK(g, "ncclGroupEnd (reduce_scatter)");
+  if (r != ncclSuccess && r != ncclInProgress) return settle(c, r, "ncclReduce (reduce_scatter)");
+  NCCL_CALL(c, g, "ncclGroupEnd (reduce_scatter)");
   return GS_SUCCESS;
+}
+
+static gs_status_t nccl_reduce_scatter(gs_comm_t c, const void *send, void *recv,
+                                       const int64_t *counts, gs_dtype_t dtype, gs_op_t op) {
+  if (!keyed(c, dtype, op))
+    return reduce_blocks(c, send, recv, counts, nccl_type(dtype), gs_dtype_size(dtype),
+                         nccl_op(op));
+  int64_t total = 0, mine = counts[c->rank];
+  for (int r = 0; r < c->size; r++) total += counts[r];
+  char *keys;
+  size_t kb = (size_t)gs_cu_key_bytes(dtype);
+  GS_CHECK(key_scratch(c, total + mine, dtype, &keys));
+  GS_CHECK(to_keys(c, dtype, op, send, keys, total, 0));
+  GS_CHECK(reduce_blocks(c, keys, keys + (size_t)total * kb, counts, key_type(dtype), kb,
+                         nccl_op(op)));
+  return to_keys(c, dtype, op, keys + (size_t)total * kb, recv, mine, 1);
 }
 
 gs_status_t gs_nccl_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
                              int64_t rcount, gs_dtype_t dtype, int peer) {
-  ncclComm_t comm = (ncclComm_t)c->nccl;
-  cudaStream_t stream = (cudaStream_t)c->dev_stream;
-  NCCL_CHECK(api.ncclGroupStart(), "ncclGroupStart");
+  NCCL_CALL(c, api.ncclGroupStart(), "ncclGroupStart");
   ncclResult_t r = ncclSuccess;
-  if (scount) r = api.ncclSend(sbuf, (size_t)scount, nccl_type(dtype), peer, comm, stream);
-  if (r == ncclSuccess && rcount)
-    r = api.ncclRecv(rbuf, (size_t)rcount, nccl_type(dtype), peer, comm, stream);
+  if (scount) r = api.ncclSend(sbuf, (size_t)scount, nccl_type(dtype), peer, COMM(c), STREAM(c));
+  if ((r == ncclSuccess || r == ncclInProgress) && rcount)
+    r = api.ncclRecv(rbuf, (size_t)rcount, nccl_type(dtype), peer, COMM(c), STREAM(c));
   ncclResult_t g = api.ncclGroupEnd();
-  if (r != ncclSuccess) return nccl_fail(r, "ncclSend/ncclRecv");
-  NCCL_CHECK(g, "ncclGroupEnd (exchange)");
+  if (r != ncclSuccess && r != ncclInProgress) return settle(c, r, "ncclSend/ncclRecv");
+  NCCL_CALL(c, g, "ncclGroupEnd (exchange)");
   return GS_SUCCESS;
 }
 
 const gs_transport_t gs_nccl_transport = {
     "nccl", nccl_allreduce, nccl_broadcast, nccl_allgatherv, nccl_reduce_scatter,
+    nccl_poll, abort_comm, detail,
 };
 
 #else /* no NCCL header at build time */
@@ -257,6 +421,6 @@ static gs_status_t no_reduce_scatter(gs_comm_t c, const void *s, void *r, const 
   return no_nccl();
 }
 const gs_transport_t gs_nccl_transport = {
-    "nccl", no_allreduce, no_broadcast, no_allgatherv, no_reduce_scatter,
+    "nccl", no_allreduce, no_broadcast, no_allgatherv, no_reduce_scatter, NULL, NULL, NULL,
 };
 #endif

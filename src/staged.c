@@ -10,7 +10,7 @@
 
 
 static gs_status_t pinned(gs_comm_t c, size_t bytes, void **buf) {
-  GS_CHECK(gs_cu_reserve(&c->pinned, &c->pinned_bytes, bytes, 1));
+  GS_CHECK(gs_cu_grow_pinned(&c->pinned, &c->pinned_bytes, bytes, c->dev_stream));
   *buf = c->pinned;
   return GS_SUCCESS;
 }
@@ -23,8 +23,10 @@ static gs_status_t up(gs_comm_t c, void *dev, const void *host, size_t bytes) {
   return gs_cu_copy(dev, host, bytes, c->dev_stream);
 }
 
+/* The host reads or reuses pinned memory only after the copies into or out
+ * of it finished: a polling wait, so it times out and can be interrupted. */
 static gs_status_t wait_copies(gs_comm_t c) {
-  return gs_cu_sync(c->dev_stream, "gradsync: staging device memory through the host");
+  return gs_cu_stream_wait(c->dev_stream, "gradsync: staging device memory through the host");
 }
 
 static gs_status_t staged_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
@@ -134,6 +136,16 @@ gs_status_t gs_staged_exchange(gs_comm_t c, const void *sbuf, int64_t scount, vo
   return wait_copies(c);
 }
 
+/* The work of a device path that ends on the host side: an event is all
+ * there is to poll (the CUDA-aware path shares it). */
+int gs_staged_poll(gs_comm_t c, void *event, gs_status_t *err) {
+  (void)c;
+  int r = gs_cu_event_poll(event, "gradsync: device work of a staged collective");
+  if (r < 0) *err = GS_ERR_CUDA;
+  return r;
+}
+
 const gs_transport_t gs_staged_transport = {
     "mpi-staged", staged_allreduce, staged_broadcast, staged_allgatherv, staged_reduce_scatter,
+    gs_staged_poll, NULL, NULL,
 };

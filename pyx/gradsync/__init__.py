@@ -47,8 +47,9 @@ def build_info():
     """What this gradsync was built with and runs on: MPI library and version,
     thread level, CUDA and NCCL versions ("13.0", "2.32.3"; None when absent),
     the GPU architectures compiled ("sm_80,sm_90,compute_90"; None without
-    CUDA), the CUDA devices this process sees, SIMD level and the default
-    fusion threshold."""
+    CUDA), the CUDA devices this process sees (and, when that is 0 because of
+    a problem such as a driver older than the CUDA runtime, ``cuda_error``
+    saying so), SIMD level and the default fusion threshold."""
     c = _core.build_info_c()
     return {
         "version": c["version"],
@@ -61,6 +62,7 @@ def build_info():
         "nccl": _nccl_version(c["nccl_version"]),
         "cuda_archs": c["cuda_archs"] or None,
         "cuda_devices": c["cuda_devices"],
+        "cuda_error": c["cuda_error"],
         "simd": c["simd"],
         "fusion_threshold": c["default_fusion_threshold"],
         "check_payload_bytes": c["check_payload_bytes"],

@@ -86,11 +86,22 @@ def version():
     return gs_version().decode()
 
 
+def cuda_stream(int device):
+    """gradsync's communication stream on CUDA device ``device``, as an int
+    (a cudaStream_t): the stream its collectives on that device run on."""
+    cdef void *stream = NULL
+    with nogil:
+        CHKERR(gs_cuda_stream(device, &stream))
+    return <uintptr_t>stream
+
+
 def build_info_c():
     """What the compiled library reports about itself."""
     cdef int cuda_devices = 0
+    cuda_error = None
     if gs_cuda_device_count(&cuda_devices) != GS_SUCCESS:
         cuda_devices = 0
+        cuda_error = gs_last_error().decode(errors="replace")  # e.g. a driver too old
     return {
         "version": gs_version().decode(),
         "mpi_library_version": gs_mpi_library_version().decode(errors="replace").strip(),
@@ -102,6 +113,7 @@ def build_info_c():
         "cuda_built": bool(gs_cuda_built()),
         "cuda_archs": gs_cuda_archs().decode(),
         "cuda_devices": cuda_devices,
+        "cuda_error": cuda_error,
         "default_fusion_threshold": gs_default_fusion_threshold(),
         "check_payload_bytes": gs_check_payload_bytes(),
     }
@@ -199,6 +211,11 @@ cdef class Comm:
         CHKERR(gs_comm_get_stats(self.live(), &st))
         return {"calls": st.calls, "validations": st.validations,
                 "rode_in_check": st.rode_in_check, "messages": st.messages, "bytes": st.bytes}
+
+    def device_transport(self):
+        cdef const char *name = NULL
+        CHKERR(gs_comm_device_transport(self.live(), &name))
+        return name.decode()
 
     def set_fusion_threshold(self, int64_t nbytes):
         CHKERR(gs_comm_set_fusion_threshold(self.live(), nbytes))

@@ -153,15 +153,17 @@ cdef class DeviceArray(_TensorRef):
 
     Every gradsync call takes it directly. Other libraries take it zero-copy:
     ``torch.from_dlpack(a)``, ``cupy.from_dlpack(a)`` (DLPack 1.x or legacy
-    capsules), or ``__cuda_array_interface__`` (CUDA memory only). gradsync's
-    calls finish their work on an array before they return and its copies are
-    synchronous, so a consumer's stream never has gradsync work to wait for:
-    ``__dlpack__`` accepts any valid stream and needs no synchronisation, and
-    the interface's 'stream' is None.
+    capsules), or ``__cuda_array_interface__`` (CUDA memory only). Blocking
+    calls finish their work on an array before they return. While an
+    asynchronous collective on it is in flight, ``__dlpack__(stream=s)``
+    makes the consumer's stream ``s`` wait for that work (None: the host
+    waits), and the interface's 'stream' names the stream the work runs on;
+    otherwise there is nothing to wait for and 'stream' is None.
     """
     cdef int64_t *shape_c    # shape and C strides (in elements) for DLPack exports
     cdef int64_t *strides_c
     cdef object __weakref__
+    cdef public object pending  # a weak reference to the Request writing it, or None
 
     def __cinit__(self, shape, dtype, device=None):
         cdef Py_ssize_t d, ndim
@@ -267,7 +269,9 @@ cdef class DeviceArray(_TensorRef):
 
     def numpy(self):
         """A new numpy.ndarray holding a copy of the values (also for host
-        memory: the array returned never aliases this one)."""
+        memory: the array returned never aliases this one), after any
+        asynchronous collective still writing this array."""
+        self.order_consumer(None)
         out = np.empty(self._shape, dtype=self._dtype)
         cdef void *dst = cnp.PyArray_DATA(<cnp.ndarray>out)
         cdef gs_device_t host
@@ -290,8 +294,9 @@ cdef class DeviceArray(_TensorRef):
         consumer calls the deleter (or, never consumed, until it is freed).
 
         stream: the stream the consumer will use (CUDA: 1 legacy default, 2
-        per-thread default, a cudaStream_t, -1 none, None). No work of
-        gradsync's is ever pending on a DeviceArray, so no wait is needed.
+        per-thread default, a cudaStream_t, -1 none, None). If an
+        asynchronous collective is writing this array, that stream is made
+        to wait for it (None: the host waits; -1: nothing is waited for).
         dl_device: export to that device; CUDA and host memory are copied
         between (refused with copy=False), pinned memory is host memory.
         copy: True always exports a copy, False never does."""
@@ -300,6 +305,7 @@ cdef class DeviceArray(_TensorRef):
         cdef uint64_t flags = 0
         cdef bint versioned = max_version is not None and int(max_version[0]) >= 1
         self.check_stream(stream)
+        self.order_consumer(stream)
         if dl_device is not None:
             kind, ordinal = int(dl_device[0]), int(dl_device[1])
             if kind == kDLCPU or kind == kDLCUDAHost:
@@ -323,6 +329,23 @@ cdef class DeviceArray(_TensorRef):
             src.copy_from(self)
             flags |= DLPACK_FLAG_BITMASK_IS_COPIED
         return src.export(versioned, target, flags)
+
+    cdef object in_flight(self):
+        """The Request still writing this array, or None."""
+        r = self.pending() if self.pending is not None else None
+        if r is None or r.test():
+            self.pending = None
+            return None
+        return r
+
+    cdef int order_consumer(self, stream) except -1:
+        r = self.in_flight()
+        if r is not None and stream != -1:
+            if stream is None or self.dev.kind != GS_DEVICE_CUDA:
+                r.synchronize()
+            else:
+                r.wait(stream)
+        return 0
 
     cdef int check_stream(self, stream) except -1:
         if stream is None:
@@ -381,12 +404,19 @@ cdef class DeviceArray(_TensorRef):
             raise
 
     # ---- CUDA array interface ---------------------------------------------
+    cdef object pending_stream(self):
+        """The stream an asynchronous collective on this array runs on, while
+        it does (consumers make theirs wait for it), else None."""
+        r = self.in_flight()
+        return r.stream() if r is not None else None
+
     @property
     def __cuda_array_interface__(self):
         """Version 3 of the CUDA array interface (Numba, CuPy, PyTorch).
         CUDA memory only: for host memory this attribute does not exist, so
         consumers that probe for it never mistake host memory for device
-        memory. 'stream' is None: no gradsync work is pending. bfloat16 is
+        memory. 'stream' is the stream of an asynchronous collective still
+        writing the array (the consumer waits for it), else None. bfloat16 is
         typestr '<V2' with descr [('bfloat16', '<V2')]."""
         if self.dev.kind != GS_DEVICE_CUDA:
             raise AttributeError("__cuda_array_interface__: this DeviceArray holds host memory "
@@ -398,7 +428,7 @@ cdef class DeviceArray(_TensorRef):
             "descr": list(_CAI_BF16_DESCR) if self.gsdtype == GS_BFLOAT16 else [("", typestr)],
             "data": (<uintptr_t>self.data, False),
             "strides": None,
-            "stream": None,
+            "stream": self.pending_stream(),
             "version": 3,
         }
 

@@ -4,19 +4,19 @@
 #   gradsync.DeviceArray       read from its fields
 #   DLPack C exchange API      types with __dlpack_c_exchange_api__ (DLPack
 #                              1.3; torch.Tensor): the tensor is read by one C
-#                              call, and gradsync's stream is ordered after the
-#                              producer's current stream (once per call and
+#                              call, and the producer's current stream becomes
+#                              the call's work stream (once per call and
 #                              device, not per tensor).
 #   __dlpack__ objects         host or CUDA; the capsule is parsed here. A 1.x
 #                              (versioned) capsule is asked for, a legacy one
 #                              accepted. For CUDA memory the producer is given
-#                              gradsync's stream on that device (gs_cuda_stream)
-#                              and orders it after its own work.
-#   __cuda_array_interface__   CUDA memory (v2/v3); a 'stream' entry orders
-#                              gradsync's stream after that stream. The
-#                              interface carries no device, so the memory is
-#                              taken to be on the calling thread's current
-#                              CUDA device (as CuPy and Numba leave it).
+#                              the call's work stream (the legacy default
+#                              stream unless a producer named another) and
+#                              orders it after its own work.
+#   __cuda_array_interface__   CUDA memory (v2/v3); a 'stream' entry becomes
+#                              the call's work stream. The interface carries
+#                              no device, so an empty array is taken to be on
+#                              the calling thread's current CUDA device.
 #   the buffer protocol        host memory, through numpy.asarray
 #
 # In-place calls write only into memory its producer lets them write: never
@@ -28,8 +28,10 @@
 # The refusal happens here, while the arguments are read, before any rank
 # communicates or writes (DESIGN section 9).
 #
-# gradsync's calls are synchronous for the caller: they return once every
-# result is in place, so nothing gradsync does is left pending on any stream.
+# The work stream (gs_cuda_set_stream) is where the gradient kernels run on
+# CUDA memory, like the producer's own ops, and what collectives are ordered
+# after; a blocking collective returns once its results are in place, an
+# asynchronous one hands its Request the event to wait on.
 
 import ml_dtypes
 from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer, PyCapsule_SetName
@@ -236,11 +238,11 @@ cdef _TensorRef ref_from_dltensor(const DLTensor *dl, uint64_t flags, str name,
     return ref
 
 
-cdef _TensorRef from_dlpack(object obj, str name, Py_ssize_t i, bint indexed):
+cdef _TensorRef from_dlpack(object obj, str name, Py_ssize_t i, bint indexed, TensorList tl):
     """Reads obj through __dlpack__: asks for a 1.x capsule (legacy if the
-    producer does not take max_version) and, for CUDA memory, passes
-    gradsync's stream. The capsule's tensor is released with the reference."""
-    cdef void *stream = NULL
+    producer does not take max_version) and, for CUDA memory, passes the
+    call's work stream, which the producer orders after its own work. The
+    capsule's tensor is released with the reference."""
     cdef _DLPackOwner holder = _DLPackOwner()
     cdef DLTensor *dl
     cdef uint64_t flags = 0
@@ -248,8 +250,8 @@ cdef _TensorRef from_dlpack(object obj, str name, Py_ssize_t i, bint indexed):
     dev = obj.__dlpack_device__()
     kind = int(dev[0])
     if kind == kDLCUDA:
-        check_status(gs_cuda_stream(int(dev[1]), &stream), label(name, i, indexed))
-        kwargs = {"stream": <uintptr_t>stream}
+        cuda_ordinal(int(dev[1]), label(name, i, indexed))  # a CUDA build and that device
+        kwargs = {"stream": tl.work_stream}
     elif kind == kDLCPU or kind == kDLCUDAHost:
         kwargs = {}
     else:
@@ -315,8 +317,8 @@ cdef const DLPackExchangeAPI *exchange_api(type tp):
 cdef _TensorRef from_exchange_api(object obj, const DLPackExchangeAPI *api, str name,
                                   Py_ssize_t i, bint indexed, TensorList tl):
     """Reads obj through its type's C exchange API (no capsule, no Python
-    call); obj itself keeps the memory alive. gradsync's stream is ordered
-    after the producer's current stream on that device."""
+    call); obj itself keeps the memory alive. The producer's current stream
+    on that device becomes the call's work stream."""
     cdef DLTensor dl
     cdef void *stream = NULL
     cdef _TensorRef ref
@@ -331,17 +333,14 @@ cdef _TensorRef from_exchange_api(object obj, const DLPackExchangeAPI *api, str 
     if ref.dev.kind == GS_DEVICE_CUDA and (tl.ordered_api != api
                                            or tl.ordered_device != ref.dev.id):
         api.current_work_stream(kDLCUDA, ref.dev.id, &stream)
-        # NULL is the legacy default stream, which gradsync's (blocking)
-        # stream already follows
-        if stream != NULL:
-            check_status(gs_cuda_order_after(ref.dev.id, <uintptr_t>stream),
-                         label(name, i, indexed))
+        tl.work_stream = <uintptr_t>stream if stream != NULL else 1  # NULL: legacy default
         tl.ordered_api = api
         tl.ordered_device = ref.dev.id
     return ref
 
 
-cdef _TensorRef from_cuda_array_interface(object obj, str name, Py_ssize_t i, bint indexed):
+cdef _TensorRef from_cuda_array_interface(object obj, str name, Py_ssize_t i, bint indexed,
+                                          TensorList tl):
     """Reads obj's __cuda_array_interface__ (versions 2 and 3)."""
     cdef int dev_id = 0
     cdef gs_device_t where_is
@@ -402,7 +401,7 @@ cdef _TensorRef from_cuda_array_interface(object obj, str name, Py_ssize_t i, bi
     else:
         check_status(gs_cuda_get_device(&dev_id), where)
     if stream is not None:
-        check_status(gs_cuda_order_after(dev_id, <uintptr_t>stream), where)
+        tl.work_stream = <uintptr_t>stream
     ref = _TensorRef.__new__(_TensorRef)
     ref.owner = obj
     ref.data = <void *><uintptr_t>ptr
@@ -461,9 +460,9 @@ cdef object as_array(object obj, str name, Py_ssize_t i, bint indexed, TensorLis
     if api != NULL:
         ref = from_exchange_api(obj, api, name, i, indexed, tl)
     elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        ref = from_dlpack(obj, name, i, indexed)
+        ref = from_dlpack(obj, name, i, indexed, tl)
     elif hasattr(obj, "__cuda_array_interface__"):
-        ref = from_cuda_array_interface(obj, name, i, indexed)
+        ref = from_cuda_array_interface(obj, name, i, indexed, tl)
     else:
         return from_buffer(obj, name, i, indexed)
     if producer_kind(type(obj)) == _IMMUTABLE_PRODUCER:
@@ -553,16 +552,20 @@ cdef class TensorList:
     cdef gs_tensor_t *t
     cdef Py_ssize_t n
     cdef list arrays  # per tensor: the ndarray or _TensorRef its gs_tensor_t views
-    # the producer (C exchange API) and device gradsync's stream was last
-    # ordered after in this call
+    # the producer (C exchange API) and device whose current stream was last
+    # read in this call
     cdef const DLPackExchangeAPI *ordered_api
     cdef int ordered_device
+    # the call's work stream (gs_cuda_set_stream): 1, the legacy default
+    # stream, unless a producer named its own
+    cdef uintptr_t work_stream
 
     def __cinit__(self):
         self.t = NULL
         self.n = 0
         self.ordered_api = NULL
         self.ordered_device = -1
+        self.work_stream = 1
 
     def __dealloc__(self):
         PyMem_Free(self.t)
@@ -598,6 +601,8 @@ cdef class TensorList:
                     f"{label(name, i, indexed)} is in {device_words(self.t[i].device)} memory "
                     f"but {label(name, 0, indexed)} is in {device_words(self.t[0].device)} "
                     "memory; one call takes tensors on one device", GS_ERR_INVALID_ARGUMENT)
+        if n > 0 and self.t[0].device.kind == GS_DEVICE_CUDA:
+            gs_cuda_set_stream(self.work_stream)  # this thread's, for the call that follows
         return 0
 
     cdef bint on_cuda(self):

@@ -99,6 +99,14 @@ class Communicator:
     def fusion_threshold(self, nbytes):
         self.handle.set_fusion_threshold(int(nbytes))
 
+    @property
+    def device_transport(self):
+        """What this communicator's collectives on CUDA memory go through,
+        chosen by all ranks together at its first such call: "nccl",
+        "mpi-cuda-aware", "mpi-staged" (MPI through pinned host memory), or
+        "none" before that call."""
+        return self.handle.device_transport()
+
     def stats(self):
         """Counts since creation, on this rank: ``calls`` (collectives),
         ``validations`` (cross-rank checks), ``rode_in_check`` (small allreduces

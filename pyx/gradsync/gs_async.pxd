@@ -1,5 +1,5 @@
 # Mirrors include/gs_async.h.
-from libc.stdint cimport int64_t
+from libc.stdint cimport int64_t, uintptr_t
 from gradsync.gs_comm cimport gs_comm_t
 from gradsync.gs_status cimport gs_status_t
 from gradsync.gs_types cimport gs_op_t, gs_tensor_t
@@ -21,5 +21,7 @@ cdef extern from "gs_async.h" nogil:
                                                double postscale, gs_request_t *request)
     gs_status_t gs_request_test(gs_request_t request, int *done)
     gs_status_t gs_request_wait(gs_request_t request)
+    gs_status_t gs_request_wait_stream(gs_request_t request, uintptr_t stream)
+    gs_status_t gs_request_stream(gs_request_t request, void **stream)
     gs_status_t gs_request_free(gs_request_t *request)
     int64_t gs_requests_pending()

@@ -17,3 +17,5 @@ cdef extern from "gs_device.h" nogil:
 
     gs_status_t gs_cuda_stream(int device, void **stream)
     gs_status_t gs_cuda_order_after(int device, uintptr_t stream)
+    gs_status_t gs_cuda_set_stream(uintptr_t stream)
+    uintptr_t gs_cuda_get_stream()

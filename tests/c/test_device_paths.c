@@ -115,7 +115,84 @@ static void compare(const gs_tensor_t *h, const gs_tensor_t *d, int64_t n, int e
   }
 }
 
+/* Element i of rank r's input for the NaN/zero min-max test: a NaN (of
+ * varying sign and payload) on one rank only at some positions, signed zeros
+ * meeting at others, ordinary numbers elsewhere. */
+static double minmax_input(int64_t i, int r) {
+  switch (i % 6) {
+    case 0: return r == (int)(i / 6) % gs_test_size() ? (i % 12 ? NAN : -NAN) : 1.5 * r;
+    case 1: return r % 2 ? -0.0 : 0.0;
+    case 2: return r == 0 ? -0.0 : 0.0;
+    case 3: return -0.25 * (double)((r + i) % 5);
+    case 4: return r == gs_test_size() - 1 ? NAN : -2.0;
+    default: return (double)((r * 7 + i) % 11) - 5.0;
+  }
+}
+
+static void store_value(gs_dtype_t dt, void *p, int64_t i, double v) {
+  switch (dt) {
+    case GS_FLOAT32: ((float *)p)[i] = (float)v; break;
+    case GS_FLOAT64: ((double *)p)[i] = v; break;
+    case GS_FLOAT16: ((uint16_t *)p)[i] = gs_ref_double_to_f16(v); break;
+    default: {
+      float f = (float)v;
+      uint32_t u;
+      memcpy(&u, &f, 4);
+      ((uint16_t *)p)[i] = (uint16_t)(u >> 16);
+    }
+  }
+}
+
+/* min/max give the same bits on every path: any NaN gives the canonical
+ * quiet NaN, and -0 is below +0 (NCCL's fmin/fmax would drop the NaN). */
+static void minmax_nan(gs_comm_t c) {
+  static const gs_dtype_t fdt[] = {GS_FLOAT32, GS_FLOAT64, GS_FLOAT16, GS_BFLOAT16};
+  const int64_t n = 601;
+  for (int op = 0; op < 2; op++)
+    for (int d = 0; d < 4; d++) {
+      gs_dtype_t dt = fdt[d];
+      SECTION("allreduce %s of %s with NaN and signed zeros", op ? "max" : "min",
+              gs_dtype_name(dt));
+      size_t es = gs_dtype_size(dt), bytes = (size_t)n * es;
+      void *h = malloc(bytes), *want = malloc(bytes), *back = malloc(bytes), *dv = NULL;
+      for (int64_t i = 0; i < n; i++) {
+        store_value(dt, h, i, minmax_input(i, gs_test_rank()));
+        double best = minmax_input(i, 0);
+        int nan = isnan(best);
+        for (int r = 1; r < gs_test_size(); r++) {
+          double v = minmax_input(i, r);
+          nan |= isnan(v);
+          if (v == best) best = (signbit(v) != 0) == (op == 0) ? v : best;
+          else if (op ? v > best : v < best) best = v;
+        }
+        store_value(dt, want, i, nan ? NAN : best);
+        if (gs_test_size() == 1) { /* nothing is reduced: the input passes unchanged */
+          memcpy((char *)want + (size_t)i * es, (char *)h + (size_t)i * es, es);
+          continue;
+        }
+        if (nan && dt == GS_FLOAT16) ((uint16_t *)want)[i] = 0x7e00u;
+        if (nan && dt == GS_BFLOAT16) ((uint16_t *)want)[i] = 0x7fc0u;
+        if (nan && dt == GS_FLOAT32) ((uint32_t *)want)[i] = 0x7fc00000u;
+        if (nan && dt == GS_FLOAT64) ((uint64_t *)want)[i] = 0x7ff8000000000000ull;
+      }
+      GS_OK(gs_malloc(DEV, bytes, &dv));
+      GS_OK(gs_memcpy(dv, DEV, h, HOST, bytes));
+      gs_tensor_t th = {h, n, dt, HOST}, td = {dv, n, dt, DEV};
+      GS_OK(gs_allreduce(c, &th, NULL, 1, op ? GS_OP_MAX : GS_OP_MIN, 1.0, 1.0));
+      GS_OK(gs_allreduce(c, &td, NULL, 1, op ? GS_OP_MAX : GS_OP_MIN, 1.0, 1.0));
+      GS_OK(gs_memcpy(back, HOST, dv, DEV, bytes));
+      CHECK(memcmp(h, want, bytes) == 0, "host %s: not the expected bits", gs_dtype_name(dt));
+      CHECK(memcmp(back, want, bytes) == 0, "device %s: not the expected bits (a NaN dropped "
+            "or a signed zero lost?)", gs_dtype_name(dt));
+      gs_free(DEV, dv);
+      free(h);
+      free(want);
+      free(back);
+    }
+}
+
 static void allreduces(gs_comm_t c, int exact) {
+  minmax_nan(c);
   static const gs_op_t ops[] = {GS_OP_SUM, GS_OP_AVERAGE, GS_OP_MIN, GS_OP_MAX};
   for (int k = 0; k < 4; k++) {
     int floats = ops[k] == GS_OP_AVERAGE;

@@ -16,6 +16,9 @@ reduction without communicating.
 
 import contextlib
 import hashlib
+import os
+import subprocess
+import sys
 import traceback
 
 import ml_dtypes
@@ -406,3 +409,30 @@ def check_reduction(outs, per_rank, op, shapes, dtype, prescale=1.0,
         raise AssertionError("%s %d (shape %s, element %d) is the first "
                              "wrong one; %s" % (what, i, tuple(shapes[i]),
                                                 first - bounds[i], exc))
+
+
+# ---- children run without mpiexec -------------------------------------------
+
+TESTS_PYTHON_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def child_env():
+    """Environment for a python child run without mpiexec (singleton MPI):
+    no PMI/Hydra variables (the child must not talk to the launcher) and
+    gradsync + tests/python importable."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL",
+                                "OMPI_", "I_MPI_"))}
+    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(gs.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [pkg_parent, TESTS_PYTHON_DIR] + ([env["PYTHONPATH"]]
+                                          if env.get("PYTHONPATH") else []))
+    return env
+
+
+def run_child(script, env_extra=None, timeout=180, args=()):
+    """Runs ``python -c script *args`` as a singleton MPI process."""
+    env = child_env()
+    env.update(env_extra or {})
+    return subprocess.run([sys.executable, "-c", script, *args], env=env,
+                          capture_output=True, text=True, timeout=timeout)

@@ -41,7 +41,7 @@ from kernel_reference import (BF16, F16, F32, F64, FLOATS, INTS,
                               accumulate_ref, all_finite_ref, all_patterns,
                               first_bad, near_pairs, overwrite_ref,
                               random_floats, round_f64, same_bits, scale_ref)
-from gsutil import collective_assert, collectively, seed_for
+from gsutil import child_env, collectively, run_child, seed_for
 
 pytestmark = [pytest.mark.mpi,
               # NaN/inf casts in the references and inputs are intended
@@ -50,7 +50,6 @@ pytestmark = [pytest.mark.mpi,
 WORLD = MPI.COMM_WORLD
 ALL8 = FLOATS + INTS
 PAIRS = [(a, g) for a in FLOATS for g in FLOATS]
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 def pid(dt):
@@ -106,27 +105,6 @@ def accumulate_checked(acc, grad, what):
     assert_returns(ret, a, "accumulate_")
     check_bits(a, accumulate_ref(acc, grad), what, acc, grad)
     return a
-
-
-def child_env():
-    """Environment for a python child run without mpiexec (singleton MPI):
-    no PMI/Hydra variables (the child must not talk to the launcher) and
-    gradsync + this directory importable."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL",
-                                "OMPI_", "I_MPI_"))}
-    pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(gs.__file__)))
-    env["PYTHONPATH"] = os.pathsep.join(
-        [pkg_parent, TESTS_DIR] + ([env["PYTHONPATH"]]
-                                   if env.get("PYTHONPATH") else []))
-    return env
-
-
-def run_child(script, env_extra=None, timeout=180):
-    env = child_env()
-    env.update(env_extra or {})
-    return subprocess.run([sys.executable, "-c", script], env=env,
-                          capture_output=True, text=True, timeout=timeout)
 
 
 def test_reference_self_check():

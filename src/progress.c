@@ -1,0 +1,63 @@
+/* Every wait in gradsync, on any transport: an MPI request, a CUDA event, an
+ * NCCL communicator. One loop polls, yields the core and releases the
+ * runtime lock between polls, checks for interrupts, gives up after
+ * GRADSYNC_TIMEOUT_SECONDS, and on giving up leaves the communicator
+ * unusable and lets the waiter cancel or abort what it waited for. */
+#include "gs_internal.h"
+
+static gs_interrupt_check_t interrupt_check;
+static const double interrupt_every = 0.1; /* seconds between checks */
+
+void gs_set_interrupt_check(gs_interrupt_check_t check) { interrupt_check = check; }
+
+/* Gives up: the communicator cannot be trusted afterwards (other ranks, or
+ * the device, may still be inside the call). */
+static gs_status_t abandon(const gs_wait_t *w, gs_status_t why, double waited) {
+  if (gs_current_comm) gs_current_comm->broken = why;
+  if (w->abandon) w->abandon(w->ctx, why);
+  const char *detail = w->detail ? w->detail(w->ctx) : NULL;
+  if (why == GS_ERR_TIMEOUT)
+    return gs_fail(why, "%s did not complete within GRADSYNC_TIMEOUT_SECONDS=%g s (waited %.1f "
+                   "s): a rank may have died or stopped calling collectives%s%s. The "
+                   "communicator is no longer usable", w->what, gs_env_timeout_seconds(),
+                   waited, detail && *detail ? "; " : "", detail ? detail : "");
+  return gs_fail(why, "%s was interrupted after %.1f s; the communicator is no longer usable",
+                 w->what, waited);
+}
+
+gs_status_t gs_progress_wait(const gs_wait_t *w) {
+  double t0 = 0, start = 0, last_check = 0, timeout = gs_env_timeout_seconds();
+  /* with a core of its own, a rank spins as MPI's blocking calls do for the
+   * first 50 microseconds (the peer is running too), then starts yielding */
+  const double spin_until = gs_current_comm && gs_current_comm->owns_core ? 50e-6 : 0.0;
+  for (unsigned long spins = 0;; spins++) {
+    gs_status_t err = GS_SUCCESS;
+    int done = w->poll(w->ctx, &err);
+    if (done > 0) return GS_SUCCESS;
+    if (done < 0) return err;
+    if ((spins & 127) != 127) continue;
+    if (spin_until > 0) {
+      double t = gs_now();
+      if (start == 0) start = last_check = t;
+      if (t - start < spin_until) continue;
+    }
+    /* Past the first microseconds, hand the core to whoever we wait for:
+     * with more ranks than cores, MPI's own blocking calls spin for a whole
+     * time slice per step (milliseconds) while the peer cannot run. The
+     * background thread naps instead (20 us, then 200 us past 1 ms): the
+     * cores belong to the computation it overlaps with, and what it waits
+     * for is usually the other ranks' backward pass. */
+    double t = gs_now();
+    gs_runtime_pause(gs_async_in_worker() ? (start == 0 || t - start < 1e-3 ? 20 : 200) : 0);
+    if (start == 0) start = last_check = t;
+    if (timeout > 0 && t - start > timeout) return abandon(w, GS_ERR_TIMEOUT, t - start);
+    if (interrupt_check && !gs_async_in_worker() && t - last_check >= interrupt_every) {
+      last_check = t;
+      if (interrupt_check()) return abandon(w, GS_ERR_INTERRUPTED, t - start);
+    }
+    if (w->tick) {
+      if (t0 == 0) t0 = t;
+      w->tick(w->ctx, t - t0);
+    }
+  }
+}

@@ -1,0 +1,228 @@
+// Emulated CUDA: the kernel launchers of cuda_kernels.cu on the host. Each
+// launch is queued on its stream (emu_enqueue copies the arguments, as a
+// launch does) and runs there later: it reads its tables from emulated
+// device memory when it runs, checks every range and alignment it touches
+// (a miss is the sticky illegal-address or misaligned-address error), and
+// computes with cuda_pieces.cuh's per-thread code, every thread of a block
+// in turn, or with the host kernels where the device's summation order is
+// its own (Adasum's dot products: compared bitwise with the host path).
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "emu.h"
+}
+#include "cuda_pieces.cuh"
+#include "gs_cuda.h"
+
+extern "C" {
+size_t gs_dtype_size(gs_dtype_t dtype);
+void gs_cpu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b, int64_t n, double out[3]);
+void gs_cpu_adasum_combine(gs_dtype_t dtype, double ca, const void *a, double cb, const void *b,
+                           void *out, int64_t n);
+}
+
+namespace {
+
+constexpr int kThreads = 256;
+
+size_t esize(int dtype) { return gs_dtype_size((gs_dtype_t)dtype); }
+
+// A device range of `n` elements of `dtype` at element `first` of p.
+cudaError_t check_elems(const void *p, int64_t first, int64_t n, int dtype, const char *what) {
+  size_t es = esize(dtype);
+  if (n <= 0) return cudaSuccess;
+  return emu_check_range((const char *)p + (size_t)first * es, (size_t)n * es, es, 0, what);
+}
+
+template <class T>
+cudaError_t check_table(const T *p, int64_t i, const char *what) {
+  return emu_check_range(p + i, sizeof(T), 8, 0, what);
+}
+
+#define TRY(call)                          \
+  do {                                     \
+    cudaError_t e_ = (call);               \
+    if (e_ != cudaSuccess) return e_;      \
+  } while (0)
+
+struct Elementwise {
+  int mode;
+  const gs_cu_run_t *runs;
+  const gs_cu_item_t *items;
+  int64_t nitems;
+  double scale;
+};
+
+cudaError_t run_elementwise(void *arg) {
+  const Elementwise *k = (const Elementwise *)arg;
+  for (int64_t i = 0; i < k->nitems; i++) {
+    TRY(check_table(k->items, i, "elementwise kernel: work item"));
+    gs_cu_item_t it = k->items[i];
+    TRY(check_table(k->runs, it.run, "elementwise kernel: run"));
+    gs_cu_run_t r = k->runs[it.run];
+    TRY(check_elems(r.a, it.first, it.count, r.adtype, "elementwise kernel: a"));
+    if (k->mode != GS_CU_ZERO)
+      TRY(check_elems(r.b, it.first, it.count, r.bdtype, "elementwise kernel: b"));
+    for (int t = 0; t < kThreads; t++)
+      gs_pieces::elementwise_item(k->mode, r, it.first, it.count, k->scale, t, kThreads);
+  }
+  return cudaSuccess;
+}
+
+struct Nonfinite {
+  const gs_tensor_t *t;
+  const gs_cu_item_t *items;
+  int64_t nitems;
+  int *flag;
+};
+
+bool nonfinite(int dtype, const void *p, int64_t i) {
+  switch (dtype) {
+    case GS_FLOAT16: return (((const uint16_t *)p)[i] & 0x7c00u) == 0x7c00u;
+    case GS_BFLOAT16: return (((const uint16_t *)p)[i] & 0x7f80u) == 0x7f80u;
+    case GS_FLOAT32: return (((const uint32_t *)p)[i] & 0x7f800000u) == 0x7f800000u;
+    case GS_FLOAT64:
+      return (((const uint64_t *)p)[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
+    default: return false;
+  }
+}
+
+cudaError_t run_nonfinite(void *arg) {
+  const Nonfinite *k = (const Nonfinite *)arg;
+  TRY(emu_check_range(k->flag, sizeof(int), sizeof(int), 0, "all_finite kernel: flag"));
+  for (int64_t i = 0; i < k->nitems; i++) {
+    TRY(check_table(k->items, i, "all_finite kernel: work item"));
+    gs_cu_item_t it = k->items[i];
+    TRY(check_table(k->t, it.run, "all_finite kernel: tensor"));
+    gs_tensor_t x = k->t[it.run];
+    TRY(check_elems(x.data, it.first, it.count, x.dtype, "all_finite kernel: tensor data"));
+    for (int64_t j = 0; j < it.count; j++)
+      if (nonfinite(x.dtype, x.data, it.first + j)) *k->flag = 1;
+  }
+  return cudaSuccess;
+}
+
+struct Slices {
+  int dtype;
+  const void *a, *b;
+  void *out;
+  const gs_cu_slice_t *slices;
+  const gs_cu_item_t *items;
+  int64_t nitems, nslices;
+  const int64_t *first_item;
+  const double *coef;
+  double *partial, *d;
+};
+
+// The slices the items cover, checked; `visit(j, slice)` once per slice.
+template <class Visit>
+cudaError_t each_slice(const Slices *k, const char *what, Visit visit) {
+  int64_t last = -1;
+  for (int64_t i = 0; i < k->nitems; i++) {
+    TRY(check_table(k->items, i, what));
+    gs_cu_item_t it = k->items[i];
+    TRY(check_table(k->slices, it.run, what));
+    gs_cu_slice_t sl = k->slices[it.run];
+    TRY(check_elems(k->a, sl.start + it.first, it.count, k->dtype, what));
+    TRY(check_elems(k->b, sl.start + it.first, it.count, k->dtype, what));
+    if (k->out) TRY(check_elems(k->out, sl.start + it.first, it.count, k->dtype, what));
+    if (it.run != last) TRY(visit(it.run, sl));
+    last = it.run;
+  }
+  return cudaSuccess;
+}
+
+cudaError_t run_dots(void *arg) {
+  const Slices *k = (const Slices *)arg;
+  TRY(emu_check_range(k->d, 3 * (size_t)k->nslices * sizeof(double), 8, 0, "dots kernel: d"));
+  TRY(emu_check_range(k->first_item, ((size_t)k->nslices + 1) * sizeof(int64_t), 8, 0,
+                      "dots kernel: first items"));
+  size_t es = esize(k->dtype);
+  for (int64_t j = 0; j < k->nslices; j++) k->d[3 * j] = k->d[3 * j + 1] = k->d[3 * j + 2] = 0;
+  return each_slice(k, "dots kernel", [&](int64_t j, gs_cu_slice_t sl) {
+    gs_cpu_adasum_dots((gs_dtype_t)k->dtype, (const char *)k->a + (size_t)sl.start * es,
+                       (const char *)k->b + (size_t)sl.start * es, sl.count, &k->d[3 * j]);
+    return cudaSuccess;
+  });
+}
+
+cudaError_t run_combine(void *arg) {
+  const Slices *k = (const Slices *)arg;
+  size_t es = esize(k->dtype);
+  return each_slice(k, "combine kernel", [&](int64_t j, gs_cu_slice_t sl) {
+    TRY(emu_check_range(k->coef + 2 * j, 2 * sizeof(double), 8, 0, "combine kernel: coef"));
+    size_t o = (size_t)sl.start * es;
+    gs_cpu_adasum_combine((gs_dtype_t)k->dtype, k->coef[2 * j], (const char *)k->a + o,
+                          k->coef[2 * j + 1], (const char *)k->b + o, (char *)k->out + o,
+                          sl.count);
+    return cudaSuccess;
+  });
+}
+
+struct Keys {
+  int dtype, max, inverse;
+  const void *src;
+  void *dst;
+  int64_t count;
+};
+
+cudaError_t run_keys(void *arg) {
+  const Keys *k = (const Keys *)arg;
+  size_t es = esize(k->dtype), kb = (size_t)gs_cu_key_bytes((gs_dtype_t)k->dtype);
+  size_t sb = k->inverse ? kb : es, db = k->inverse ? es : kb;
+  TRY(emu_check_range(k->src, (size_t)k->count * sb, sb, 0, "order-key kernel: src"));
+  TRY(emu_check_range(k->dst, (size_t)k->count * db, db, 0, "order-key kernel: dst"));
+  for (int64_t i = 0; i < k->count; i++)
+    gs_pieces::order_key(k->dtype, k->max != 0, k->inverse != 0, k->src, k->dst, i);
+  return cudaSuccess;
+}
+
+gs_status_t queued(cudaError_t e, const char *what) {
+  return e == cudaSuccess ? GS_SUCCESS : gs_cu_fail(e, what);
+}
+
+}  // namespace
+
+extern "C" gs_status_t gs_cu_launch_elementwise(int mode, const gs_cu_run_t *runs,
+                                                const gs_cu_item_t *items, int64_t nitems,
+                                                double scale, void *stream) {
+  Elementwise k = {mode, runs, items, nitems, scale};
+  return queued(emu_enqueue((cudaStream_t)stream, run_elementwise, &k, sizeof k),
+                "gradsync: elementwise kernel launch");
+}
+
+extern "C" gs_status_t gs_cu_launch_nonfinite(const gs_tensor_t *t, const gs_cu_item_t *items,
+                                              int64_t nitems, int *flag, void *stream) {
+  Nonfinite k = {t, items, nitems, flag};
+  return queued(emu_enqueue((cudaStream_t)stream, run_nonfinite, &k, sizeof k),
+                "gradsync: all_finite kernel launch");
+}
+
+extern "C" gs_status_t gs_cu_launch_dots(int dtype, const void *a, const void *b,
+                                         const gs_cu_slice_t *slices, const gs_cu_item_t *items,
+                                         int64_t nitems, const int64_t *first_item,
+                                         int64_t nslices, double *partial, double *d,
+                                         void *stream) {
+  Slices k = {dtype, a, b, nullptr, slices, items, nitems, nslices, first_item, nullptr,
+              partial, d};
+  return queued(emu_enqueue((cudaStream_t)stream, run_dots, &k, sizeof k),
+                "gradsync: adasum dots kernel launch");
+}
+
+extern "C" gs_status_t gs_cu_launch_combine(int dtype, const void *a, const void *b, void *out,
+                                            const gs_cu_slice_t *slices, const double *coef,
+                                            const gs_cu_item_t *items, int64_t nitems,
+                                            void *stream) {
+  Slices k = {dtype, a, b, out, slices, items, nitems, 0, nullptr, coef, nullptr, nullptr};
+  return queued(emu_enqueue((cudaStream_t)stream, run_combine, &k, sizeof k),
+                "gradsync: adasum combine kernel launch");
+}
+
+extern "C" gs_status_t gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src,
+                                               void *dst, int64_t count, void *stream) {
+  if (count <= 0) return GS_SUCCESS;
+  Keys k = {dtype, max, inverse, src, dst, count};
+  return queued(emu_enqueue((cudaStream_t)stream, run_keys, &k, sizeof k),
+                "gradsync: min/max order-key kernel launch");
+}

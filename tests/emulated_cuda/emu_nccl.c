@@ -1,0 +1,453 @@
+/* Emulated NCCL, linked into the emulated libgradsync.so and found there by
+ * GRADSYNC_NCCL_LIBRARY=build/emulated/libgradsync.so (with
+ * GS_EMU_DISTINCT_GPUS=1, so the ranks may choose NCCL). It runs gradsync's
+ * NCCL path on a machine without GPUs, with NCCL's semantics where gradsync
+ * must cope with them:
+ * - communicators are created non-blocking: ncclCommInitRankConfig returns
+ *   ncclInProgress and the ranks connect on a thread of their own;
+ * - collectives run later, on the stream's emulated thread, exchanging the
+ *   ranks' buffers over Unix sockets (abstract names, nothing on disk), and
+ *   reduce in rank order (every rank gets the same bits);
+ * - min and max are fmin/fmax: a NaN is dropped, as NCCL drops it;
+ * - a peer that disappears sets the asynchronous error ncclRemoteError, and
+ *   the operation waiting on it stays blocked until ncclCommAbort (with
+ *   GS_EMU_NCCL_SILENT_LOSS=1 no error is set: the wait only ends by abort);
+ * - GS_EMU_NCCL_VERSION (default 22300) is the version it reports. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <nccl.h>
+
+#include "emu.h"
+#include "half.h"
+
+#define API __attribute__((visibility("default")))
+
+struct ncclComm {
+  int rank, size;
+  int *fd;              /* fd[peer] */
+  char token[160];
+  pthread_t init_thread;
+  volatile int aborted;
+  volatile ncclResult_t state; /* ncclInProgress while connecting, then the async error */
+  char last[256];
+};
+
+static _Thread_local int group_depth;
+typedef struct op op_t;
+static _Thread_local op_t *group_ops; /* queued while a group is open */
+
+/* ---- sockets -------------------------------------------------------------------- */
+
+static void sock_name(struct sockaddr_un *a, socklen_t *len, const char *token, int rank) {
+  memset(a, 0, sizeof *a);
+  a->sun_family = AF_UNIX;
+  int n = snprintf(a->sun_path + 1, sizeof a->sun_path - 1, "gsnccl-%s-%d", token, rank);
+  *len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + n);
+}
+
+static int send_all(int fd, const void *p, size_t n) {
+  for (size_t done = 0; done < n;) {
+    ssize_t k = send(fd, (const char *)p + done, n - done, MSG_NOSIGNAL);
+    if (k <= 0) return -1;
+    done += (size_t)k;
+  }
+  return 0;
+}
+
+static void *connect_peers(void *arg) {
+  struct ncclComm *c = arg;
+  struct sockaddr_un a;
+  socklen_t len;
+  int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
+  sock_name(&a, &len, c->token, c->rank);
+  if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, len) != 0 || listen(lfd, c->size) != 0) {
+    snprintf(c->last, sizeof c->last, "emulated NCCL: cannot listen (%s)", strerror(errno));
+    c->state = ncclSystemError;
+    return NULL;
+  }
+  for (int p = 0; p < c->rank && !c->aborted; p++) { /* connect to the lower ranks */
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un b;
+    socklen_t blen;
+    sock_name(&b, &blen, c->token, p);
+    while (!c->aborted && connect(fd, (struct sockaddr *)&b, blen) != 0) usleep(1000);
+    send_all(fd, &c->rank, sizeof c->rank);
+    c->fd[p] = fd;
+  }
+  for (int k = c->rank + 1; k < c->size && !c->aborted; k++) { /* accept the higher ones */
+    int fd = accept(lfd, NULL, NULL);
+    int peer = -1;
+    if (fd < 0 || recv(fd, &peer, sizeof peer, MSG_WAITALL) != sizeof peer || peer <= c->rank ||
+        peer >= c->size) {
+      c->state = ncclSystemError;
+      snprintf(c->last, sizeof c->last, "emulated NCCL: bad connection from a peer");
+      break;
+    }
+    c->fd[peer] = fd;
+  }
+  close(lfd);
+  if (c->state == ncclInProgress) c->state = c->aborted ? ncclInvalidUsage : ncclSuccess;
+  return NULL;
+}
+
+/* Sends `out[p]` (bytes sb[p]) to and receives `in[p]` (rb[p]) from every
+ * peer at once (non-blocking, so large buffers cannot deadlock). A peer's
+ * end of file sets ncclRemoteError (unless silent) and then waits for the
+ * abort, as a NCCL kernel would hang. Returns 0, or -1 once aborted. */
+static int exchange(struct ncclComm *c, const void **out, const size_t *sb, void **in,
+                    const size_t *rb) {
+  size_t sent[64] = {0}, got[64] = {0};
+  struct pollfd pf[64];
+  for (;;) {
+    int n = 0, idx[64];
+    for (int p = 0; p < c->size; p++) {
+      if (p == c->rank || (sent[p] == sb[p] && got[p] == rb[p])) continue;
+      pf[n].fd = c->fd[p];
+      pf[n].events = (sent[p] < sb[p] ? POLLOUT : 0) | (got[p] < rb[p] ? POLLIN : 0);
+      idx[n++] = p;
+    }
+    if (n == 0) return 0;
+    if (c->aborted) return -1;
+    if (poll(pf, (nfds_t)n, 10) < 0 && errno != EINTR) return -1;
+    for (int k = 0; k < n; k++) {
+      int p = idx[k];
+      if ((pf[k].revents & POLLOUT) && sent[p] < sb[p]) {
+        ssize_t w = send(pf[k].fd, (const char *)out[p] + sent[p], sb[p] - sent[p],
+                         MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w > 0) sent[p] += (size_t)w;
+      }
+      if ((pf[k].revents & (POLLIN | POLLHUP | POLLERR)) && got[p] < rb[p]) {
+        ssize_t r = recv(pf[k].fd, (char *)in[p] + got[p], rb[p] - got[p], MSG_DONTWAIT);
+        if (r > 0) {
+          got[p] += (size_t)r;
+        } else if (r == 0 || (errno != EAGAIN && errno != EINTR)) {
+          const char *silent = getenv("GS_EMU_NCCL_SILENT_LOSS");
+          if (!(silent && strcmp(silent, "1") == 0) && c->state == ncclSuccess) {
+            snprintf(c->last, sizeof c->last, "emulated NCCL: rank %d lost its connection to "
+                     "rank %d (the peer is gone)", c->rank, p);
+            c->state = ncclRemoteError;
+          }
+          while (!c->aborted) usleep(1000); /* the kernel hangs until the abort */
+          return -1;
+        }
+      }
+    }
+  }
+}
+
+/* ---- element arithmetic ---------------------------------------------------------------- */
+
+static size_t type_size(ncclDataType_t t) {
+  switch (t) {
+    case ncclInt8: case ncclUint8: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    default: return 8;
+  }
+}
+
+static double load(ncclDataType_t t, const void *p, size_t i) {
+  switch (t) {
+    case ncclInt8: return ((const int8_t *)p)[i];
+    case ncclUint8: return ((const uint8_t *)p)[i];
+    case ncclFloat16: return gs_half_to_float(((const uint16_t *)p)[i]);
+    case ncclBfloat16: return gs_bf16_to_float(((const uint16_t *)p)[i]);
+    case ncclInt32: return ((const int32_t *)p)[i];
+    case ncclUint32: return ((const uint32_t *)p)[i];
+    case ncclFloat32: return ((const float *)p)[i];
+    case ncclFloat64: return ((const double *)p)[i];
+    default: return 0; /* 64-bit integers: combine_int64 */
+  }
+}
+
+static void store(ncclDataType_t t, void *p, size_t i, double v) {
+  switch (t) {
+    case ncclInt8: ((int8_t *)p)[i] = (int8_t)(int64_t)v; break;
+    case ncclUint8: ((uint8_t *)p)[i] = (uint8_t)(int64_t)v; break;
+    case ncclFloat16: ((uint16_t *)p)[i] = gs_float_to_half((float)v); break;
+    case ncclBfloat16: ((uint16_t *)p)[i] = gs_float_to_bf16((float)v); break;
+    case ncclInt32: ((int32_t *)p)[i] = (int32_t)(int64_t)v; break;
+    case ncclUint32: ((uint32_t *)p)[i] = (uint32_t)v; break;
+    case ncclFloat32: ((float *)p)[i] = (float)v; break;
+    case ncclFloat64: ((double *)p)[i] = v; break;
+    default: break;
+  }
+}
+
+static int is_float(ncclDataType_t t) {
+  return t == ncclFloat16 || t == ncclBfloat16 || t == ncclFloat32 || t == ncclFloat64;
+}
+
+/* acc = acc op x, element i; NCCL's min and max are fmin and fmax. Narrow
+ * integer sums wrap (computed wide, stored narrow). */
+static void combine(ncclDataType_t t, ncclRedOp_t op, void *acc, const void *x, size_t i) {
+  if (t == ncclInt64 || t == ncclUint64) {
+    uint64_t a = ((uint64_t *)acc)[i], b = ((const uint64_t *)x)[i];
+    int s = t == ncclInt64;
+    uint64_t r = op == ncclSum ? a + b : op == ncclProd ? a * b
+                 : op == ncclMin ? (s ? ((int64_t)a < (int64_t)b ? a : b) : (a < b ? a : b))
+                                 : (s ? ((int64_t)a > (int64_t)b ? a : b) : (a > b ? a : b));
+    ((uint64_t *)acc)[i] = r;
+    return;
+  }
+  double a = load(t, acc, i), b = load(t, x, i), r;
+  if (op == ncclSum) r = a + b;
+  else if (op == ncclProd) r = a * b;
+  else if (op == ncclMin) r = is_float(t) ? fmin(a, b) : (a < b ? a : b);
+  else r = is_float(t) ? fmax(a, b) : (a > b ? a : b);
+  if (t == ncclFloat32 || t == ncclFloat16 || t == ncclBfloat16) r = (float)r;
+  if (!is_float(t) && op == ncclSum) { /* wrap like the narrow type */
+    int64_t w = (int64_t)a + (int64_t)b;
+    if (t == ncclInt8) r = (int8_t)w;
+    else if (t == ncclUint8) r = (uint8_t)w;
+    else if (t == ncclInt32) r = (int32_t)w;
+    else r = (uint32_t)w;
+  }
+  store(t, acc, i, r);
+}
+
+/* ---- operations, queued on the stream -------------------------------------------------- */
+
+typedef enum { OP_ALLREDUCE, OP_BROADCAST, OP_ALLGATHER, OP_REDUCE_SCATTER, OP_REDUCE, OP_SEND,
+               OP_RECV } kind_t;
+
+struct op {
+  kind_t kind;
+  const void *send;
+  void *recv;
+  size_t count;
+  ncclDataType_t type;
+  ncclRedOp_t red;
+  int root; /* root, or the peer of a send/recv */
+  struct ncclComm *comm;
+  op_t *next;
+};
+
+/* Everyone's `bytes` of `mine`, in rank order, into `all` (size * bytes). */
+static int gather_all(struct ncclComm *c, const void *mine, size_t bytes, char *all) {
+  const void *out[64];
+  void *in[64];
+  size_t sb[64], rb[64];
+  for (int p = 0; p < c->size; p++) {
+    out[p] = mine;
+    in[p] = all + (size_t)p * bytes;
+    sb[p] = rb[p] = p == c->rank ? 0 : bytes;
+  }
+  memmove(all + (size_t)c->rank * bytes, mine, bytes);
+  return exchange(c, out, sb, in, rb);
+}
+
+static int run_collective(op_t *o) {
+  struct ncclComm *c = o->comm;
+  size_t es = type_size(o->type), n = o->count;
+  size_t block = o->kind == OP_REDUCE_SCATTER ? n * (size_t)c->size : n;
+  char *all = malloc((size_t)c->size * block * es + 1);
+  if (!all) return -1;
+  const void *mine = o->kind == OP_BROADCAST ? o->recv : o->send;
+  int r = gather_all(c, mine, block * es, all);
+  if (r == 0 && o->kind == OP_BROADCAST) {
+    memmove(o->recv, all + (size_t)o->root * block * es, block * es);
+  } else if (r == 0 && o->kind == OP_ALLGATHER) {
+    memmove(o->recv, all, (size_t)c->size * n * es);
+  } else if (r == 0 && (o->kind != OP_REDUCE || c->rank == o->root)) {
+    size_t first = o->kind == OP_REDUCE_SCATTER ? (size_t)c->rank * n : 0;
+    char *acc = malloc(n * es + 1);
+    memcpy(acc, all + first * es, n * es); /* rank 0's part, then the others in order */
+    for (int p = 1; p < c->size; p++)
+      for (size_t i = 0; i < n; i++)
+        combine(o->type, o->red, acc, all + ((size_t)p * block + first) * es, i);
+    memcpy(o->recv, acc, n * es);
+    free(acc);
+  }
+  free(all);
+  return r;
+}
+
+/* A group's sends and receives, pairwise, all at once. */
+static int run_p2p(op_t *ops) {
+  struct ncclComm *c = ops->comm;
+  const void *out[64] = {0};
+  void *in[64] = {0};
+  size_t sb[64] = {0}, rb[64] = {0};
+  for (op_t *o = ops; o; o = o->next) {
+    size_t bytes = o->count * type_size(o->type);
+    if (o->kind == OP_SEND) out[o->root] = o->send, sb[o->root] = bytes;
+    else in[o->root] = o->recv, rb[o->root] = bytes;
+  }
+  return exchange(c, out, sb, in, rb);
+}
+
+static cudaError_t run_ops(void *arg) {
+  op_t *ops = *(op_t **)arg;
+  int p2p = ops && (ops->kind == OP_SEND || ops->kind == OP_RECV);
+  int failed = 0;
+  if (p2p && !ops->comm->aborted) failed = run_p2p(ops) != 0;
+  for (op_t *o = ops; o && !p2p && !failed; o = o->next)
+    if (!o->comm->aborted) failed = run_collective(o) != 0;
+  while (ops) {
+    op_t *next = ops->next;
+    free(ops);
+    ops = next;
+  }
+  return cudaSuccess; /* an aborted NCCL kernel exits; the stream goes on */
+}
+
+static ncclResult_t submit(op_t proto, cudaStream_t stream) {
+  struct ncclComm *c = proto.comm;
+  if (!c || c->aborted) return ncclInvalidArgument;
+  if (c->state == ncclInProgress) return ncclInvalidUsage; /* not yet initialized */
+  op_t *o = malloc(sizeof *o);
+  if (!o) return ncclSystemError;
+  *o = proto;
+  o->next = NULL;
+  if (group_depth > 0) { /* appended in call order */
+    op_t **p = &group_ops;
+    while (*p) p = &(*p)->next;
+    *p = o;
+    o->recv = proto.recv;
+    return ncclSuccess;
+  }
+  return emu_enqueue(stream, run_ops, &o, sizeof o) == cudaSuccess ? ncclSuccess
+                                                                   : ncclUnhandledCudaError;
+}
+
+static _Thread_local cudaStream_t group_stream;
+
+#define SUBMIT(...)                                                  \
+  do {                                                               \
+    if (group_depth > 0) group_stream = stream;                      \
+    return submit((op_t){__VA_ARGS__}, stream);                      \
+  } while (0)
+
+/* ---- the API ---------------------------------------------------------------------------- */
+
+API ncclResult_t ncclGetVersion(int *version) {
+  const char *v = getenv("GS_EMU_NCCL_VERSION");
+  *version = v && *v ? atoi(v) : 22300;
+  return ncclSuccess;
+}
+
+API const char *ncclGetErrorString(ncclResult_t r) {
+  switch (r) {
+    case ncclSuccess: return "no error";
+    case ncclInProgress: return "NCCL operation in progress";
+    case ncclRemoteError: return "remote process exited or there was a network error";
+    case ncclInvalidUsage: return "invalid usage";
+    default: return "emulated NCCL error";
+  }
+}
+
+API const char *ncclGetLastError(ncclComm_t comm) { return comm ? comm->last : ""; }
+
+API ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
+  memset(id, 0, sizeof *id);
+  struct timespec t;
+  clock_gettime(CLOCK_REALTIME, &t);
+  snprintf(id->internal, sizeof id->internal, "%d-%ld-%ld", (int)getpid(), (long)t.tv_sec,
+           t.tv_nsec);
+  return ncclSuccess;
+}
+
+API ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id, int rank,
+                                        ncclConfig_t *config) {
+  if (!config || config->magic != NCCL_API_MAGIC || config->size < 2 * sizeof(size_t))
+    return ncclInvalidArgument;
+  if (nranks < 1 || nranks > 64 || rank < 0 || rank >= nranks) return ncclInvalidArgument;
+  struct ncclComm *c = calloc(1, sizeof *c);
+  c->fd = calloc((size_t)nranks, sizeof *c->fd);
+  c->rank = rank;
+  c->size = nranks;
+  c->state = ncclInProgress;
+  snprintf(c->token, sizeof c->token, "%s", id.internal);
+  *out = c;
+  if (config->blocking != 0) { /* blocking: connect here */
+    connect_peers(c);
+    return c->state;
+  }
+  pthread_create(&c->init_thread, NULL, connect_peers, c);
+  pthread_detach(c->init_thread);
+  return ncclInProgress;
+}
+
+API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state) {
+  if (!comm) return ncclInvalidArgument;
+  *state = comm->state;
+  return ncclSuccess;
+}
+
+static void close_comm(struct ncclComm *c) {
+  for (int p = 0; p < c->size; p++)
+    if (p != c->rank && c->fd[p] > 0) shutdown(c->fd[p], SHUT_RDWR);
+}
+
+API ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  if (!comm) return ncclSuccess;
+  comm->aborted = 1; /* operations blocked on it end; the struct is kept (a test harness) */
+  close_comm(comm);
+  return ncclSuccess;
+}
+
+API ncclResult_t ncclCommDestroy(ncclComm_t comm) { return ncclCommAbort(comm); }
+
+API ncclResult_t ncclGroupStart(void) {
+  group_depth++;
+  return ncclSuccess;
+}
+
+API ncclResult_t ncclGroupEnd(void) {
+  if (group_depth == 0) return ncclInvalidUsage;
+  if (--group_depth > 0 || !group_ops) return ncclSuccess;
+  op_t *ops = group_ops;
+  group_ops = NULL;
+  return emu_enqueue(group_stream, run_ops, &ops, sizeof ops) == cudaSuccess
+             ? ncclSuccess : ncclUnhandledCudaError;
+}
+
+API ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t op,
+                               ncclComm_t comm, cudaStream_t stream) {
+  SUBMIT(.kind = OP_ALLREDUCE, .send = s, .recv = r, .count = n, .type = t, .red = op, .comm = comm);
+}
+
+API ncclResult_t ncclBroadcast(const void *s, void *r, size_t n, ncclDataType_t t, int root,
+                               ncclComm_t comm, cudaStream_t stream) {
+  (void)s;
+  SUBMIT(.kind = OP_BROADCAST, .recv = r, .count = n, .type = t, .root = root, .comm = comm);
+}
+
+API ncclResult_t ncclAllGather(const void *s, void *r, size_t n, ncclDataType_t t,
+                               ncclComm_t comm, cudaStream_t stream) {
+  SUBMIT(.kind = OP_ALLGATHER, .send = s, .recv = r, .count = n, .type = t, .comm = comm);
+}
+
+API ncclResult_t ncclReduceScatter(const void *s, void *r, size_t n, ncclDataType_t t,
+                                   ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+  SUBMIT(.kind = OP_REDUCE_SCATTER, .send = s, .recv = r, .count = n, .type = t, .red = op,
+         .comm = comm);
+}
+
+API ncclResult_t ncclReduce(const void *s, void *r, size_t n, ncclDataType_t t, ncclRedOp_t op,
+                            int root, ncclComm_t comm, cudaStream_t stream) {
+  SUBMIT(.kind = OP_REDUCE, .send = s, .recv = r, .count = n, .type = t, .red = op, .root = root,
+         .comm = comm);
+}
+
+API ncclResult_t ncclSend(const void *s, size_t n, ncclDataType_t t, int peer, ncclComm_t comm,
+                          cudaStream_t stream) {
+  SUBMIT(.kind = OP_SEND, .send = s, .count = n, .type = t, .root = peer, .comm = comm);
+}
+
+API ncclResult_t ncclRecv(void *r, size_t n, ncclDataType_t t, int peer, ncclComm_t comm,
+                          cudaStream_t stream) {
+  SUBMIT(.kind = OP_RECV, .recv = r, .count = n, .type = t, .root = peer, .comm = comm);
+}

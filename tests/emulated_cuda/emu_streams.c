@@ -1,0 +1,355 @@
+/* Emulated CUDA: streams, events and the sticky error (see emu.h). Every
+ * stream owns a thread that runs its operations in order, each after the
+ * operations it depends on (earlier work on its own stream, stream waits on
+ * events, and the legacy default stream's implicit ordering). One lock and
+ * one condition variable cover all of it: this is a test harness, made to
+ * be simple and strict, not fast. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "emu.h"
+
+#define MAX_DEVICES 8
+#define STREAM_MAGIC 0x5354524du
+#define EVENT_MAGIC 0x45564e54u
+
+typedef struct dep {
+  emu_stream_t *s;
+  uint64_t seq;
+} dep_t;
+
+typedef struct op {
+  struct op *next;
+  uint64_t seq;
+  emu_fn fn; /* NULL: an ordering point only */
+  void *arg;
+  int ndeps;
+  dep_t *deps;
+} op_t;
+
+struct emu_stream {
+  unsigned magic;
+  int device;
+  int legacy;        /* the legacy default stream of `device` */
+  int nonblocking;   /* cudaStreamNonBlocking: no implicit legacy ordering */
+  op_t *head, *tail;
+  uint64_t enqueued, completed;
+  emu_stream_t *next_all;
+};
+
+typedef struct emu_event {
+  unsigned magic;
+  emu_stream_t *s;
+  uint64_t seq;
+} emu_event_t;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t progress = PTHREAD_COND_INITIALIZER;
+static emu_stream_t *all_streams;
+static emu_stream_t *legacy_streams[MAX_DEVICES];
+static cudaError_t sticky_error = cudaSuccess;
+static long delay_us = -1;
+
+cudaError_t emu_sticky(void) {
+  pthread_mutex_lock(&mu);
+  cudaError_t e = sticky_error;
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+static long op_delay(void) {
+  if (delay_us < 0) {
+    const char *s = getenv("GS_EMU_DELAY_US");
+    delay_us = s && *s ? atol(s) : 100;
+  }
+  return delay_us;
+}
+
+static int deps_done(const op_t *o) {
+  for (int k = 0; k < o->ndeps; k++)
+    if (o->deps[k].s->completed < o->deps[k].seq) return 0;
+  return 1;
+}
+
+static void *stream_thread(void *arg) {
+  emu_stream_t *s = arg;
+  pthread_mutex_lock(&mu);
+  for (;;) {
+    while (!s->head || !deps_done(s->head)) pthread_cond_wait(&progress, &mu);
+    op_t *o = s->head;
+    cudaError_t before = sticky_error;
+    pthread_mutex_unlock(&mu);
+    long d = op_delay();
+    if (d > 0 && o->fn) {
+      struct timespec t = {d / 1000000, (d % 1000000) * 1000};
+      nanosleep(&t, NULL);
+    }
+    /* after a sticky error nothing runs, but everything completes, so no
+     * wait on the host hangs: it sees the error instead */
+    cudaError_t e = (o->fn && before == cudaSuccess) ? o->fn(o->arg) : cudaSuccess;
+    pthread_mutex_lock(&mu);
+    if (e != cudaSuccess && sticky_error == cudaSuccess) sticky_error = e;
+    s->head = o->next;
+    if (!s->head) s->tail = NULL;
+    s->completed = o->seq;
+    pthread_cond_broadcast(&progress);
+    free(o->arg);
+    free(o->deps);
+    free(o);
+  }
+  return NULL;
+}
+
+static emu_stream_t *new_stream(int device, int legacy, int nonblocking) {
+  emu_stream_t *s = calloc(1, sizeof *s);
+  if (!s) return NULL;
+  s->magic = STREAM_MAGIC;
+  s->device = device;
+  s->legacy = legacy;
+  s->nonblocking = nonblocking;
+  pthread_t th;
+  pthread_attr_t attr;
+  pthread_attr_init(&attr);
+  pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  int e = pthread_create(&th, &attr, stream_thread, s);
+  pthread_attr_destroy(&attr);
+  if (e != 0) {
+    free(s);
+    return NULL;
+  }
+  s->next_all = all_streams; /* streams live as long as the process */
+  all_streams = s;
+  return s;
+}
+
+/* The emulated stream behind a handle, under the lock. NULL and
+ * cudaStreamLegacy (and, approximated, cudaStreamPerThread) are the current
+ * device's legacy default stream. */
+static emu_stream_t *resolve(cudaStream_t h, int device) {
+  if (h == NULL || h == cudaStreamLegacy || h == cudaStreamPerThread) {
+    if (!legacy_streams[device]) legacy_streams[device] = new_stream(device, 1, 0);
+    return legacy_streams[device];
+  }
+  emu_stream_t *s = (emu_stream_t *)h;
+  return s->magic == STREAM_MAGIC ? s : NULL;
+}
+
+/* Appends an operation; `extra` is one more dependency (a stream wait). */
+static cudaError_t push(emu_stream_t *s, emu_fn fn, void *arg, const dep_t *extra,
+                        uint64_t *seq) {
+  op_t *o = calloc(1, sizeof *o);
+  int cap = 2;
+  for (emu_stream_t *t = all_streams; t; t = t->next_all) cap++;
+  o->deps = o ? calloc((size_t)cap, sizeof *o->deps) : NULL;
+  if (!o || !o->deps) {
+    if (o) free(o);
+    return cudaErrorMemoryAllocation;
+  }
+  if (extra && extra->s) o->deps[o->ndeps++] = *extra;
+  if (!s->nonblocking) {
+    /* the legacy stream waits for blocking streams' earlier work, and
+     * blocking streams wait for the legacy stream's */
+    for (emu_stream_t *t = all_streams; t; t = t->next_all)
+      if (t != s && t->device == s->device && !t->nonblocking && (s->legacy || t->legacy) &&
+          t->enqueued > t->completed)
+        o->deps[o->ndeps++] = (dep_t){t, t->enqueued};
+  }
+  o->fn = fn;
+  o->arg = arg;
+  o->seq = ++s->enqueued;
+  if (s->tail) s->tail->next = o;
+  else s->head = o;
+  s->tail = o;
+  if (seq) *seq = o->seq;
+  pthread_cond_broadcast(&progress);
+  return cudaSuccess;
+}
+
+cudaError_t emu_enqueue(cudaStream_t stream, emu_fn fn, const void *arg, size_t arg_bytes) {
+  int device = emu_current_device();
+  if (device < 0) return emu_sticky();
+  void *copy = malloc(arg_bytes ? arg_bytes : 1);
+  if (!copy) return cudaErrorMemoryAllocation;
+  if (arg_bytes) memcpy(copy, arg, arg_bytes);
+  pthread_mutex_lock(&mu);
+  cudaError_t e = sticky_error;
+  emu_stream_t *s = e == cudaSuccess ? resolve(stream, device) : NULL;
+  if (e == cudaSuccess && !s) e = cudaErrorInvalidResourceHandle;
+  if (e == cudaSuccess) e = push(s, fn, copy, NULL, NULL);
+  pthread_mutex_unlock(&mu);
+  if (e != cudaSuccess) free(copy);
+  return e;
+}
+
+/* ---- the runtime's stream and event functions ----------------------------- */
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
+  int device = emu_current_device();
+  if (device < 0) return emu_sticky();
+  pthread_mutex_lock(&mu);
+  emu_stream_t *s = new_stream(device, 0, (flags & cudaStreamNonBlocking) != 0);
+  pthread_mutex_unlock(&mu);
+  if (!s) return cudaErrorMemoryAllocation;
+  *out = (cudaStream_t)s;
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamCreate(cudaStream_t *out) { return cudaStreamCreateWithFlags(out, 0); }
+
+cudaError_t cudaStreamDestroy(cudaStream_t h) {
+  (void)h; /* its work still runs; the emulated stream stays (a test harness) */
+  return cudaSuccess;
+}
+
+static cudaError_t wait_until(emu_stream_t *s, uint64_t seq) {
+  while (s->completed < seq) pthread_cond_wait(&progress, &mu);
+  return sticky_error;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t h) {
+  int device = emu_current_device();
+  if (device < 0) return emu_sticky();
+  pthread_mutex_lock(&mu);
+  emu_stream_t *s = resolve(h, device);
+  uint64_t seq = 0;
+  cudaError_t e = s ? push(s, NULL, NULL, NULL, &seq) : cudaErrorInvalidResourceHandle;
+  if (e == cudaSuccess) e = wait_until(s, seq);
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+cudaError_t cudaStreamQuery(cudaStream_t h) {
+  int device = emu_current_device();
+  if (device < 0) return emu_sticky();
+  pthread_mutex_lock(&mu);
+  emu_stream_t *s = resolve(h, device);
+  cudaError_t e = !s ? cudaErrorInvalidResourceHandle
+                  : sticky_error != cudaSuccess ? sticky_error
+                  : s->completed < s->enqueued ? cudaErrorNotReady : cudaSuccess;
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+cudaError_t cudaDeviceSynchronize(void) {
+  int device = emu_current_device();
+  if (device < 0) return emu_sticky();
+  pthread_mutex_lock(&mu);
+  for (emu_stream_t *s = all_streams; s; s = s->next_all)
+    if (s->device == device) wait_until(s, s->enqueued);
+  cudaError_t e = sticky_error;
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned int flags) {
+  (void)flags;
+  if (emu_current_device() < 0) return emu_sticky();
+  emu_event_t *ev = calloc(1, sizeof *ev);
+  if (!ev) return cudaErrorMemoryAllocation;
+  ev->magic = EVENT_MAGIC;
+  *out = (cudaEvent_t)ev;
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreate(cudaEvent_t *out) { return cudaEventCreateWithFlags(out, 0); }
+
+cudaError_t cudaEventDestroy(cudaEvent_t h) {
+  emu_event_t *ev = (emu_event_t *)h;
+  if (!ev || ev->magic != EVENT_MAGIC) return cudaErrorInvalidResourceHandle;
+  ev->magic = 0;
+  free(ev);
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t stream) {
+  emu_event_t *ev = (emu_event_t *)h;
+  if (!ev || ev->magic != EVENT_MAGIC) return cudaErrorInvalidResourceHandle;
+  int device = emu_current_device();
+  if (device < 0) return emu_sticky();
+  pthread_mutex_lock(&mu);
+  emu_stream_t *s = resolve(stream, device);
+  uint64_t seq = 0;
+  /* a marker operation: on the legacy stream it also covers the blocking
+   * streams' earlier work, as recording there does */
+  cudaError_t e = s ? push(s, NULL, NULL, NULL, &seq) : cudaErrorInvalidResourceHandle;
+  if (e == cudaSuccess) {
+    ev->s = s;
+    ev->seq = seq;
+  }
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+cudaError_t cudaEventQuery(cudaEvent_t h) {
+  emu_event_t *ev = (emu_event_t *)h;
+  if (!ev || ev->magic != EVENT_MAGIC) return cudaErrorInvalidResourceHandle;
+  pthread_mutex_lock(&mu);
+  cudaError_t e = sticky_error != cudaSuccess ? sticky_error
+                  : ev->s && ev->s->completed < ev->seq ? cudaErrorNotReady : cudaSuccess;
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+cudaError_t cudaEventSynchronize(cudaEvent_t h) {
+  emu_event_t *ev = (emu_event_t *)h;
+  if (!ev || ev->magic != EVENT_MAGIC) return cudaErrorInvalidResourceHandle;
+  pthread_mutex_lock(&mu);
+  cudaError_t e = ev->s ? wait_until(ev->s, ev->seq) : sticky_error;
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t h, unsigned int flags) {
+  (void)flags;
+  emu_event_t *ev = (emu_event_t *)h;
+  if (!ev || ev->magic != EVENT_MAGIC) return cudaErrorInvalidResourceHandle;
+  int device = emu_current_device();
+  if (device < 0) return emu_sticky();
+  pthread_mutex_lock(&mu);
+  emu_stream_t *s = resolve(stream, device);
+  dep_t dep = {ev->s, ev->seq};
+  cudaError_t e = s ? push(s, NULL, NULL, &dep, NULL) : cudaErrorInvalidResourceHandle;
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+/* ---- test hooks (exported; tests find them with dlsym and skip on hardware) ---------- */
+
+#define HOOK __attribute__((visibility("default")))
+
+static cudaStream_t as_handle(uintptr_t s) {
+  return s == 0 || s == 1 ? cudaStreamLegacy : s == 2 ? cudaStreamPerThread : (cudaStream_t)s;
+}
+
+static cudaError_t sleep_op(void *arg) {
+  double seconds = *(double *)arg;
+  struct timespec t = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  nanosleep(&t, NULL);
+  return cudaSuccess;
+}
+
+static cudaError_t fault_op(void *arg) { return *(cudaError_t *)arg; }
+
+/* Queues `seconds` of device work on `stream` (of the current device). */
+HOOK int gs_emulated_sleep(uintptr_t stream, double seconds) {
+  return emu_enqueue(as_handle(stream), sleep_op, &seconds, sizeof seconds);
+}
+
+/* Queues work that fails with `error` (a sticky one loses the context). */
+HOOK int gs_emulated_fault(uintptr_t stream, int error) {
+  cudaError_t e = (cudaError_t)error;
+  return emu_enqueue(as_handle(stream), fault_op, &e, sizeof e);
+}
+
+/* 1 while `stream` has work queued or running. */
+HOOK int gs_emulated_busy(uintptr_t stream) {
+  return cudaStreamQuery(as_handle(stream)) == cudaErrorNotReady;
+}
+
+/* Waits on the host for `stream`. */
+HOOK int gs_emulated_sync(uintptr_t stream) { return cudaStreamSynchronize(as_handle(stream)); }

@@ -1,0 +1,174 @@
+"""Stream semantics of the Python device layer, and the GPU path's refusals,
+against the emulated CUDA runtime (its test hooks slow a stream down and ask
+whether one is busy; on real hardware these tests skip, tests/gpu's others
+run there):
+
+- the gradient kernels run on the caller's work stream without waiting for
+  gradsync's communication stream;
+- an asynchronous collective's Request.wait() hands its GPU work to the
+  caller's stream (NCCL path: the host is not blocked); synchronize() waits;
+- a DeviceArray that an asynchronous collective is writing exports that work:
+  __cuda_array_interface__['stream'] names the stream, __dlpack__(stream=s)
+  makes s wait, numpy() waits;
+- a driver older than the CUDA runtime is reported with both versions; NCCL
+  older than 2.14 is refused and the device path stages through MPI; no
+  context is created on a device the process never used.
+"""
+import ctypes
+import json
+import os
+
+import numpy as np
+import pytest
+
+import gradsync as gs
+from gsutil import collectively, run_child
+
+try:
+    _LIB = ctypes.CDLL("libgradsync.so")
+    _SLEEP, _BUSY, _SYNC = _LIB.gs_emulated_sleep, _LIB.gs_emulated_busy, _LIB.gs_emulated_sync
+    _SLEEP.argtypes = [ctypes.c_size_t, ctypes.c_double]
+    _BUSY.argtypes = [ctypes.c_size_t]
+    _SYNC.argtypes = [ctypes.c_size_t]
+    EMULATED = True
+except (OSError, AttributeError):
+    EMULATED = False
+
+pytestmark = pytest.mark.skipif(not EMULATED or gs.build_info()["cuda_devices"] == 0,
+                                reason="needs the emulated CUDA runtime's test hooks")
+LEGACY = 1
+
+
+@pytest.fixture
+def stream(comm):
+    """gradsync's communication stream on device 0, once the device path is up."""
+    warm = gs.to_device(np.ones(4, np.float32), 0)
+    comm.allreduce_(warm)
+    return gs._core.cuda_stream(0)
+
+
+def test_kernels_do_not_wait_for_communication(stream):
+    x = gs.to_device(np.full(1000, 2.0, np.float32), 0)
+    g = gs.to_device(np.full(1000, 0.5, np.float32), 0)
+    with collectively():
+        _SLEEP(stream, 1.0)
+        gs.zero_(x)
+        gs.accumulate_(x, g)
+        gs.scale_(x, 4.0)
+        busy = bool(_BUSY(stream))
+        _SYNC(stream)
+        assert busy, "a gradient kernel waited for gradsync's communication stream"
+        np.testing.assert_array_equal(x.numpy(), np.full(1000, 2.0, np.float32))
+
+
+def test_request_wait_hands_off_to_the_stream(comm, stream):
+    x = gs.to_device(np.full(3000, 1.0, np.float32), 0)
+    with collectively():
+        _SLEEP(stream, 0.5)
+        req = comm.allreduce_async_(x)
+        assert req.wait() is x
+        busy_after_wait = bool(_BUSY(stream))
+        _SYNC(LEGACY)  # the caller's stream waited for the collective
+        busy_after_sync = bool(_BUSY(stream))
+        if comm.device_transport == "nccl":  # device work from start to end
+            assert busy_after_wait, "Request.wait() blocked the host on the NCCL path"
+        assert not busy_after_sync, "the caller's stream did not wait for the collective"
+        np.testing.assert_array_equal(x.numpy(), np.full(3000, comm.size, np.float32))
+        req.synchronize()
+        assert req.done
+
+
+def test_request_synchronize_waits_on_the_host(comm, stream):
+    x = gs.to_device(np.full(100, 3.0, np.float32), 0)
+    with collectively():
+        _SLEEP(stream, 0.3)
+        req = comm.allreduce_async_(x, op="max")
+        req.synchronize()
+        assert not _BUSY(stream), "synchronize() returned before the GPU work ended"
+        assert req.done and req.stream() is None
+
+
+def test_pending_device_array_exports_its_work(comm, stream):
+    x = gs.to_device(np.full(500, 2.0, np.float32), 0)
+    with collectively():
+        _SLEEP(stream, 0.5)
+        req = comm.allreduce_async_(x)
+        cai_stream = x.__cuda_array_interface__["stream"]
+        if comm.device_transport == "nccl":
+            assert cai_stream == stream, (cai_stream, stream)
+        capsule = x.__dlpack__(stream=LEGACY)
+        assert capsule is not None
+        _SYNC(LEGACY)  # the consumer's stream waited for the collective
+        assert not _BUSY(stream)
+        np.testing.assert_array_equal(x.numpy(), np.full(500, 2.0 * comm.size, np.float32))
+        req.synchronize()
+        assert x.__cuda_array_interface__["stream"] is None
+
+
+def test_numpy_waits_for_pending_work(comm, stream):
+    x = gs.to_device(np.full(700, 1.5, np.float32), 0)
+    with collectively():
+        _SLEEP(stream, 0.3)
+        req = comm.allreduce_async_(x)
+        np.testing.assert_array_equal(x.numpy(), np.full(700, 1.5 * comm.size, np.float32))
+        req.synchronize()
+
+
+def test_misaligned_device_memory_is_refused(comm):
+    x = gs.to_device(np.ones(64, np.float32), 0)
+
+    class Shifted:  # the same memory two bytes in: misaligned for float32
+        __cuda_array_interface__ = {"shape": (16,), "typestr": "<f4",
+                                    "data": (x.ptr + 2, False), "version": 3}
+
+    with collectively():
+        with pytest.raises(ValueError, match="aligned"):
+            comm.allreduce_(Shifted())
+        comm.allreduce_(x)  # still usable
+        np.testing.assert_array_equal(x.numpy(), np.full(64, comm.size, np.float32))
+
+
+_INFO = "import gradsync as gs, json; print(json.dumps(gs.build_info()))"
+
+
+def _emulated_env(**extra):
+    env = {"LD_LIBRARY_PATH": os.environ.get("LD_LIBRARY_PATH", "")}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def test_old_driver_is_reported_with_both_versions():
+    p = run_child(_INFO, _emulated_env(GS_EMU_DRIVER_VERSION=12040))
+    assert p.returncode == 0, p.stderr
+    info = json.loads(p.stdout.strip().splitlines()[-1])
+    assert info["cuda_devices"] == 0
+    assert "12.4" in info["cuda_error"] and "13.0" in info["cuda_error"], info["cuda_error"]
+
+
+def test_nccl_older_than_2_14_is_refused():
+    script = ("import gradsync as gs, numpy as np; c = gs.Communicator(); "
+              "x = gs.to_device(np.ones(8, np.float32), 0); c.allreduce_(x); "
+              "print(gs.build_info()['nccl'], c.device_transport)")
+    path = os.path.join(os.environ.get("LD_LIBRARY_PATH", "").split(":")[0], "libgradsync.so")
+    env = _emulated_env(GS_EMU_NCCL_VERSION=21300, GS_EMU_DISTINCT_GPUS=1,
+                        GRADSYNC_NCCL_LIBRARY=path)
+    p = run_child(script, env)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["None", "mpi-staged"], p.stdout
+
+
+def test_no_context_on_a_device_never_used():
+    script = """
+import ctypes, numpy as np, gradsync as gs
+lib = ctypes.CDLL("libgradsync.so")
+c = gs.Communicator()
+x = gs.to_device(np.ones(100, np.float32), 1)
+c.allreduce_(x)
+c.allreduce_async_(x, op="max").synchronize()
+r = c.allreduce_async_(x); r.wait(); r.synchronize()
+gs.scale_(x, 2.0)
+print(lib.gs_emulated_context_created(0), lib.gs_emulated_context_created(1))
+"""
+    p = run_child(script, _emulated_env(GS_EMU_DEVICES=2))
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0", "1"], f"contexts created (device 0, 1): {p.stdout}"
