@@ -118,8 +118,8 @@ $(EMULATED_LIB): $(wildcard src/*.c src/*.h src/*.cuh include/*.h) $(EMU_SOURCES
 # semantics, contexts, sticky errors and NCCL faults.
 EMU_ENV = LD_LIBRARY_PATH=$(CURDIR)/build/emulated
 EMU_NCCL_ENV = $(EMU_ENV) GS_EMU_DISTINCT_GPUS=1 GRADSYNC_NCCL_LIBRARY=$(CURDIR)/$(EMULATED_LIB)
-EMU_C_TESTS := $(addprefix tests/c/bin/,test_device_paths test_device_streams test_device_context \
-    test_device_sticky test_nccl_faults)
+EMU_C_TESTS := $(addprefix tests/c/bin/,test_device_paths test_exchange_device test_device_streams \
+    test_device_context test_device_sticky test_nccl_faults)
 test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	@if [ -z "$(NVCC)" ] || [ -z "$(CUDA_INCLUDE)" ]; then \
 	    echo "== test-emulated: no CUDA toolkit, skipped"; exit 0; fi; \
@@ -128,16 +128,17 @@ test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	LD_LIBRARY_PATH=$(CURDIR)/build/cpu-only timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 \
 	    $(PYTEST) tests/python/test_comm.py tests/python/test_dlpack.py || exit 1; \
 	for n in $(NP_LIST); do \
-	    echo "== test_device_paths at $$n ranks (emulated CUDA: staged MPI, then NCCL)"; \
-	    $(EMU_NCCL_ENV) timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
-	        tests/c/bin/test_device_paths || exit 1; \
+	    for t in test_device_paths test_exchange_device; do \
+	    echo "== $$t at $$n ranks (emulated CUDA: staged MPI, then NCCL)"; \
+	    $(EMU_NCCL_ENV) timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n tests/c/bin/$$t || exit 1; done; \
 	    for t in test_device_streams test_device_context test_device_sticky test_nccl_faults; do \
 	    echo "== $$t at $$n ranks (emulated CUDA)"; \
 	    $(EMU_ENV) timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n tests/c/bin/$$t || exit 1; done; \
 	    if [ $$n = 2 ]; then \
-	    echo "== test_device_paths at 2 ranks (emulated CUDA, CUDA-aware MPI path)"; \
+	    for t in test_device_paths test_exchange_device; do \
+	    echo "== $$t at 2 ranks (emulated CUDA, CUDA-aware MPI path)"; \
 	    GRADSYNC_CUDA_AWARE_MPI=1 $(EMU_ENV) timeout $(TEST_TIMEOUT) \
-	        $(MPIEXEC) -n 2 tests/c/bin/test_device_paths || exit 1; \
+	        $(MPIEXEC) -n 2 tests/c/bin/$$t || exit 1; done; \
 	    echo "== pytest tests/gpu at 2 ranks (emulated CUDA and NCCL)"; \
 	    $(EMU_NCCL_ENV) timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) tests/gpu || exit 1; fi; \
 	    echo "== pytest tests/gpu tests/python/test_dlpack.py at $$n ranks (emulated CUDA)"; \
@@ -176,8 +177,10 @@ gpu-test: build tests/c/bin/test_device_paths tests/c/bin/test_device_streams
 	echo "== scripts/bench_gpu.py"; \
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTHON) scripts/bench_gpu.py --json gpu-bench.json
 
+# make demo DEMO_ARGS="--backend torch-ddp": DDP on the gradsync torch backend
+DEMO_ARGS ?=
 demo: build
-	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(PYTHON) scripts/demo.py
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 $(PYTHON) scripts/demo.py $(DEMO_ARGS)
 
 bench: build
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench -b 64 -e 64M -f 4 --baseline mpi4py
@@ -194,10 +197,10 @@ check-memory: build $(C_TESTS)
 	        --suppressions=tests/c/valgrind.supp $$t || exit 1; done
 	@if [ -n "$(NVCC)" ] && [ -n "$(CUDA_INCLUDE)" ]; then \
 	    $(MAKE) --no-print-directory $(EMULATED_LIB) && \
-	    echo "== valgrind tests/c/bin/test_device_paths (emulated CUDA)" && \
+	    for t in $(DEVICE_C_TESTS); do echo "== valgrind $$t (emulated CUDA)" && \
 	    LD_LIBRARY_PATH=$(CURDIR)/build/emulated timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 \
 	        valgrind -q --error-exitcode=3 --leak-check=full --errors-for-leak-kinds=definite \
-	        --suppressions=tests/c/valgrind.supp tests/c/bin/test_device_paths; fi
+	        --suppressions=tests/c/valgrind.supp $$t || exit 1; done; fi
 
 # Fuzzing the C API's argument checks (tests/fuzz/fuzz_args.c; findings in
 # docs/RELIABILITY.md): libFuzzer with ASan and UBSan for FUZZ_SECONDS in one

@@ -15,6 +15,7 @@
 #include "gs_kernels.h"
 #include "gs_device.h"
 #include "gs_async.h"
+#include "gs_p2p.h"
 #include "gs_timeline.h"
 
 #endif

@@ -66,6 +66,50 @@ GS_API gs_status_t gs_reduce_scatter(gs_comm_t comm, const gs_tensor_t *in,
 GS_API gs_status_t gs_block_range(int64_t rows, int64_t row_elems, int size,
                                   int rank, int64_t *first, int64_t *count);
 
+/* ---- all-to-all, gather, scatter, reduce ------------------------------------
+ * Count arrays are rank-major like gs_allgatherv's: counts[r * n + i] is
+ * rank r's entry for tensor i. Every tensor is its own message (no fusion),
+ * except in gs_reduce, which fuses like gs_allreduce. The ranks validate as
+ * for the other collectives; with validation on they also check that the
+ * counts agree (what rank s sends rank d is what rank d expects), so a count
+ * mismatch returns GS_ERR_MISMATCH on every rank before any data moves. */
+
+/* Step 1 of an all-to-all whose receive counts are not known: rank d's
+ * recv_counts[s * n + i] = rank s's send_counts[d * n + i]. Counts are in any
+ * unit (rows or elements). `row_elems` (may be NULL) is each tensor's
+ * elements per row, which the ranks must agree on. */
+GS_API gs_status_t gs_alltoall_counts(gs_comm_t comm, const gs_tensor_t *in, int64_t n,
+                                      const int64_t *row_elems, const int64_t *send_counts,
+                                      int64_t *recv_counts);
+
+/* in[i] holds size blocks back to back, block r (send_counts[r * n + i]
+ * elements) for rank r; out[i] receives the blocks sent to this rank, in
+ * rank order (recv_counts[r * n + i] elements from rank r). Counts in
+ * elements. out must not overlap any input. */
+GS_API gs_status_t gs_alltoallv(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                                int64_t n, const int64_t *send_counts,
+                                const int64_t *recv_counts);
+
+/* At `root`, out[i] = concatenation over ranks r of rank r's in[i], which
+ * has counts[r * n + i] elements. Every rank passes the same counts; out is
+ * read at the root only (NULL elsewhere is fine). */
+GS_API gs_status_t gs_gatherv(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                              int64_t n, const int64_t *counts, int root);
+
+/* Rank r's out[i] = block r of root's in[i] (counts[r * n + i] elements, the
+ * blocks back to back in rank order). Every rank passes the same counts; in
+ * is read at the root only (NULL elsewhere is fine). */
+GS_API gs_status_t gs_scatterv(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                               int64_t n, const int64_t *counts, int root);
+
+/* At `root`, out[i] = op over ranks of (prescale * in[i]), times postscale
+ * (and 1/size for GS_OP_AVERAGE), as gs_allreduce computes it (no Adasum).
+ * out may be NULL or `in` at the root for an in-place result; it is not read
+ * elsewhere. in is never written except in place at the root. */
+GS_API gs_status_t gs_reduce(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                             int64_t n, gs_op_t op, double prescale, double postscale,
+                             int root);
+
 #ifdef __cplusplus
 }
 #endif

@@ -4,11 +4,14 @@
     mpiexec -n 4 python scripts/demo.py            (what `make demo` runs)
     mpiexec -n 2 python scripts/demo.py --steps 400 --hidden 128
     mpiexec -n 4 python scripts/demo.py --backend numpy
+    mpiexec -n 4 python scripts/demo.py --backend torch-ddp   (torch.distributed DDP)
 
 With PyTorch importable (``--backend auto``, the default) the model is a
 torch.nn MLP trained with gradsync.torch.DistributedOptimizer, which overlaps
 the gradient allreduce with the backward pass (scripts/demo_torch.py;
 ``--op adasum``, ``--backward-passes K`` and ``--bucket-kib`` choose how).
+``--backend torch-ddp`` trains the same MLP with torch.distributed's
+DistributedDataParallel on the "gradsync" backend (scripts/demo_torch_ddp.py).
 Otherwise, or with ``--backend numpy``, it is the NumPy MLP described below.
 
 Every rank builds the same synthetic dataset (10 classes of Gaussian blobs, from
@@ -89,9 +92,12 @@ def parse_args(argv=None):
     p.add_argument("--contiguous-grads", action="store_true",
                    help="keep all gradients as views of ONE allocation (gradsync then "
                         "reduces them in place, with no packing copy)")
-    p.add_argument("--backend", choices=("auto", "torch", "numpy"), default="auto",
+    p.add_argument("--backend", choices=("auto", "torch", "torch-ddp", "numpy"),
+                   default="auto",
                    help="torch: a torch.nn MLP with gradsync.torch.DistributedOptimizer; "
-                        "numpy: the NumPy MLP; auto (default): torch when it imports")
+                        "torch-ddp: the same MLP with torch.distributed DDP on the "
+                        "gradsync backend; numpy: the NumPy MLP; auto (default): torch "
+                        "when it imports")
     p.add_argument("--op", choices=("average", "adasum", "sum"), default="average",
                    help="torch backend: DistributedOptimizer's op (default average)")
     p.add_argument("--backward-passes", type=int, default=1,
@@ -115,6 +121,9 @@ def torch_backend(args):
     """scripts/demo_torch.py's train(), or None for the NumPy demo."""
     if args.backend == "numpy":
         return None
+    if args.backend == "torch-ddp":
+        import demo_torch_ddp
+        return demo_torch_ddp.train
     try:
         import demo_torch
     except ImportError as exc:

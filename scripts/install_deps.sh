@@ -40,3 +40,9 @@ if [ "${GRADSYNC_CUDA:-}" != "0" ] && [ -z "${NCCL_HOME:-}" ] &&
     pip_install nvidia-nccl-cu13
   }
 fi
+
+# torch's own distributed tests (tests/torch/test_torch_upstream.py) import
+# torch.testing._internal, which needs expecttest; only where torch is installed.
+if "$PY" -c "import torch" 2>/dev/null; then
+  "$PY" -c "import expecttest" 2>/dev/null || pip_install expecttest
+fi

@@ -17,7 +17,11 @@
 
 #include "gs_internal.h"
 
-typedef enum job_kind { JOB_ALLREDUCE, JOB_BROADCAST, JOB_AG_SHARDS, JOB_RS_SHARDS } job_kind_t;
+typedef enum job_kind {
+  JOB_ALLREDUCE, JOB_BROADCAST, JOB_AG_SHARDS, JOB_RS_SHARDS,
+  JOB_CALL,  /* job.run on the background thread (gs_async_submit_job) */
+  JOB_POLLED /* never queued: job.poll by test/wait (point-to-point) */
+} job_kind_t;
 
 struct gs_request {
   struct gs_request *next; /* queue link */
@@ -28,6 +32,7 @@ struct gs_request {
   gs_op_t op;
   double prescale, postscale;
   int root;
+  gs_job_t job;            /* JOB_CALL, JOB_POLLED */
   int done;                /* under the lock: the host part finished */
   gs_status_t status;
   char error[1024];
@@ -104,6 +109,8 @@ static gs_status_t run(struct gs_request *r) {
     case JOB_RS_SHARDS:
       return gs_reduce_scatter_shards(r->comm, r->tensors, r->n, r->op, r->prescale,
                                       r->postscale);
+    case JOB_CALL: return r->job.run(r->job.ctx);
+    case JOB_POLLED: break;
   }
   return gs_fail(GS_ERR_INTERNAL, "async: unknown job kind %d", (int)r->kind);
 }
@@ -114,6 +121,8 @@ static const char *run_name(const struct gs_request *r) {
     case JOB_BROADCAST: return "gs_broadcast_async";
     case JOB_AG_SHARDS: return "gs_allgather_shards_async";
     case JOB_RS_SHARDS: return "gs_reduce_scatter_shards_async";
+    case JOB_CALL:
+    case JOB_POLLED: break;
   }
   return "an asynchronous collective";
 }
@@ -131,6 +140,7 @@ static void unlink_inflight(struct gs_request *r) {
 }
 
 static void release(struct gs_request *r) {
+  if (r->job.release) r->job.release(r->job.ctx);
   gs_cu_event_free(r->dev.event);
   gs_cu_event_free(r->dev.ready);
   free(r->tensors);
@@ -386,8 +396,27 @@ static void wait_device_part(struct gs_request *r) {
   pthread_mutex_unlock(&lock);
 }
 
+/* A JOB_POLLED request advances when tested or waited on. */
+static gs_status_t polled(struct gs_request *r, int wait, int *done) {
+  pthread_mutex_lock(&lock);
+  int finished = r->done;
+  pthread_mutex_unlock(&lock);
+  if (!finished) {
+    gs_status_t s = r->job.poll(r->job.ctx, wait, done);
+    if (!*done) return GS_SUCCESS;
+    pthread_mutex_lock(&lock);
+    r->status = s;
+    if (s != GS_SUCCESS) snprintf(r->error, sizeof r->error, "%s", gs_last_error());
+    r->done = 1;
+    pthread_mutex_unlock(&lock);
+  }
+  *done = 1;
+  return outcome(r);
+}
+
 gs_status_t gs_request_test(gs_request_t r, int *done) {
   if (!r || !done) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_request_test: NULL argument");
+  if (r->kind == JOB_POLLED) return polled(r, 0, done);
   pthread_mutex_lock(&lock);
   *done = r->done && !r->device_pending;
   int poll = r->done && r->device_pending;
@@ -405,6 +434,8 @@ gs_status_t gs_request_test(gs_request_t r, int *done) {
 
 gs_status_t gs_request_wait(gs_request_t r) {
   if (!r) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_request_wait: request is NULL");
+  int polled_done;
+  if (r->kind == JOB_POLLED) return polled(r, 1, &polled_done);
   if (in_worker && !r->done)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_request_wait: called from the background "
                    "thread itself, which would wait forever");
@@ -418,6 +449,7 @@ gs_status_t gs_request_wait_stream(gs_request_t r, uintptr_t stream) {
   if (in_worker && !r->done)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_request_wait_stream: called from the "
                    "background thread itself, which would wait forever");
+  if (r->kind == JOB_POLLED) return gs_request_wait(r);
   wait_host_part(r);
   if (!r->dev.event || r->status != GS_SUCCESS) return gs_request_wait(r);
   gs_cu_scope_t scope;
@@ -437,6 +469,7 @@ gs_status_t gs_request_stream(gs_request_t r, void **stream) {
   if (!r || !stream)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_request_stream: NULL argument");
   *stream = NULL;
+  if (r->kind == JOB_POLLED) return GS_SUCCESS; /* point to point: no device work queued */
   wait_host_part(r);
   if (!device_pending(r)) return outcome(r);
   gs_cu_scope_t scope;
@@ -466,6 +499,12 @@ gs_status_t gs_request_free(gs_request_t *request) {
   if (!request || !*request) return GS_SUCCESS;
   gs_request_t r = *request;
   *request = NULL;
+  if (r->kind == JOB_POLLED) { /* advances only when waited on */
+    (void)gs_request_wait(r);
+    release(r);
+    gs_clear_error();
+    return GS_SUCCESS;
+  }
   wait_host_part(r);
   pthread_mutex_lock(&lock);
   if (r->handed_off && r->device_pending) {
@@ -485,4 +524,32 @@ gs_status_t gs_request_free(gs_request_t *request) {
   release(r);
   gs_clear_error();
   return GS_SUCCESS;
+}
+
+gs_status_t gs_async_submit_job(gs_comm_t comm, const gs_job_t *job, const gs_tensor_t *touches,
+                                int64_t n, gs_request_t *request, const char *fn) {
+  gs_clear_error();
+  if (job->run) {
+    static const gs_tensor_t none;
+    /* the job holds its own arguments; the descriptors only say where they live */
+    struct gs_request p = {.kind = JOB_CALL, .comm = comm, .job = *job, .n = touches ? n : 0};
+    return submit(&p, touches ? touches : &none, request, fn);
+  }
+  struct gs_request *r = calloc(1, sizeof *r);
+  if (!r) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
+  r->kind = JOB_POLLED;
+  r->comm = comm;
+  r->job = *job;
+  r->status = GS_SUCCESS;
+  *request = r;
+  return GS_SUCCESS;
+}
+
+void gs_enter_runtime_unordered(void) {
+  if (depth++ > 0) return;
+  if (!in_worker && !registered) {
+    registered = 1;
+    atomic_fetch_add(&app_threads, 1);
+  }
+  pthread_mutex_lock(&runtime_lock);
 }

@@ -62,6 +62,11 @@ const char *gs_call_name(gs_call_kind_t kind) {
     case GS_CALL_REDUCE_SCATTER: return "reduce_scatter";
     case GS_CALL_ALLGATHER_SHARDS: return "allgather_shards";
     case GS_CALL_REDUCE_SCATTER_SHARDS: return "reduce_scatter_shards";
+    case GS_CALL_ALLTOALL_COUNTS: return "alltoall_counts";
+    case GS_CALL_ALLTOALLV: return "alltoallv";
+    case GS_CALL_GATHERV: return "gather";
+    case GS_CALL_SCATTERV: return "scatter";
+    case GS_CALL_REDUCE: return "reduce";
   }
   return "unknown";
 }

@@ -70,3 +70,12 @@ int64_t gs_env_stage_chunk_bytes(void) {
   int64_t v;
   return (env_int64("GRADSYNC_STAGE_CHUNK_BYTES", &v) && v >= 64) ? v : GS_DEFAULT_STAGE_CHUNK_BYTES;
 }
+
+int64_t gs_env_mpi_max_count(void) {
+  static int64_t cached = 0;
+  if (cached == 0) {
+    int64_t v;
+    cached = (env_int64("GRADSYNC_MPI_MAX_COUNT", &v) && v > 0 && v < INT32_MAX) ? v : INT32_MAX;
+  }
+  return cached;
+}

@@ -329,7 +329,12 @@ typedef enum gs_call_kind {
   GS_CALL_ALLGATHERV = 5,
   GS_CALL_REDUCE_SCATTER = 6,
   GS_CALL_ALLGATHER_SHARDS = 7,
-  GS_CALL_REDUCE_SCATTER_SHARDS = 8
+  GS_CALL_REDUCE_SCATTER_SHARDS = 8,
+  GS_CALL_ALLTOALL_COUNTS = 9,
+  GS_CALL_ALLTOALLV = 10,
+  GS_CALL_GATHERV = 11,
+  GS_CALL_SCATTERV = 12,
+  GS_CALL_REDUCE = 13
 } gs_call_kind_t;
 
 const char *gs_call_name(gs_call_kind_t kind);
@@ -482,5 +487,73 @@ gs_status_t gs_check_pairs_disjoint(const char *op_name, const char *in_name,
 /* No out[i] overlaps another output or any input (not even its own). */
 gs_status_t gs_check_disjoint(const char *op_name, const gs_tensor_t *in,
                               const gs_tensor_t *out, int64_t n);
+
+/* ---- the exchange collectives: alltoallv, gatherv, scatterv, reduce -------
+ * (alltoall.c, rooted.c call xfer.c, which moves the data in the engine's
+ * memory: MPI's own collective while every count and displacement fits MPI's
+ * int (agreed by all ranks: `native`), else pairwise exchanges in chunks;
+ * device memory through NCCL send/recv, CUDA-aware MPI, or pinned staging).
+ * When the transports are restructured these become gs_transport_t entries. */
+
+/* The most elements one MPI call carries (INT_MAX; GRADSYNC_MPI_MAX_COUNT
+ * lowers it, so tests reach the 64-bit paths with small arrays). */
+int64_t gs_env_mpi_max_count(void);
+
+/* One tensor's movement. Per-rank arrays have comm->size entries. */
+typedef struct gs_xfer {
+  gs_dtype_t dtype;
+  int root;                         /* gatherv, scatterv */
+  const void *send;
+  void *recv;
+  const int64_t *scounts, *sdispls; /* alltoallv; scatterv at the root */
+  const int64_t *rcounts, *rdispls; /* alltoallv; gatherv at the root */
+  int64_t scount, rcount;           /* gatherv's send, scatterv's receive */
+  int native;                       /* MPI's own collective (all counts fit int) */
+} gs_xfer_t;
+
+gs_status_t gs_xfer_alltoallv(const gs_engine_t *e, const gs_xfer_t *x);
+gs_status_t gs_xfer_gatherv(const gs_engine_t *e, const gs_xfer_t *x);
+gs_status_t gs_xfer_scatterv(const gs_engine_t *e, const gs_xfer_t *x);
+/* recv (root only) = op over ranks of send; send == recv at the root: in place. */
+gs_status_t gs_xfer_reduce(const gs_engine_t *e, const void *send, void *recv, int64_t count,
+                           gs_dtype_t dtype, gs_op_t op, int root);
+
+/* Host MPI (mpi_xfer.c): MPI's own collectives (counts must fit int), and a
+ * chunked pairwise exchange with any peer (either side may be empty). */
+gs_status_t gs_mpi_alltoallv(gs_comm_t c, const gs_xfer_t *x);
+gs_status_t gs_mpi_gatherv(gs_comm_t c, const gs_xfer_t *x);
+gs_status_t gs_mpi_scatterv(gs_comm_t c, const gs_xfer_t *x);
+gs_status_t gs_mpi_reduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                          gs_dtype_t dtype, gs_op_t op, int root);
+gs_status_t gs_mpi_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
+                            int64_t rcount, gs_dtype_t dtype, int peer);
+/* An MPI datatype carrying `count` elements in one message (a derived type
+ * past GRADSYNC_MPI_MAX_COUNT): *n is the count to pass with *type, and
+ * *derived says the caller must MPI_Type_free it. */
+gs_status_t gs_mpi_big_type(gs_dtype_t dtype, int64_t count, MPI_Datatype *type, int *n,
+                            int *derived);
+/* A 64-bit hash of a few values (validation signatures of count vectors). */
+uint64_t gs_hash_mix(uint64_t h, uint64_t v);
+
+/* ---- requests that are not one of async.c's queued collectives ------------
+ * A job either runs on the background thread in issue order like the other
+ * asynchronous collectives (`run`), or is driven by whoever tests or waits
+ * on its request (`poll`, for point-to-point messages, which must not queue
+ * behind collectives). `release` frees ctx once the request is freed. */
+typedef struct gs_job {
+  gs_status_t (*run)(void *ctx);
+  gs_status_t (*poll)(void *ctx, int wait, int *done);
+  void (*release)(void *ctx);
+  void *ctx;
+} gs_job_t;
+/* Queues job->run (or, with run NULL, makes a polled request). `touches`
+ * (n tensors, may be NULL) are the memory the job uses: on a CUDA device the
+ * job is ordered after the submitter's work stream as of now. On failure the
+ * caller still owns job->ctx. */
+gs_status_t gs_async_submit_job(gs_comm_t comm, const gs_job_t *job, const gs_tensor_t *touches,
+                                int64_t n, gs_request_t *request, const char *fn);
+/* gs_enter_runtime without waiting for queued collectives first: for
+ * point-to-point calls, which are not ordered with collectives. */
+void gs_enter_runtime_unordered(void);
 
 #endif

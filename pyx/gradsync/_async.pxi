@@ -16,6 +16,7 @@ cdef class Request:
     background thread watches the GPU work (GRADSYNC_TIMEOUT_SECONDS)."""
     cdef gs_request_t req
     cdef TensorList keep   # the arrays' descriptors and owners
+    cdef object keep_also  # a second call argument's (outputs), or None
     cdef object result     # what wait() returns
     cdef bint finished
     cdef bint on_cuda
@@ -57,6 +58,7 @@ cdef class Request:
                 s = gs_request_wait(self.req)
             self.finished = True
             self.keep = None
+            self.keep_also = None
             CHKERR(s)
         return self.result
 
@@ -79,6 +81,7 @@ cdef class Request:
         if done:
             self.finished = True
             self.keep = None
+            self.keep_also = None
         return bool(done)
 
     @property

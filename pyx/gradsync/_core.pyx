@@ -18,6 +18,7 @@ from gradsync.gs_info cimport *
 from gradsync.gs_kernels cimport *
 from gradsync.gs_device cimport *
 from gradsync.gs_async cimport *
+from gradsync.gs_p2p cimport *
 from gradsync.gs_timeline cimport *
 from gradsync.dlpack cimport *
 
@@ -491,3 +492,6 @@ cdef class Comm:
                                           "comm.reduce_scatter_shards_")
         with nogil:
             CHKERR(gs_reduce_scatter_shards(h, tl.t, tl.n, cop, prescale, postscale))
+
+
+include "_exchange.pxi"

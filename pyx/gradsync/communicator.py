@@ -2,6 +2,7 @@
 import numpy as np
 
 from gradsync import _core
+from gradsync.exchange import ExchangeCollectives
 
 _ALL = object()
 _default = None
@@ -30,7 +31,7 @@ def _answer(results, was_list):
     return results if was_list else results[0]
 
 
-class Communicator:
+class Communicator(ExchangeCollectives):
     """A group of ranks that run collectives together.
 
     ``Communicator()`` duplicates mpi4py's COMM_WORLD; ``Communicator(comm)``

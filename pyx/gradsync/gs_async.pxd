@@ -25,3 +25,23 @@ cdef extern from "gs_async.h" nogil:
     gs_status_t gs_request_stream(gs_request_t request, void **stream)
     gs_status_t gs_request_free(gs_request_t *request)
     int64_t gs_requests_pending()
+    gs_status_t gs_allgatherv_async(gs_comm_t comm, const gs_tensor_t *inp,
+                                    const gs_tensor_t *out, int64_t n, const int64_t *counts,
+                                    gs_request_t *request)
+    gs_status_t gs_reduce_scatter_async(gs_comm_t comm, const gs_tensor_t *inp,
+                                        const gs_tensor_t *out, int64_t n, const int64_t *rows,
+                                        gs_op_t op, double prescale, double postscale,
+                                        gs_request_t *request)
+    gs_status_t gs_alltoallv_async(gs_comm_t comm, const gs_tensor_t *inp,
+                                   const gs_tensor_t *out, int64_t n,
+                                   const int64_t *send_counts, const int64_t *recv_counts,
+                                   gs_request_t *request)
+    gs_status_t gs_gatherv_async(gs_comm_t comm, const gs_tensor_t *inp, const gs_tensor_t *out,
+                                 int64_t n, const int64_t *counts, int root,
+                                 gs_request_t *request)
+    gs_status_t gs_scatterv_async(gs_comm_t comm, const gs_tensor_t *inp,
+                                  const gs_tensor_t *out, int64_t n, const int64_t *counts,
+                                  int root, gs_request_t *request)
+    gs_status_t gs_reduce_async(gs_comm_t comm, const gs_tensor_t *inp, const gs_tensor_t *out,
+                                int64_t n, gs_op_t op, double prescale, double postscale,
+                                int root, gs_request_t *request)

@@ -17,3 +17,14 @@ cdef extern from "gs_collectives.h" nogil:
                                   double prescale, double postscale)
     gs_status_t gs_block_range(int64_t rows, int64_t row_elems, int size, int rank,
                                int64_t *first, int64_t *count)
+    gs_status_t gs_alltoall_counts(gs_comm_t comm, const gs_tensor_t *inp, int64_t n,
+                                   const int64_t *row_elems, const int64_t *send_counts,
+                                   int64_t *recv_counts)
+    gs_status_t gs_alltoallv(gs_comm_t comm, const gs_tensor_t *inp, const gs_tensor_t *out,
+                             int64_t n, const int64_t *send_counts, const int64_t *recv_counts)
+    gs_status_t gs_gatherv(gs_comm_t comm, const gs_tensor_t *inp, const gs_tensor_t *out,
+                           int64_t n, const int64_t *counts, int root)
+    gs_status_t gs_scatterv(gs_comm_t comm, const gs_tensor_t *inp, const gs_tensor_t *out,
+                            int64_t n, const int64_t *counts, int root)
+    gs_status_t gs_reduce(gs_comm_t comm, const gs_tensor_t *inp, const gs_tensor_t *out,
+                          int64_t n, gs_op_t op, double prescale, double postscale, int root)

@@ -4,7 +4,9 @@ split into chunks that MPI's int counts can carry.
 Each rank holds about 2 GiB here, so these run at 1 and 2 ranks only (the
 suite also runs at 3 and 4, where they skip): the code path does not depend on
 the rank count, and 4 ranks on a 2-core machine would spend minutes copying.
-GS_TEST_LARGE=0 skips them.
+GS_TEST_LARGE=0 skips them. (gs_reduce and gs_alltoallv take the same chunked
+paths past GRADSYNC_MPI_MAX_COUNT elements; tests/c/test_exchange.c lowers that
+limit to reach them with small arrays.)
 """
 import os
 
@@ -66,3 +68,36 @@ def test_allgather_past_int32_total(comm):
     out[-1] = 2
     ok = ok and bool(np.all(out[:n0] == 1)) and bool(np.all(out[n0:] == 2))
     collective_assert(bool(ok), "allgather past 2**31 total elements is wrong")
+
+
+@pytest.mark.skipif(WORLD.size != 2, reason="needs two ranks to pass int32 in total")
+def test_gather_past_int32_total(comm):
+    n = 2**30 + 3 + comm.rank
+    a = np.full(n, comm.rank + 1, dtype=np.uint8)
+    a[-1] = 9
+    out = comm.gather(a, root=1, counts=[2**30 + 3, 2**30 + 4])
+    ok = True
+    if comm.rank == 1:
+        n0 = 2**30 + 3
+        ok = out.shape == (2 * n0 + 1,) and out[n0 - 1] == 9 and out[-1] == 9
+        out[n0 - 1] = 1
+        out[-1] = 2
+        ok = ok and bool(np.all(out[:n0] == 1)) and bool(np.all(out[n0:] == 2))
+    collective_assert(bool(ok), "gather past 2**31 total elements is wrong")
+
+
+@pytest.mark.skipif(WORLD.size != 2, reason="a pair of ranks")
+def test_send_recv_over_2_31_elements(comm):
+    if comm.rank == 0:
+        a = np.zeros(BIG, dtype=np.uint8)
+        idx = _stamp(a, 3)
+        comm.send(a, 1, tag=1)
+        ok = True
+    else:
+        a = np.zeros(BIG, dtype=np.uint8)
+        comm.recv_(a, 0, tag=1)
+        idx = np.array([0, 1, 2**30 - 1, 2**30, 2**31 - 1, 2**31, BIG - 1], dtype=np.int64)
+        ok = bool(np.all(a[idx] == (idx % 5 + 4).astype(np.uint8)))
+        a[idx] = 0
+        ok = ok and not a.any()
+    collective_assert(ok, "send/recv of 2**31+77 uint8 elements is wrong")

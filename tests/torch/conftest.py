@@ -26,3 +26,26 @@ else:
     torch.set_num_threads(1)
 
 
+
+
+import pytest  # noqa: E402
+
+SMALL_THRESHOLD_BYTES = 4096
+
+
+@pytest.fixture(scope="session")
+def torch_pg():
+    """torch.distributed's default group on the gradsync backend, created the
+    way users do under mpiexec (no store, no environment), once per session.
+    Its fusion threshold is 4 KiB, so the tests' larger tensors and lists go
+    out in several fused messages."""
+    if torch is None:
+        pytest.skip("torch is not installed")
+    import torch.distributed as dist
+    import gradsync.torch.distributed  # noqa: F401  (registers the backend)
+    if not dist.is_initialized():
+        assert not os.environ.get("MASTER_ADDR"), "the tests run without a master address"
+        dist.init_process_group("gradsync")
+    pg = dist.group.WORLD
+    pg.comm.fusion_threshold = SMALL_THRESHOLD_BYTES
+    yield pg

@@ -1,0 +1,150 @@
+"""gradsync as a torch.distributed backend.
+
+Importing this module registers the backend "gradsync" for CPU and CUDA
+tensors, so existing training code changes only the backend name::
+
+    import torch.distributed as dist
+    import gradsync.torch.distributed          # registers "gradsync"
+
+    dist.init_process_group("gradsync")       # under mpiexec: rank and size from MPI
+    model = torch.nn.parallel.DistributedDataParallel(model)
+
+Under ``mpiexec`` no MASTER_ADDR/MASTER_PORT, store or other environment is
+needed: when the environment names no master, the ``env://`` rendezvous
+(torch's default) takes rank and world size from MPI instead
+(``init_method="gradsync://"`` asks for that explicitly). A store passed by the
+user, or torchrun-style variables, are accepted: torch's rank and world size
+must then be MPI's, and the store is not used by gradsync.
+
+``dist.new_group(ranks)`` and ``dist.new_subgroups`` get gradsync
+communicators over exactly those ranks (MPI_Comm_create_group, which only the
+members call, as torch calls the backend only on them). What the backend
+cannot do raises NotImplementedError naming it. See docs/TORCH_BACKEND.md.
+"""
+import importlib
+import os
+import zlib
+from datetime import timedelta
+
+import torch.distributed as dist
+
+import gradsync as gs
+from gradsync.torch.distributed._backend import ProcessGroupGradsync
+
+__all__ = ["ProcessGroupGradsync", "BACKEND", "mpi_launched"]
+
+BACKEND = "gradsync"
+# the module (torch.distributed.rendezvous is also the name of a function)
+_rendezvous = importlib.import_module("torch.distributed.rendezvous")
+_MASTER_VARS = ("MASTER_ADDR", "MASTER_PORT")
+
+
+def mpi_launched():
+    """Whether this process runs under an MPI launcher (its world is MPI's)."""
+    return gs.MPI.COMM_WORLD.Get_size() > 1 or any(
+        v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
+                                  "HYDRA_CONTROL_FD"))
+
+
+class _NoStore(dist.Store):
+    """What the MPI rendezvous hands torch in place of a store: gradsync needs
+    none, so nothing is stored, and anything that tries to use it (a gloo or
+    NCCL group created on the side) is told what to do instead of waiting."""
+
+    def __init__(self, timeout):
+        super().__init__()
+        self._timeout = timeout
+
+    def _refuse(self, *args, **kwargs):
+        raise RuntimeError(
+            "gradsync's MPI rendezvous has no store: another backend (gloo, nccl) needs "
+            "one. Set MASTER_ADDR and MASTER_PORT (torch's env:// rendezvous then creates "
+            "a TCP store that gradsync accepts and ignores), or pass store= to "
+            "init_process_group")
+
+    set = get = add = compare_set = wait = check = delete_key = num_keys = _refuse
+    multi_get = multi_set = append = queue_push = queue_pop = queue_len = _refuse
+
+    def set_timeout(self, timeout):
+        self._timeout = timeout
+
+    @property
+    def timeout(self):
+        return self._timeout
+
+
+def _mpi_rendezvous(url, timeout=timedelta(minutes=30), **kwargs):
+    """Rank and world size from MPI; checked against RANK/WORLD_SIZE when set."""
+    rank, size = gs.MPI.COMM_WORLD.Get_rank(), gs.MPI.COMM_WORLD.Get_size()
+    for var, mpi_value in (("RANK", rank), ("WORLD_SIZE", size)):
+        given = os.environ.get(var)
+        if given not in (None, "") and int(given) != mpi_value:
+            raise ValueError(f"gradsync rendezvous: {var}={given} in the environment but MPI "
+                             f"says {mpi_value}; unset it, or launch with mpiexec only")
+    yield _NoStore(timeout), rank, size
+    raise RuntimeError("gradsync rendezvous: cannot re-rendezvous")
+
+
+def _env_or_mpi(torch_env):
+    def handler(url, timeout=timedelta(minutes=30), **kwargs):
+        if all(os.environ.get(v) for v in _MASTER_VARS) or not mpi_launched():
+            return torch_env(url, timeout=timeout, **kwargs)
+        return _mpi_rendezvous(url, timeout=timeout, **kwargs)
+    handler.gradsync_wraps = torch_env
+    return handler
+
+
+def _install_rendezvous():
+    handlers = _rendezvous._rendezvous_handlers  # torch offers no replace: see DECISIONS.md
+    if not hasattr(handlers["env"], "gradsync_wraps"):
+        handlers["env"] = _env_or_mpi(handlers["env"])
+    if "gradsync" not in handlers:
+        _rendezvous.register_rendezvous_handler("gradsync", _mpi_rendezvous)
+
+
+def _group_comm(ranks, group_id):
+    """A Communicator over exactly `ranks` of COMM_WORLD; only they call this."""
+    world = gs.MPI.COMM_WORLD
+    group = world.Get_group().Incl(sorted(ranks))
+    tag = zlib.crc32(str(group_id).encode()) % 16384  # the same on every member
+    sub = world.Create_group(group, tag)
+    group.Free()
+    try:
+        return gs.Communicator(sub)
+    finally:
+        sub.Free()
+
+
+def _timeout_seconds(timeout):
+    return timeout.total_seconds() if isinstance(timeout, timedelta) else None
+
+
+def _create(backend_opts, pg_options=None):
+    """torch's extended-API creator: the world group, or a subgroup."""
+    ranks = list(backend_opts.global_ranks_in_group)
+    world = gs.MPI.COMM_WORLD
+    if not ranks:  # the default group
+        if (backend_opts.group_size, backend_opts.group_rank) != (world.Get_size(),
+                                                                  world.Get_rank()):
+            raise RuntimeError(
+                f"gradsync backend: torch says rank {backend_opts.group_rank} of "
+                f"{backend_opts.group_size}, MPI says rank {world.Get_rank()} of "
+                f"{world.Get_size()}. gradsync's processes must be launched by mpiexec (or "
+                "srun), with torch's rank and world size equal to MPI's")
+        comm = gs.Communicator()
+        seconds = _timeout_seconds(backend_opts.timeout)
+        if seconds and not os.environ.get("GRADSYNC_TIMEOUT_SECONDS"):
+            gs.set_timeout(seconds)  # the process group's timeout, as gloo and NCCL use theirs
+    else:
+        comm = _group_comm(ranks, backend_opts.group_id)
+    return ProcessGroupGradsync(comm, backend_opts.timeout)
+
+
+def _register():
+    if BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(BACKEND, _create, extended_api=True,
+                                      devices=["cpu", "cuda"])
+    _install_rendezvous()
+
+
+_register()

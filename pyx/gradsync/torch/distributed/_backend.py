@@ -1,0 +1,362 @@
+"""ProcessGroupGradsync: torch.distributed's collectives on a gs.Communicator.
+
+Each method converts torch's arguments (tensor lists, options) into one
+gradsync call on flat views of the tensors' memory. With ``opts.asyncOp``
+False (``async_op=False``) the call runs on the calling thread and the Work
+returned is already complete; otherwise it is queued on gradsync's
+background thread and the Work completes later (DDP's reducer always takes
+this path, so bucket allreduces overlap the backward pass). Ranks and roots
+are the group's own, as torch passes them.
+"""
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from gradsync.torch.distributed import _work
+from gradsync.torch.distributed._tensors import (Staged, export, flat_view, numel_units,
+                                                 reduce_op)
+
+
+def _unsupported(what):
+    raise NotImplementedError(f"gradsync backend: {what} is not supported")
+
+
+def _is_async(opts):
+    return getattr(opts, "asyncOp", True)
+
+
+def _cat(tensors):
+    """One flat contiguous tensor holding the tensors' elements in order."""
+    return torch.cat([flat_view(t.contiguous()) for t in tensors]) if tensors else None
+
+
+def _scatter_into(flat, tensors):
+    """Copies consecutive pieces of ``flat`` into ``tensors``."""
+    offset = 0
+    for t in tensors:
+        n = numel_units(t)
+        piece = flat[offset:offset + n]
+        if t.dtype != piece.dtype:
+            piece = piece.view(t.dtype)
+        t.copy_(piece.reshape(t.shape))
+        offset += n
+
+
+def _same_buffer(tensors, flat):
+    """Whether ``tensors`` are, in order, contiguous views tiling ``flat``."""
+    return False if flat is None else all(
+        t.is_contiguous() and t.data_ptr() == flat.data_ptr() + k * t.numel() * t.element_size()
+        for k, t in enumerate(tensors))
+
+
+class ProcessGroupGradsync(dist.ProcessGroup):
+    """The "gradsync" backend of torch.distributed over ``comm``."""
+
+    def __init__(self, comm, timeout=None):
+        super().__init__(comm.rank, comm.size)
+        self.comm = comm
+        self._timeout = timeout
+        self._name, self._desc = "", ""
+
+    def getBackendName(self):
+        return "gradsync"
+
+    @property
+    def _device_types(self):
+        """The devices this group serves (torch asks its registered backends,
+        which a Python process group does not have): the CPU, and CUDA when
+        there is a GPU."""
+        return [torch.device("cpu")] + ([torch.device("cuda")] if torch.cuda.is_available()
+                                        else [])
+
+    # torch keeps a group's name and description on its backends; a Python
+    # process group is its own backend, so it keeps them itself
+    def getGroupName(self):
+        return self._name
+
+    def setGroupName(self, name):
+        self._name = name
+
+    def getGroupDesc(self):
+        return self._desc
+
+    def setGroupDesc(self, desc):
+        self._desc = desc
+
+    def __repr__(self):
+        return f"<ProcessGroupGradsync rank {self.comm.rank} of {self.comm.size}>"
+
+    # ---- helpers ----------------------------------------------------------
+    def _run(self, opts, blocking, asynchronous, result, finish=None):
+        """Runs the blocking form now, or starts the asynchronous one."""
+        if not _is_async(opts):
+            blocking()
+            return _work.done(result, finish)
+        return _work.Work(asynchronous(), result, finish)
+
+    # ---- allreduce ----------------------------------------------------------
+    def allreduce(self, tensors, opts=None):
+        opts = opts or dist.AllreduceOptions()
+        op, prescale = reduce_op(opts.reduceOp, "allreduce")
+        staged = Staged(tensors, "tensors", True, op)
+        views = staged.views
+        return self._run(
+            opts, lambda: self.comm.allreduce_(views, staged.op, prescale=prescale),
+            lambda: self.comm.allreduce_async_(views, staged.op, prescale=prescale),
+            tensors, staged.finish)
+
+    def allreduce_coalesced(self, tensors, opts=None):
+        return self.allreduce(tensors, opts or dist.AllreduceCoalescedOptions())
+
+    # ---- broadcast ----------------------------------------------------------
+    def broadcast(self, tensors, opts=None):
+        opts = opts or dist.BroadcastOptions()
+        staged = Staged(tensors, "tensors", True)
+        root = int(opts.rootRank)
+        return self._run(opts, lambda: self.comm.broadcast_(staged.views, root),
+                         lambda: self.comm.broadcast_async_(staged.views, root),
+                         tensors, staged.finish)
+
+    # ---- allgather ----------------------------------------------------------
+    def _allgather_flat(self, opts, inputs, outputs, result, finish=None):
+        """inputs[i] (this rank's) gathered into outputs[i] (every rank's,
+        equal sizes)."""
+        staged_in = Staged(inputs, "input", False)
+        staged_out = Staged(outputs, "output", True)
+
+        def done():
+            staged_out.finish()
+            if finish is not None:
+                finish()
+        counts = [[numel_units(t)] * self.comm.size for t in inputs]
+        counts = counts if len(inputs) > 1 else counts[0]
+        ins = staged_in.views if len(inputs) > 1 else staged_in.views[0]
+        outs = staged_out.views if len(inputs) > 1 else staged_out.views[0]
+        return self._run(opts, lambda: self.comm.allgather_async(ins, outs, counts).wait(),
+                         lambda: self.comm.allgather_async(ins, outs, counts), result, done)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllgatherOptions()
+        if len(input_tensors) != 1 or len(output_tensors) != 1:
+            _unsupported("allgather of several tensors per rank (one per device)")
+        inp, outs = input_tensors[0], output_tensors[0]
+        if len(outs) != self.comm.size:
+            raise ValueError(f"gradsync backend: allgather needs {self.comm.size} output "
+                             f"tensors, got {len(outs)}")
+        for o in outs:
+            if o.numel() != inp.numel() or o.dtype != inp.dtype:
+                raise ValueError("gradsync backend: allgather's output tensors must have the "
+                                 "input's size and dtype")
+        flat = torch.empty(inp.numel() * self.comm.size, dtype=inp.dtype, device=inp.device)
+        return self._allgather_flat(opts, [inp], [flat], output_tensors,
+                                    lambda: _scatter_into(flat_view(flat), outs))
+
+    def _allgather_base(self, output, input, opts=None):
+        return self._allgather_flat(opts or dist.AllgatherOptions(), [input], [output],
+                                    [output])
+
+    all_gather_single = _allgather_base
+
+    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
+        """output_lists[r][i] receives rank r's input_tensors[i]: one fused
+        allgather of flat buffers, copied out."""
+        opts = opts or dist.AllgatherOptions()
+        P = self.comm.size
+        if len(output_lists) != P or any(len(o) != len(input_tensors) for o in output_lists):
+            raise ValueError(f"gradsync backend: allgather_coalesced needs {P} output lists "
+                             f"of {len(input_tensors)} tensors")
+        flats = [torch.empty(t.numel() * P, dtype=t.dtype, device=t.device)
+                 for t in input_tensors]
+
+        def finish():
+            for i, flat in enumerate(flats):
+                _scatter_into(flat_view(flat), [output_lists[r][i] for r in range(P)])
+        return self._allgather_flat(opts, list(input_tensors), flats, output_lists, finish)
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._allgather_flat(opts or dist.AllgatherOptions(), list(inputs),
+                                    list(outputs), list(outputs))
+
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    # ---- reduce_scatter -------------------------------------------------------
+    def _reduce_scatter_flat(self, opts, inputs, outputs, result, finish=None):
+        op, prescale = reduce_op(opts.reduceOp, "reduce_scatter")
+        staged_in = Staged(inputs, "input", False, op)
+        staged_out = Staged(outputs, "output", True, op)
+        for t_in, t_out in zip(inputs, outputs):
+            if t_in.numel() != t_out.numel() * self.comm.size:
+                raise ValueError(f"gradsync backend: reduce_scatter's input has "
+                                 f"{t_in.numel()} elements; it needs {self.comm.size} times "
+                                 f"the output's {t_out.numel()}")
+        ins = [_rows(v, self.comm.size) for v in staged_in.views]
+        outs = staged_out.views
+
+        def done():
+            staged_out.finish()
+            if finish is not None:
+                finish()
+        return self._run(
+            opts, lambda: self.comm.reduce_scatter_async(ins, outs, staged_in.op,
+                                                         prescale=prescale).wait(),
+            lambda: self.comm.reduce_scatter_async(ins, outs, staged_in.op, prescale=prescale),
+            result, done)
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ReduceScatterOptions()
+        if len(output_tensors) != 1 or len(input_tensors) != 1:
+            _unsupported("reduce_scatter of several tensors per rank (one per device)")
+        out, ins = output_tensors[0], input_tensors[0]
+        if len(ins) != self.comm.size:
+            raise ValueError(f"gradsync backend: reduce_scatter needs {self.comm.size} input "
+                             f"tensors, got {len(ins)}")
+        if any(t.numel() != out.numel() for t in ins):
+            _unsupported("reduce_scatter with inputs of different sizes")
+        flat = _cat(ins)
+        if flat.dtype != out.dtype:
+            flat = flat.view(out.dtype)
+        return self._reduce_scatter_flat(opts, [flat], [out], output_tensors)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        return self._reduce_scatter_flat(opts or dist.ReduceScatterOptions(), [input],
+                                         [output], [output])
+
+    reduce_scatter_single = _reduce_scatter_base
+
+    def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts=None):
+        return self._reduce_scatter_flat(opts or dist.ReduceScatterOptions(), list(inputs),
+                                         list(outputs), list(outputs))
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    # ---- all-to-all -----------------------------------------------------------
+    def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        P = self.comm.size
+        if input.dim() == 0 or output.dim() == 0:
+            raise ValueError("gradsync backend: all_to_all_single needs tensors with a dim 0")
+        send, recv = list(input_split_sizes), list(output_split_sizes)
+        for name, t, splits in (("input", input, send), ("output", output, recv)):
+            if not splits and t.shape[0] % P:
+                raise ValueError(f"gradsync backend: all_to_all_single without "
+                                 f"{name}_split_sizes needs {name}'s dim 0 ({t.shape[0]}) "
+                                 f"divisible by {P}")
+        send = send or [input.shape[0] // P] * P
+        recv = recv or [output.shape[0] // P] * P
+        # flat views: counts in their units (elements, or bytes for other dtypes)
+        row_in = numel_units(input[0]) if input.shape[0] else 0
+        row_out = numel_units(output[0]) if output.shape[0] else 0
+        staged_out = Staged([output], "output", True)
+        return self._a2a(opts, export(flat_view(input.contiguous())), staged_out.views[0],
+                         [s * row_in for s in send], [r * row_out for r in recv], [output],
+                         staged_out.finish)
+
+    all_to_all_single = alltoall_base
+
+    def _a2a(self, opts, inp, out, send, recv, result, finish):
+        return self._run(opts, lambda: self.comm.alltoall_async(inp, out, send, recv).wait(),
+                         lambda: self.comm.alltoall_async(inp, out, send, recv), result, finish)
+
+    def alltoall(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.AllToAllOptions()
+        P = self.comm.size
+        if len(input_tensors) != P or len(output_tensors) != P:
+            raise ValueError(f"gradsync backend: all_to_all needs {P} input and {P} output "
+                             "tensors")
+        dtypes = {t.dtype for t in list(input_tensors) + list(output_tensors)}
+        if len(dtypes) != 1:
+            raise ValueError("gradsync backend: all_to_all's tensors must share one dtype")
+        flat_in = _cat(input_tensors)
+        send = [numel_units(t) for t in input_tensors]
+        recv = [numel_units(t) for t in output_tensors]
+        flat_out = torch.empty(sum(recv), dtype=flat_in.dtype, device=flat_in.device)
+        return self._a2a(opts, export(flat_in), export(flat_out), send, recv,
+                         list(output_tensors),
+                         lambda: _scatter_into(flat_out, output_tensors))
+
+    # ---- barrier ----------------------------------------------------------------
+    def barrier(self, opts=None):
+        self.comm.barrier()  # also waits for the collectives queued before it
+        return _work.done([])
+
+    def monitored_barrier(self, timeout=None, wait_all_ranks=False):
+        self.comm.barrier()
+
+    # ---- rooted -------------------------------------------------------------------
+    def gather(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.GatherOptions()
+        if len(input_tensors) != 1:
+            _unsupported("gather of several tensors per rank")
+        root, P = int(opts.rootRank), self.comm.size
+        inp = input_tensors[0]
+        flat_in = flat_view(inp.contiguous())
+        flat_out, finish = None, None
+        outs = output_tensors[0] if output_tensors else []
+        if self.comm.rank == root:
+            if len(outs) != P:
+                raise ValueError(f"gradsync backend: gather needs {P} output tensors at the "
+                                 f"root, got {len(outs)}")
+            flat_out = torch.empty(sum(numel_units(t) for t in outs), dtype=flat_in.dtype,
+                                   device=inp.device)
+
+            def finish():
+                _scatter_into(flat_out, outs)
+        counts = [flat_in.numel()] * P
+        out = None if flat_out is None else export(flat_out)
+        return self._run(
+            opts, lambda: self.comm.gather_async(export(flat_in), out, root, counts).wait(),
+            lambda: self.comm.gather_async(export(flat_in), out, root, counts),
+            list(outs), finish)
+
+    def scatter(self, output_tensors, input_tensors, opts=None):
+        opts = opts or dist.ScatterOptions()
+        if len(output_tensors) != 1:
+            _unsupported("scatter of several tensors per rank")
+        root, P = int(opts.rootRank), self.comm.size
+        out = output_tensors[0]
+        staged_out = Staged([out], "output", True)
+        flat_in = None
+        if self.comm.rank == root:
+            ins = input_tensors[0] if input_tensors else []
+            if len(ins) != P:
+                raise ValueError(f"gradsync backend: scatter needs {P} input tensors at the "
+                                 f"root, got {len(ins)}")
+            flat_in = export(_cat(ins))
+        counts = [numel_units(out)] * P
+        view = staged_out.views[0]
+        return self._run(
+            opts, lambda: self.comm.scatter_async(flat_in, view, root, counts).wait(),
+            lambda: self.comm.scatter_async(flat_in, view, root, counts),
+            [out], staged_out.finish)
+
+    def reduce(self, tensors, opts=None):
+        opts = opts or dist.ReduceOptions()
+        op, prescale = reduce_op(opts.reduceOp, "reduce")
+        staged = Staged(tensors, "tensors", True, op)
+        root = int(opts.rootRank)
+        return self._run(
+            opts, lambda: self.comm.reduce_(staged.views, staged.op, root, prescale=prescale),
+            lambda: self.comm.reduce_async_(staged.views, staged.op, root, prescale=prescale),
+            tensors, staged.finish)
+
+    # ---- point to point -------------------------------------------------------------
+    def send(self, tensors, dst, tag):
+        staged = Staged(tensors, "tensor", False)
+        return _work.Work(self.comm.send_async(staged.views, int(dst), int(tag)), tensors,
+                          p2p=True)
+
+    def recv(self, tensors, src, tag):
+        staged = Staged(tensors, "tensor", True)
+        return _work.Work(self.comm.recv_async_(staged.views, int(src), int(tag)), tensors,
+                          staged.finish, p2p=True, source_rank=int(src))
+
+    def recv_anysource(self, tensors, tag):
+        _unsupported("recv without a source rank (recv_anysource)")
+
+
+def _rows(view, rows):
+    """gradsync's flat view reshaped into ``rows`` rows (dim 0 is split)."""
+    if isinstance(view, np.ndarray):
+        return view.reshape(rows, -1) if view.size else view.reshape(rows, 0)
+    return view.reshape(rows, -1) if view.numel() else view.reshape(rows, 0)
+

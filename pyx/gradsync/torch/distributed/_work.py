@@ -1,0 +1,171 @@
+"""torch.distributed Work objects over gradsync requests.
+
+A collective started with ``async_op=True`` (and every collective DDP's
+reducer starts) runs on gradsync's background thread; its Work holds the
+gs.Request. ``wait()`` blocks until the request is done, runs the finishing
+step (copies back into tensors that went through a stand-in) and raises the
+collective's error, if any. ``get_future()`` returns a torch Future that a
+completion thread of this module marks done (value: the output tensors), so
+DDP comm hooks and ``.then()`` callbacks run when the data is in place, as
+with NCCL. Queued collectives complete in issue order, so one thread waits
+for them in order; point-to-point requests complete in any order and get a
+thread of their own, which drives their progress while it waits.
+"""
+import queue
+import threading
+import time
+from datetime import timedelta
+
+import torch
+from torch._C._distributed_c10d import Work as _TorchWork
+
+
+class _Completer:
+    """One daemon thread completing Works in the order they were watched."""
+
+    def __init__(self, name):
+        self._name = name
+        self._queue = queue.SimpleQueue()
+        self._thread = None
+        self._lock = threading.Lock()
+
+    def watch(self, work):
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+                self._thread.start()
+        self._queue.put(work)
+
+    def _run(self):
+        while True:
+            self._queue.get()._complete()
+
+
+_COLLECTIVES = _Completer("gradsync-torch-futures")
+_MESSAGES = _Completer("gradsync-torch-p2p-futures")
+
+
+def _future_devices(tensors):
+    return sorted({t.device for t in tensors if t.device.type != "cpu"}, key=str)
+
+
+class Work(_TorchWork):
+    """A collective's handle with torch's Work semantics.
+
+    request: a gs.Request (None: already done); result: the output tensors
+    (the future's value); finish: called once after the request completes
+    (None: nothing to do); p2p: a point-to-point request."""
+
+    def __init__(self, request, result, finish=None, p2p=False, source_rank=-1):
+        super().__init__()
+        self._request = request
+        self._result = list(result)
+        self._finish = finish
+        self._p2p = p2p
+        self._source = source_rank
+        self._future = None
+        self._settle = False
+        self._exc = None
+        self._done = request is None
+        self._lock = threading.Lock()
+        if self._done and finish is not None:
+            self._run_finish()
+
+    def _run_finish(self):
+        try:
+            if self._finish is not None:
+                self._finish()
+        except BaseException as exc:  # noqa: BLE001 - reported by wait() and the future
+            self._exc = exc
+        self._finish = None
+
+    def _complete(self):
+        """Waits for the request (once), finishes, and settles the future."""
+        with self._lock:
+            if not self._done:
+                try:
+                    self._request.wait()
+                except BaseException as exc:  # noqa: BLE001 - reported by wait()/the future
+                    self._exc = exc
+                if self._exc is None:
+                    self._run_finish()
+                self._request = None
+                self._done = True
+            future, self._settle = (self._future, False) if self._settle else (None, False)
+        if future is not None:  # outside the lock: callbacks run here
+            if self._exc is not None:
+                future.set_exception(self._exc)
+            else:
+                future.set_result(self._result)
+
+    def wait(self, timeout=None):
+        """Blocks until done; raises the collective's error. With a positive
+        ``timeout`` (timedelta or seconds), raises TimeoutError once it has
+        passed with the collective still running."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
+        if seconds is not None and seconds > 0 and not self._done:
+            deadline = time.monotonic() + seconds
+            while not self.is_completed():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"gradsync backend: Work.wait timed out after "
+                                       f"{seconds:g} s")
+                time.sleep(0.0005)
+        self._complete()
+        if self._exc is not None:
+            raise self._exc
+        return True
+
+    def get_future(self):
+        with self._lock:
+            if self._future is None:
+                devices = _future_devices(self._result)
+                self._future = torch.futures.Future(devices=devices) if devices else \
+                    torch.futures.Future()
+                self._settle = True  # the first _complete() after this sets it, once
+                pending = not self._done
+            else:
+                return self._future
+        if pending:
+            (_MESSAGES if self._p2p else _COLLECTIVES).watch(self)
+        else:
+            self._complete()
+        return self._future
+
+    def is_completed(self):
+        if not self._done and self._request is not None:
+            try:
+                if self._request.test():
+                    self._complete()
+            except BaseException:  # noqa: BLE001 - the error is wait()'s to raise
+                self._complete()
+        return self._done
+
+    def is_success(self):
+        return self.is_completed() and self._exc is None
+
+    def exception(self):
+        return self._exc
+
+    def result(self):
+        self.wait()
+        return self._result
+
+    def source_rank(self):
+        return self._source
+
+    def _source_rank(self):
+        return self._source
+
+    def synchronize(self):
+        self.wait()
+
+    def block_current_stream(self):
+        self.wait()
+
+    def __repr__(self):
+        return f"<gradsync Work {'done' if self._done else 'pending'}>"
+
+
+def done(result, finish=None):
+    """A Work for a call that already finished on this thread."""
+    return Work(None, result, finish)

@@ -1,0 +1,200 @@
+#!/usr/bin/env python
+"""The gradsync torch.distributed backend against gloo, in the same run.
+
+    mpiexec -n 2 python scripts/bench_torch_backend.py [--steps 15] [--json out.json]
+
+Both backends live in one job: the default group is gradsync's (initialized
+from torchrun-style variables, so a TCP store exists) and a second group over
+the same ranks is gloo's (dist.new_group(backend="gloo")). Measurements are
+interleaved round by round so that machine drift hits both alike; every
+figure is the median over rounds of the slowest rank's time.
+
+1. dist.all_reduce latency and bandwidth, float32, 4 B to 64 MiB
+   (busbw = 2 (n-1)/n * bytes / time, as nccl-tests count it).
+2. DDP training steps of a ResNet-style CNN (ResNet-18's shape at CIFAR
+   scale, scripts/bench_overlap.py) and a small transformer encoder, one torch
+   thread per rank:
+     compute      forward + backward + SGD step without DDP
+     ddp          the same step under DDP on the backend (25 MiB buckets)
+     exposed      ddp - compute: the communication the step waits for
+     collective   the gradients' bucket allreduces alone (DDP's buckets,
+                  averaged, one after another): the communication itself
+Timings only; nothing is asserted.
+"""
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from mpi4py import MPI  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+import gradsync.torch.distributed  # noqa: E402,F401
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_overlap import ResNetSmall  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+
+
+class Transformer(nn.Module):
+    """A small encoder-only language model (no dropout)."""
+
+    def __init__(self, vocab=1000, dim=192, layers=4, heads=4):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, dim)
+        self.encoder = nn.TransformerEncoder(
+            nn.TransformerEncoderLayer(dim, heads, 4 * dim, dropout=0.0, batch_first=True),
+            layers)
+        self.head = nn.Linear(dim, vocab)
+
+    def forward(self, tokens):
+        return self.head(self.encoder(self.embed(tokens)))
+
+
+def init():
+    """The default group on gradsync with a TCP store (so gloo can join)."""
+    if WORLD.rank == 0:
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+    else:
+        port = None
+    port = WORLD.bcast(port, root=0)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                      RANK=str(WORLD.rank), WORLD_SIZE=str(WORLD.size))
+    dist.init_process_group("gradsync")
+    return {"gloo": dist.new_group(backend="gloo"), "gradsync": dist.group.WORLD}
+
+
+def timed(fn, group):
+    """Seconds fn() takes, the slowest rank's (ranks start together)."""
+    dist.barrier(group=group)
+    t0 = time.perf_counter()
+    fn()
+    t = time.perf_counter() - t0
+    return WORLD.allreduce(t, op=MPI.MAX)
+
+
+def allreduce_table(groups, rounds):
+    rows = []
+    nbytes = 4
+    while nbytes <= 64 << 20:
+        t = torch.ones(nbytes // 4)
+        reps = max(1, min(200, (8 << 20) // nbytes))
+        times = {name: [] for name in groups}
+        for _ in range(rounds + 1):  # the first round warms up
+            for name, g in groups.items():
+                def run():
+                    for _ in range(reps):
+                        dist.all_reduce(t, group=g)
+                times[name].append(timed(run, g) / reps)
+        med = {k: statistics.median(v[1:]) for k, v in times.items()}
+        factor = 2 * (WORLD.size - 1) / WORLD.size
+        rows.append({"bytes": nbytes, **{f"{k}_us": v * 1e6 for k, v in med.items()},
+                     **{f"{k}_busbw_GBs": factor * nbytes / v / 1e9 for k, v in med.items()}})
+        nbytes *= 4
+    return rows
+
+
+def model_rows(kind, groups, steps, batch):
+    torch.manual_seed(0)
+    if kind == "resnet":
+        make = lambda: ResNetSmall(48)  # noqa: E731
+        x = torch.randn(batch, 3, 32, 32)
+        y = torch.randint(0, 10, (batch,))
+        loss_of = lambda m: F.cross_entropy(m(x), y)  # noqa: E731
+    else:
+        make = lambda: Transformer()  # noqa: E731
+        tokens = torch.randint(0, 1000, (batch, 65))
+        loss_of = lambda m: F.cross_entropy(  # noqa: E731
+            m(tokens[:, :-1]).reshape(-1, 1000), tokens[:, 1:].reshape(-1))
+    base = make()
+    models = {"compute": base}
+    for name, g in groups.items():
+        m = make()
+        m.load_state_dict(base.state_dict())
+        models[name] = DDP(m, process_group=g)
+    opts = {k: torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9) for k, m in models.items()}
+    grads = [p.detach().clone() for p in base.parameters()]
+    buckets, cur, size = [], [], 0
+    for t in reversed(grads):  # DDP's order: last layers first, 25 MiB buckets
+        cur.append(t)
+        size += t.numel() * 4
+        if size >= 25 << 20:
+            buckets.append(torch.cat([b.reshape(-1) for b in cur]))
+            cur, size = [], 0
+    if cur:
+        buckets.append(torch.cat([b.reshape(-1) for b in cur]))
+
+    def step(name):
+        opts[name].zero_grad()
+        loss_of(models[name]).backward()
+        opts[name].step()
+
+    times = {k: [] for k in list(models) + [f"{g}_collective" for g in groups]}
+    for r in range(steps + 2):  # two warm-up rounds
+        for name in models:
+            times[name].append(timed(lambda: step(name), groups["gradsync"]))
+        for name, g in groups.items():
+            def collective():
+                for b in buckets:
+                    dist.all_reduce(b, op=dist.ReduceOp.AVG, group=g)
+            times[f"{name}_collective"].append(timed(collective, g))
+    med = {k: statistics.median(v[2:]) * 1e3 for k, v in times.items()}
+    out = {"model": kind, "params": sum(p.numel() for p in base.parameters()),
+           "buckets": len(buckets), "batch_per_rank": batch}
+    out.update({f"{k}_ms": v for k, v in med.items()})
+    for g in groups:
+        out[f"{g}_exposed_ms"] = med[g] - med["compute"]
+    return out
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=15, help="timed training rounds (default 15)")
+    p.add_argument("--rounds", type=int, default=7, help="timed allreduce rounds (default 7)")
+    p.add_argument("--json", help="write the results here (rank 0)")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    groups = init()
+    result = {"ranks": WORLD.size, "torch": torch.__version__,
+              "allreduce": allreduce_table(groups, args.rounds),
+              "ddp": [model_rows("resnet", groups, args.steps, 16),
+                      model_rows("transformer", groups, args.steps, 8)]}
+    if WORLD.rank == 0:
+        print(f"dist.all_reduce, float32, {WORLD.size} ranks (median of {args.rounds} rounds)")
+        print(f"{'bytes':>10} {'gloo us':>10} {'gradsync us':>12} {'ratio':>6} "
+              f"{'gloo GB/s':>10} {'gradsync GB/s':>14}")
+        for r in result["allreduce"]:
+            print(f"{r['bytes']:>10} {r['gloo_us']:>10.1f} {r['gradsync_us']:>12.1f} "
+                  f"{r['gradsync_us'] / r['gloo_us']:>6.2f} {r['gloo_busbw_GBs']:>10.3f} "
+                  f"{r['gradsync_busbw_GBs']:>14.3f}")
+        for r in result["ddp"]:
+            print(f"\nDDP {r['model']} ({r['params']} parameters, {r['buckets']} bucket(s), "
+                  f"batch {r['batch_per_rank']} per rank), median of {args.steps} steps, ms:")
+            print(f"  compute {r['compute_ms']:.1f}")
+            for g in ("gloo", "gradsync"):
+                print(f"  {g:>8}: step {r[g + '_ms']:.1f}  exposed {r[g + '_exposed_ms']:.1f}  "
+                      f"collective {r[g + '_collective_ms']:.1f}")
+            print(f"  gradsync/gloo: step {r['gradsync_ms'] / r['gloo_ms']:.2f}, collective "
+                  f"{r['gradsync_collective_ms'] / r['gloo_collective_ms']:.2f}")
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+/* The asynchronous forms of allgatherv, reduce_scatter and the exchange
+ * collectives: each copies its arguments (descriptors and count arrays) and
+ * queues a job that calls the blocking entry point on the background thread,
+ * in issue order with the other asynchronous collectives. Argument errors
+ * surface at wait, on every rank, as the blocking call reports them. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "gs_internal.h"
+
+typedef enum { CALL_ALLGATHERV, CALL_REDUCE_SCATTER, CALL_ALLTOALLV, CALL_GATHERV,
+               CALL_SCATTERV, CALL_REDUCE } call_t;
+
+typedef struct call_ctx {
+  call_t kind;
+  gs_comm_t comm;
+  gs_tensor_t *in, *out;
+  int64_t n;
+  int64_t *a, *b; /* count arrays, or NULL */
+  gs_op_t op;
+  double pre, post;
+  int root;
+} call_ctx_t;
+
+static void release(void *ctx) {
+  call_ctx_t *x = ctx;
+  free(x->in);
+  free(x->out);
+  free(x->a);
+  free(x->b);
+  free(x);
+}
+
+static gs_status_t run(void *ctx) {
+  call_ctx_t *x = ctx;
+  switch (x->kind) {
+    case CALL_ALLGATHERV: return gs_allgatherv(x->comm, x->in, x->out, x->n, x->a);
+    case CALL_REDUCE_SCATTER:
+      return gs_reduce_scatter(x->comm, x->in, x->out, x->n, x->a, x->op, x->pre, x->post);
+    case CALL_ALLTOALLV: return gs_alltoallv(x->comm, x->in, x->out, x->n, x->a, x->b);
+    case CALL_GATHERV: return gs_gatherv(x->comm, x->in, x->out, x->n, x->a, x->root);
+    case CALL_SCATTERV: return gs_scatterv(x->comm, x->in, x->out, x->n, x->a, x->root);
+    case CALL_REDUCE:
+      return gs_reduce(x->comm, x->in, x->out, x->n, x->op, x->pre, x->post, x->root);
+  }
+  return gs_fail(GS_ERR_INTERNAL, "async: unknown call %d", (int)x->kind);
+}
+
+/* A copy of `count` items of `size` bytes, or NULL for NULL (the blocking
+ * call then reports the missing argument). */
+static int dup_into(void **dst, const void *src, int64_t count, size_t size) {
+  *dst = NULL;
+  if (!src || count <= 0) return 1;
+  *dst = malloc((size_t)count * size);
+  if (*dst) memcpy(*dst, src, (size_t)count * size);
+  return *dst != NULL;
+}
+
+/* `acount`/`bcount`: entries in the count arrays (0 when the call has none). */
+static gs_status_t queue(const char *fn, call_ctx_t proto, const gs_tensor_t *in,
+                         const gs_tensor_t *out, int64_t acount, const int64_t *a,
+                         const int64_t *b, gs_request_t *request) {
+  gs_clear_error();
+  if (!request) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: request is NULL", fn);
+  *request = NULL;
+  GS_CHECK(gs_comm_valid(proto.comm, fn));
+  if (proto.n < 0) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: n is negative", fn);
+  call_ctx_t *x = calloc(1, sizeof *x);
+  if (!x) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
+  *x = proto;
+  x->in = x->out = NULL;
+  x->a = x->b = NULL;
+  int ok = dup_into((void **)&x->in, in, proto.n, sizeof *in) &&
+           dup_into((void **)&x->out, out, proto.n, sizeof *out) &&
+           dup_into((void **)&x->a, a, acount, sizeof *a) &&
+           dup_into((void **)&x->b, b, acount, sizeof *b);
+  if (!ok) {
+    release(x);
+    return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
+  }
+  gs_job_t job = {run, NULL, release, x};
+  const gs_tensor_t *touches = x->in && proto.n ? x->in : x->out;
+  gs_status_t s = gs_async_submit_job(proto.comm, &job, touches, touches ? proto.n : 0, request, fn);
+  if (s != GS_SUCCESS) release(x);
+  return s;
+}
+
+static int64_t per_rank(gs_comm_t c, int64_t n) { return n > 0 ? (int64_t)c->size * n : 0; }
+
+gs_status_t gs_allgatherv_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
+                                int64_t n, const int64_t *counts, gs_request_t *request) {
+  call_ctx_t p = {.kind = CALL_ALLGATHERV, .comm = c, .n = n};
+  GS_CHECK(gs_comm_valid(c, "gs_allgatherv_async"));
+  return queue("gs_allgatherv_async", p, in, out, per_rank(c, n), counts, NULL, request);
+}
+
+gs_status_t gs_reduce_scatter_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
+                                    int64_t n, const int64_t *rows, gs_op_t op,
+                                    double prescale, double postscale, gs_request_t *request) {
+  call_ctx_t p = {.kind = CALL_REDUCE_SCATTER, .comm = c, .n = n, .op = op, .pre = prescale,
+                  .post = postscale};
+  return queue("gs_reduce_scatter_async", p, in, out, n, rows, NULL, request);
+}
+
+gs_status_t gs_alltoallv_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
+                               int64_t n, const int64_t *send_counts,
+                               const int64_t *recv_counts, gs_request_t *request) {
+  call_ctx_t p = {.kind = CALL_ALLTOALLV, .comm = c, .n = n};
+  GS_CHECK(gs_comm_valid(c, "gs_alltoallv_async"));
+  return queue("gs_alltoallv_async", p, in, out, per_rank(c, n), send_counts, recv_counts,
+               request);
+}
+
+gs_status_t gs_gatherv_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
+                             int64_t n, const int64_t *counts, int root,
+                             gs_request_t *request) {
+  call_ctx_t p = {.kind = CALL_GATHERV, .comm = c, .n = n, .root = root};
+  GS_CHECK(gs_comm_valid(c, "gs_gatherv_async"));
+  return queue("gs_gatherv_async", p, in, out, per_rank(c, n), counts, NULL, request);
+}
+
+gs_status_t gs_scatterv_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
+                              int64_t n, const int64_t *counts, int root,
+                              gs_request_t *request) {
+  call_ctx_t p = {.kind = CALL_SCATTERV, .comm = c, .n = n, .root = root};
+  GS_CHECK(gs_comm_valid(c, "gs_scatterv_async"));
+  return queue("gs_scatterv_async", p, in, out, per_rank(c, n), counts, NULL, request);
+}
+
+gs_status_t gs_reduce_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
+                            int64_t n, gs_op_t op, double prescale, double postscale, int root,
+                            gs_request_t *request) {
+  call_ctx_t p = {.kind = CALL_REDUCE, .comm = c, .n = n, .op = op, .pre = prescale,
+                  .post = postscale, .root = root};
+  return queue("gs_reduce_async", p, in, out, 0, NULL, NULL, request);
+}

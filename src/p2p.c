@@ -1,0 +1,293 @@
+/* Point-to-point messages (gs_p2p.h).
+ *
+ * They travel on the communicator's second MPI communicator (c->notice),
+ * whose only other traffic is the stall notices (tag 7), with user tag t
+ * mapped to tags 8 + 2t (a 32-byte header) and 9 + 2t (the data, one
+ * message whatever its count). Both receives are posted at once, so matching
+ * is MPI's own, in posting order; the header lets the receiver name what the
+ * sender sent when it differs from what it expected. Sends and receives are
+ * posted on the caller's thread under the runtime lock but without waiting
+ * for queued collectives, and completed by whoever tests or waits. */
+#include <limits.h>
+#include <stdlib.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gs_internal.h"
+
+#define P2P_TAG_BASE 8
+#define P2P_MAGIC 0x67737032u /* "gsp2" */
+
+typedef struct header {
+  uint32_t magic, dtype;
+  int64_t count, index, n;
+} header_t;
+
+typedef struct msg {
+  header_t hdr;
+  MPI_Request req[2]; /* header, data */
+  void *staging;      /* host copy of device memory */
+} msg_t;
+
+typedef struct p2p {
+  gs_comm_t comm;
+  int recv, peer, tag;
+  int64_t n;
+  gs_tensor_t *t;
+  msg_t *m;
+} p2p_t;
+
+gs_status_t gs_p2p_max_tag(gs_comm_t c, int *max_tag) {
+  GS_CHECK(gs_comm_valid(c, "gs_p2p_max_tag"));
+  if (!max_tag) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_p2p_max_tag: max_tag is NULL");
+  int *ub = NULL, flag = 0;
+  GS_MPI_CHECK(MPI_Comm_get_attr(c->notice, MPI_TAG_UB, &ub, &flag), "gs_p2p_max_tag");
+  int top = flag && ub ? *ub : 32767; /* MPI guarantees at least 32767 */
+  *max_tag = (top - P2P_TAG_BASE - 1) / 2;
+  return GS_SUCCESS;
+}
+
+static void p2p_free(void *ctx) {
+  p2p_t *p = ctx;
+  if (!p) return;
+  for (int64_t i = 0; p->m && i < p->n; i++) free(p->m[i].staging);
+  free(p->m);
+  free(p->t);
+  free(p);
+}
+
+static gs_status_t check_args(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n,
+                              int peer, int tag) {
+  GS_CHECK(gs_check_tensors(fn, "tensors", t, n));
+  const char *what = strcmp(fn + strlen(fn) - 4, "send") == 0 ? "dest" : "source";
+  if (peer < 0 || peer >= c->size)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s %d is not a rank of a communicator of "
+                   "size %d", fn, what, peer, c->size);
+  int max_tag = 0;
+  GS_CHECK(gs_p2p_max_tag(c, &max_tag));
+  if (tag < 0 || tag > max_tag)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: tag %d is outside 0..%d", fn, tag, max_tag);
+  return GS_SUCCESS;
+}
+
+static gs_status_t post_one(p2p_t *p, int64_t i) {
+  gs_comm_t c = p->comm;
+  msg_t *m = &p->m[i];
+  const gs_tensor_t *t = &p->t[i];
+  size_t bytes = (size_t)t->count * gs_dtype_size(t->dtype);
+  int htag = P2P_TAG_BASE + 2 * p->tag;
+  void *data = t->data;
+  if (t->device.kind == GS_DEVICE_CUDA && bytes) { /* through host memory */
+    m->staging = malloc(bytes);
+    if (!m->staging) return gs_fail(GS_ERR_NO_MEMORY, "p2p: cannot stage %zu bytes", bytes);
+    gs_device_t host = {GS_DEVICE_CPU, 0};
+    if (!p->recv) GS_CHECK(gs_memcpy(m->staging, host, t->data, t->device, bytes));
+    data = m->staging;
+  }
+  MPI_Datatype dt;
+  int count, derived;
+  GS_CHECK(gs_mpi_big_type(t->dtype, t->count, &dt, &count, &derived));
+  int e;
+  if (p->recv) {
+    e = MPI_Irecv(&m->hdr, (int)sizeof m->hdr, MPI_BYTE, p->peer, htag, c->notice, &m->req[0]);
+    if (e == MPI_SUCCESS) e = MPI_Irecv(data, count, dt, p->peer, htag + 1, c->notice, &m->req[1]);
+  } else {
+    m->hdr = (header_t){P2P_MAGIC, (uint32_t)t->dtype, t->count, i, p->n};
+    e = MPI_Isend(&m->hdr, (int)sizeof m->hdr, MPI_BYTE, p->peer, htag, c->notice, &m->req[0]);
+    if (e == MPI_SUCCESS) e = MPI_Isend(data, count, dt, p->peer, htag + 1, c->notice, &m->req[1]);
+    c->stats.messages++;
+    c->stats.bytes += bytes;
+  }
+  if (derived) MPI_Type_free(&dt); /* MPI keeps it until the message completes */
+  return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, p->recv ? "p2p: MPI_Irecv" : "p2p: MPI_Isend");
+}
+
+/* What arrived is what this rank expected, or a mismatch naming both. */
+static gs_status_t check_header(const p2p_t *p, int64_t i) {
+  const header_t *h = &p->m[i].hdr;
+  const gs_tensor_t *t = &p->t[i];
+  if (h->magic != P2P_MAGIC)
+    return gs_fail(GS_ERR_MISMATCH, "gs_recv: the message from rank %d with tag %d is not a "
+                   "gradsync message", p->peer, p->tag);
+  if (h->n != p->n || h->index != i || h->dtype != (uint32_t)t->dtype || h->count != t->count)
+    return gs_fail(GS_ERR_MISMATCH, "gs_recv: rank %d sent tensor %lld of %lld with tag %d as "
+                   "%lld %s elements, but this rank receives tensor %lld of %lld as %lld %s "
+                   "elements", p->peer, (long long)h->index, (long long)h->n, p->tag,
+                   (long long)h->count, gs_dtype_name((gs_dtype_t)h->dtype), (long long)i,
+                   (long long)p->n, (long long)t->count, gs_dtype_name(t->dtype));
+  return GS_SUCCESS;
+}
+
+/* Completes message i (header, then data), or with wait == 0 only reports
+ * whether it has. Returns the first error; a mismatched message is still
+ * received to the end, so later messages stay matched. */
+static gs_status_t finish_one(p2p_t *p, int64_t i, int wait, int *done) {
+  msg_t *m = &p->m[i];
+  const char *what = p->recv ? "gs_recv" : "gs_send";
+  *done = 1;
+  for (int k = 0; k < 2; k++) {
+    if (m->req[k] == MPI_REQUEST_NULL) continue;
+    if (!wait) {
+      int flag = 0;
+      GS_MPI_CHECK(MPI_Test(&m->req[k], &flag, MPI_STATUS_IGNORE), what);
+      if (!flag) { *done = 0; return GS_SUCCESS; }
+      continue;
+    }
+    gs_status_t s = gs_mpi_wait(&m->req[k], what, NULL, NULL);
+    if (s == GS_ERR_MPI && k == 1 && p->recv && check_header(p, i) != GS_SUCCESS)
+      return GS_ERR_MISMATCH; /* the data did not fit: the header says why */
+    if (s != GS_SUCCESS) return s;
+  }
+  if (!p->recv) return GS_SUCCESS;
+  GS_CHECK(check_header(p, i));
+  if (m->staging) {
+    gs_device_t host = {GS_DEVICE_CPU, 0};
+    GS_CHECK(gs_memcpy(p->t[i].data, p->t[i].device, m->staging, host,
+                       (size_t)p->t[i].count * gs_dtype_size(p->t[i].dtype)));
+    free(m->staging);
+    m->staging = NULL;
+  }
+  return GS_SUCCESS;
+}
+
+/* Gives up on what is still pending once a wait was abandoned (timeout,
+ * interrupt): receives are cancelled, and no request is left to MPI that
+ * points into memory about to be freed, except sends, which MPI finishes. */
+static void drop_pending(p2p_t *p) {
+  for (int64_t i = 0; i < p->n; i++)
+    for (int k = 0; k < 2; k++) {
+      MPI_Request *r = &p->m[i].req[k];
+      if (*r == MPI_REQUEST_NULL) continue;
+      if (p->recv) MPI_Cancel(r);
+      MPI_Request_free(r);
+    }
+}
+
+/* Every message, in order; the first error is returned, and the others are
+ * still completed (they are matched on their own) unless a wait was
+ * abandoned. With wait == 0, stops at the first message still in flight. */
+static gs_status_t finish_all(p2p_t *p, int wait, int *done) {
+  gs_status_t first = GS_SUCCESS;
+  char why[1024] = "";
+  *done = 1;
+  for (int64_t i = 0; i < p->n && *done; i++) {
+    gs_status_t s = finish_one(p, i, wait, done);
+    if (s == GS_ERR_TIMEOUT || s == GS_ERR_INTERRUPTED || p->comm->broken) {
+      drop_pending(p);
+      *done = 1;
+      return s;
+    }
+    if (s != GS_SUCCESS && first == GS_SUCCESS) {
+      first = s;
+      snprintf(why, sizeof why, "%s", gs_last_error());
+    }
+    if (s != GS_SUCCESS) wait = 1; /* the rest must complete before the memory goes */
+  }
+  if (first != GS_SUCCESS) {
+    gs_fail(first, "%s", why); /* the first message's error, not a later one's */
+    *done = 1;
+  }
+  return first;
+}
+
+static gs_status_t p2p_poll(void *ctx, int wait, int *done) {
+  p2p_t *p = ctx;
+  gs_enter_runtime_unordered();
+  gs_status_t s = gs_comm_valid(p->comm, p->recv ? "gs_recv" : "gs_send");
+  if (s == GS_SUCCESS) {
+    gs_current_comm = p->comm; /* a timeout marks it unusable */
+    s = finish_all(p, wait, done);
+  } else {
+    *done = 1;
+  }
+  gs_leave_runtime();
+  return s;
+}
+
+/* Checks, copies the descriptors and posts every message. */
+static gs_status_t start(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n,
+                         int peer, int tag, int recv, p2p_t **out) {
+  *out = NULL;
+  GS_CHECK(gs_comm_enter(c, fn));
+  gs_clear_error();
+  GS_CHECK(check_args(fn, c, t, n, peer, tag));
+  p2p_t *p = calloc(1, sizeof *p);
+  gs_tensor_t *copy = malloc((size_t)(n ? n : 1) * sizeof *copy);
+  msg_t *m = calloc((size_t)(n ? n : 1), sizeof *m);
+  if (!p || !copy || !m) {
+    free(p);
+    free(copy);
+    free(m);
+    return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
+  }
+  *p = (p2p_t){c, recv, peer, tag, n, copy, m};
+  if (n) memcpy(p->t, t, (size_t)n * sizeof *t);
+  for (int64_t i = 0; i < n; i++) p->m[i].req[0] = p->m[i].req[1] = MPI_REQUEST_NULL;
+  c->stats.calls++;
+  gs_status_t s = GS_SUCCESS;
+  for (int64_t i = 0; i < n && s == GS_SUCCESS; i++) s = post_one(p, i);
+  if (s != GS_SUCCESS) { /* what was posted must finish before the memory goes */
+    char why[512];
+    snprintf(why, sizeof why, "%s", gs_last_error());
+    int done;
+    finish_all(p, 1, &done);
+    p2p_free(p);
+    return gs_fail(s, "%s", why);
+  }
+  *out = p;
+  return GS_SUCCESS;
+}
+
+static gs_status_t blocking(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n,
+                            int peer, int tag, int recv) {
+  p2p_t *p = NULL;
+  int done;
+  gs_enter_runtime_unordered();
+  gs_status_t s = start(fn, c, t, n, peer, tag, recv, &p);
+  if (s == GS_SUCCESS) s = finish_all(p, 1, &done);
+  gs_leave_runtime();
+  p2p_free(p);
+  return s;
+}
+
+static gs_status_t nonblocking(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n,
+                               int peer, int tag, int recv, gs_request_t *request) {
+  if (!request) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: request is NULL", fn);
+  *request = NULL;
+  p2p_t *p = NULL;
+  gs_enter_runtime_unordered();
+  gs_status_t s = start(fn, c, t, n, peer, tag, recv, &p);
+  gs_leave_runtime();
+  if (s != GS_SUCCESS) return s;
+  gs_job_t job = {NULL, p2p_poll, p2p_free, p};
+  s = gs_async_submit_job(c, &job, NULL, 0, request, fn);
+  if (s != GS_SUCCESS) { /* no request: finish here, the messages are out */
+    char why[512];
+    snprintf(why, sizeof why, "%s", gs_last_error());
+    int done;
+    gs_enter_runtime_unordered();
+    finish_all(p, 1, &done);
+    gs_leave_runtime();
+    p2p_free(p);
+    gs_fail(s, "%s", why);
+  }
+  return s;
+}
+
+gs_status_t gs_send(gs_comm_t c, const gs_tensor_t *t, int64_t n, int dest, int tag) {
+  return blocking("gs_send", c, t, n, dest, tag, 0);
+}
+
+gs_status_t gs_recv(gs_comm_t c, const gs_tensor_t *t, int64_t n, int source, int tag) {
+  return blocking("gs_recv", c, t, n, source, tag, 1);
+}
+
+gs_status_t gs_isend(gs_comm_t c, const gs_tensor_t *t, int64_t n, int dest, int tag,
+                     gs_request_t *request) {
+  return nonblocking("gs_isend", c, t, n, dest, tag, 0, request);
+}
+
+gs_status_t gs_irecv(gs_comm_t c, const gs_tensor_t *t, int64_t n, int source, int tag,
+                     gs_request_t *request) {
+  return nonblocking("gs_irecv", c, t, n, source, tag, 1, request);
+}

@@ -1,0 +1,166 @@
+"""DistributedDataParallel on the gradsync backend gives the parameters that
+one process gets training on the concatenated batch (every rank computes that
+reference itself, without communication): many small buckets, gradients as
+bucket views, the allreduce and fp16/bf16 compression comm hooks, no_sync
+gradient accumulation, find_unused_parameters with a branch that some steps
+skip, and a static graph."""
+import copy
+
+import pytest
+from mpi4py import MPI
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
+from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
+
+from gsutil import collectively  # noqa: E402
+
+pytestmark = pytest.mark.mpi
+
+RANK, SIZE = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
+LOCAL_BATCH = 3
+STEPS = 4
+
+
+class Net(nn.Module):
+    """A small conv + MLP net; `skip` leaves the side branch unused."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.fc1 = nn.Linear(4 * 6 * 6, 33)
+        self.side = nn.Linear(33, 33)
+        self.fc2 = nn.Linear(33, 5)
+
+    def forward(self, x, skip=False):
+        h = torch.relu(self.conv(x)).flatten(1)
+        h = torch.tanh(self.fc1(h))
+        if not skip:
+            h = h + self.side(h)
+        return self.fc2(h)
+
+
+def batches(step):
+    """The whole step's batch (every rank draws the same one)."""
+    g = torch.Generator().manual_seed(1000 + step)
+    x = torch.randn(LOCAL_BATCH * SIZE, 2, 6, 6, generator=g)
+    y = torch.randn(LOCAL_BATCH * SIZE, 5, generator=g)
+    return x, y
+
+
+def mine(t):
+    return t[RANK * LOCAL_BATCH:(RANK + 1) * LOCAL_BATCH]
+
+
+def reference(model, steps, skip_on=(), micro=1):
+    """One process on the concatenated batches (micro: batches per step)."""
+    model = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        opt.zero_grad()
+        for m in range(micro):
+            x, y = batches(step * micro + m)
+            loss = nn.functional.mse_loss(model(x, skip=step in skip_on), y) / micro
+            loss.backward()
+        opt.step()
+    return model
+
+
+def train(ddp, steps, skip_on=(), micro=1):
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    for step in range(steps):
+        opt.zero_grad()
+        for m in range(micro):
+            x, y = batches(step * micro + m)
+            skip = step in skip_on
+            if m < micro - 1:
+                with ddp.no_sync():
+                    (nn.functional.mse_loss(ddp(mine(x), skip=skip), mine(y)) / micro).backward()
+            else:
+                (nn.functional.mse_loss(ddp(mine(x), skip=skip), mine(y)) / micro).backward()
+        opt.step()
+    return ddp.module
+
+
+def bf16_hook(group, bucket):
+    """torch's bf16_compress_hook refuses to run without CUDA and NCCL; this is
+    the same compression (divide, cast to bfloat16, allreduce, cast back) so
+    the backend's bfloat16 allreduce inside a hook is tested on the CPU too."""
+    buf = bucket.buffer()
+    compressed = buf.div(dist.get_world_size(group)).to(torch.bfloat16)
+    fut = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+    def decompress(f):
+        buf.copy_(f.value()[0])
+        return buf
+    return fut.then(decompress)
+
+
+def compare(got, ref, atol, what):
+    worst = max((a - b).abs().max().item() for a, b in zip(got.parameters(), ref.parameters()))
+    assert worst <= atol, f"{what}: parameters differ from one process by {worst:g}"
+
+
+def fresh():
+    torch.manual_seed(7)
+    return Net()
+
+
+CASES = {
+    "default": dict(kw=dict(bucket_cap_mb=0.002), atol=2e-5),
+    "grad_as_bucket_view": dict(kw=dict(bucket_cap_mb=0.002, gradient_as_bucket_view=True),
+                                atol=2e-5),
+    "allreduce_hook": dict(kw={}, hook=default_hooks.allreduce_hook, atol=2e-5),
+    "fp16_compress_hook": dict(kw={}, hook=default_hooks.fp16_compress_hook, atol=3e-3),
+    "bf16_compress_hook": dict(kw={}, hook=default_hooks.bf16_compress_hook, atol=3e-2,
+                               needs_cuda="torch's bf16 hook requires CUDA and NCCL"),
+    "bf16_compression_in_a_hook": dict(kw={}, hook=bf16_hook, atol=3e-2),
+    "static_graph": dict(kw=dict(static_graph=True), atol=2e-5),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_ddp_matches_one_process(case, torch_pg):
+    spec = CASES[case]
+    if spec.get("needs_cuda") and not torch.cuda.is_available():
+        pytest.skip(spec["needs_cuda"])
+    model = fresh()
+    ref = reference(model, STEPS)
+    with collectively(what=case):
+        ddp = DDP(copy.deepcopy(model), **spec["kw"])
+        if "hook" in spec:
+            ddp.register_comm_hook(dist.group.WORLD, spec["hook"])
+        compare(train(ddp, STEPS), ref, spec["atol"], case)
+
+
+def test_no_sync_accumulates_like_one_process(torch_pg):
+    model = fresh()
+    ref = reference(model, 2, micro=3)
+    with collectively():
+        compare(train(DDP(copy.deepcopy(model), bucket_cap_mb=0.002), 2, micro=3), ref, 2e-5,
+                "no_sync")
+
+
+def test_find_unused_parameters(torch_pg):
+    model = fresh()
+    skip_on = (1, 2)
+    ref = reference(model, STEPS, skip_on=skip_on)
+    with collectively():
+        ddp = DDP(copy.deepcopy(model), find_unused_parameters=True, bucket_cap_mb=0.002)
+        got = train(ddp, STEPS, skip_on=skip_on)
+        compare(got, ref, 2e-5, "find_unused_parameters")
+
+
+def test_buffers_and_parameters_broadcast_at_construction(torch_pg):
+    torch.manual_seed(100 + RANK)  # every rank starts different
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4))
+    with collectively():
+        ddp = DDP(model)
+        flat = torch.cat([p.detach().reshape(-1) for p in ddp.module.state_dict().values()
+                          if p.dtype.is_floating_point])
+        gathered = [torch.empty_like(flat) for _ in range(SIZE)]
+        dist.all_gather(gathered, flat)
+        assert all(torch.equal(g, gathered[0]) for g in gathered), \
+            "DDP did not broadcast rank 0's state"
