@@ -241,14 +241,6 @@ cdef class Comm:
         gs_comm_abandon(self.handle, status_of(exc), reason)
         return 0
 
-    def abandon_call(self, exc):
-        """For layers that check arguments of their own before a collective:
-        meets the other ranks' validation of this call on this rank's behalf
-        (they raise MismatchError naming ``exc``), so nobody waits for a
-        call this rank will not make. The caller then raises ``exc``."""
-        self.live()
-        self.abandon(exc)
-
     cdef TensorList tensors(self, list objs, str name, bint indexed, bint writable,
                             str call=None):
         cdef TensorList tl = TensorList()

@@ -102,8 +102,8 @@ class Call:
         self.state = _PENDING
 
     def describe(self):
-        return (self.kind, self.args,
-                [(_dtype_name(a.dtype), tuple(a.shape)) for a in self.arrays])
+        args = {k: v for k, v in self.args.items() if k != "out"}
+        return (self.kind, args, [(_dtype_name(a.dtype), tuple(a.shape)) for a in self.arrays])
 
     def __repr__(self):
         what = f" {self.name!r}" if self.name is not None else ""
@@ -152,7 +152,7 @@ class Engine:
         self._open.append(call)
         self._failed(call, exc)
         try:
-            self.comm.handle.abandon_call(exc)
+            gs._core.abandon(self.comm.handle, exc)
         except gs.Error:
             pass
         return self.wait(call)
@@ -166,6 +166,11 @@ class Engine:
                                                      adasum=args.get("adasum"))
             elif call.kind == "broadcast":
                 call.request = comm.broadcast_async_(a, root=args["root"])
+            elif call.kind == "reduce_scatter" and "out" in args:
+                call.request = comm.reduce_scatter_async(a, args["out"], args["op"],
+                                                         prescale=args["prescale"],
+                                                         postscale=args["postscale"])
+                call.result = args["out"]
             else:
                 call.result = self._blocking(call.kind, a, args)
                 call.state = _DONE
@@ -181,8 +186,9 @@ class Engine:
         if kind == "reduce_scatter":
             return comm.reduce_scatter(arrays, args["op"], prescale=args["prescale"],
                                        postscale=args["postscale"])
-        if kind == "alltoall":
-            return comm.alltoall(arrays[0], send_counts=args.get("send_counts"))
+        if kind == "alltoall":  # what each rank sends here, then the rows themselves
+            recv = [int(c) for c in comm.alltoall_counts(args["send_counts"])]
+            return comm.alltoall(arrays[0], args["send_counts"], recv_counts=recv), recv
         if kind == "allreduce":
             return comm.allreduce_(arrays, args["op"], prescale=args["prescale"],
                                    postscale=args["postscale"], adasum=args.get("adasum"))

@@ -5,9 +5,10 @@ forms, poll/synchronize, join and barrier.
 Tensors go to gradsync zero-copy (DLPack). Horovod's arithmetic is kept:
 Average is a sum followed by one multiply by postscale/size; integer tensors
 are scaled in float64 and truncated (C++ double-to-int conversion), float16
-and bfloat16 in float32, float32 in float32, float64 in float64. Collectives
-without an asynchronous form in gradsync (allgather, alltoall,
-reducescatter) run when submitted; their handles are done at once.
+and bfloat16 in float32, float32 in float32, float64 in float64. allgather
+and alltoall, whose output sizes the ranks must first exchange, run when
+submitted (their handles are done at once); allreduce, broadcast and
+reducescatter run on gradsync's background thread.
 """
 import itertools
 import warnings
@@ -437,13 +438,18 @@ def _reducescatter_submit(tensors, name, op, process_set, prescale, postscale, r
         tensors = [t.clone() for t in tensors]  # the input is not modified
         _scale_(tensors, my_pre)
 
+    sig = _sig(name, tensors)
+    me, n = process_set.rank(), process_set.size()
+    outs = [torch.empty((t.shape[0] // n + (me < t.shape[0] % n),) + tuple(t.shape[1:]),
+                        dtype=t.dtype, device=t.device) if t.dim() else t.new_empty(0)
+            for t in tensors]
+    outs += [s.new_empty(0) for s in sig]
+
     def finish(outs):
-        outs = [_import(o) for o in outs]
         _scale_(outs, my_post)
         return result(outs)
-    call = engine.submit("reduce_scatter", tensors, name=name,
-                         sig=_sig(name, tensors), op=gs_op, prescale=pre,
-                         postscale=post, finish=finish)
+    call = engine.submit("reduce_scatter", tensors, name=name, sig=sig, op=gs_op, prescale=pre,
+                         postscale=post, out=outs, finish=finish)
     return _handle(engine, call, name)
 
 
@@ -540,10 +546,7 @@ def _splits(tensor, splits, set_size):
     return splits
 
 
-def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
-    """Starts an alltoall: ``splits[i]`` rows of dim 0 go to member i (equal
-    shares without splits); returns a handle. synchronize() gives the
-    received rows, and with ``splits`` also the rows received from each."""
+def _alltoall_submit(tensor, splits, name, process_set, with_counts):
     engine = _engine(process_set)
     t = _contiguous(tensor)
     try:
@@ -552,16 +555,22 @@ def alltoall_async(tensor, splits=None, name=None, process_set=global_process_se
         engine.reject("alltoall", exc, name)
     _check_name(engine, name)
     t = t.narrow(0, 0, sum(counts)) if t.dim() else t
-    with_splits = splits is not None
 
     def finish(out):
         received, recv_counts = out
         received = _from_bytes(_import(received), t)
         recv = torch.tensor([int(c) for c in recv_counts], dtype=torch.int32)
-        return (received, recv) if with_splits else received
-    call = engine.submit("alltoall", [_as_bytes(t)], name=name, sig=(), send_counts=counts,
+        return (received, recv) if with_counts else received
+    call = engine.submit("alltoall", [_as_bytes(t)], name=name, send_counts=counts,
                          finish=finish)
     return _handle(engine, call, name)
+
+
+def alltoall_async(tensor, splits=None, name=None, process_set=global_process_set):
+    """Starts an alltoall: ``splits[i]`` rows of dim 0 go to member i (equal
+    shares without splits); returns a handle. synchronize() gives the
+    received rows, and with ``splits`` also the rows received from each."""
+    return _alltoall_submit(tensor, splits, name, process_set, splits is not None)
 
 
 class HorovodAlltoall(torch.autograd.Function):
@@ -570,11 +579,7 @@ class HorovodAlltoall(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, tensor, splits, name, process_set):
-        out = synchronize(alltoall_async(tensor, splits, name, process_set))
-        received, recv = out if splits is not None else (out, None)
-        if recv is None:
-            recv = torch.tensor([received.shape[0] // process_set.size()] * process_set.size(),
-                                dtype=torch.int32)
+        received, recv = synchronize(_alltoall_submit(tensor, splits, name, process_set, True))
         ctx.recv, ctx.process_set = recv, process_set
         if splits is None:
             return received
