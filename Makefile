@@ -72,10 +72,16 @@ py-tests: build
 	done
 	@if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
 	    for n in $(NP_LIST); do \
-	        echo "== pytest tests/torch at $$n ranks"; \
-	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/torch || exit 1; \
+	        echo "== pytest tests/torch tests/horovod at $$n ranks"; \
+	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/torch tests/horovod || exit 1; \
 	    done; \
-	else echo "== tests/torch skipped: torch is not importable by $(PYTHON) (pip install torch)"; fi
+	else echo "== tests/torch tests/horovod skipped: torch is not importable by $(PYTHON) (pip install torch)"; fi
+	@if $(PYTHON) -c "import jax" >/dev/null 2>&1; then \
+	    for n in $(NP_LIST); do \
+	        echo "== pytest tests/jax at $$n ranks"; \
+	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/jax || exit 1; \
+	    done; \
+	else echo "== tests/jax skipped: jax is not importable by $(PYTHON) (pip install 'jax[cpu]')"; fi
 
 # The device paths on a machine without a GPU: the same C sources linked with
 # a host stand-in for the CUDA runtime and kernels (tests/emulated_cuda), so

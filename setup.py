@@ -209,7 +209,8 @@ setup(
     version="0.1.0",
     description="Collective communication for distributed training: fused MPI/NCCL "
                 "collectives, Adasum and gradient kernels",
-    packages=["gradsync", "gradsync.bench", "gradsync.torch", "gradsync.torch.distributed"],
+    packages=["gradsync", "gradsync.bench", "gradsync.torch", "gradsync.torch.distributed",
+              "gradsync.horovod", "gradsync.horovod.torch"],
     package_dir={"": "pyx"},
     package_data={"gradsync": ["*.pxd", "*.pxi", "*.pyx", "libgradsync.so"],
                   "gradsync.bench": ["gradient_shapes.json"]},

@@ -120,6 +120,16 @@ def build_info_c():
     }
 
 
+cdef object result_array(object like, tuple shape, bint host_dlpack):
+    """new_array, except that host results are 64-byte aligned DeviceArrays
+    when host_dlpack is set: DLPack consumers that want aligned memory (XLA
+    on the CPU: JAX) then take them without a copy, bfloat16 included."""
+    if host_dlpack and not (isinstance(like, _TensorRef)
+                            and (<_TensorRef>like).dev.kind == GS_DEVICE_CUDA):
+        return DeviceArray(shape, like.dtype, "cpu")
+    return new_array(like, shape)
+
+
 def shard_layout(numels, int size):
     """(total, padded, rank_count, offsets, owners) of ONNX Runtime's layout."""
     cdef Py_ssize_t i, n = len(numels)
@@ -232,10 +242,11 @@ cdef class Comm:
         gs_comm_abandon(self.handle, status_of(exc), reason)
         return 0
 
-    cdef TensorList tensors(self, list objs, str name, bint indexed, bint writable):
+    cdef TensorList tensors(self, list objs, str name, bint indexed, bint writable,
+                            str call=None):
         cdef TensorList tl = TensorList()
         try:
-            tl.load(objs, name, indexed, writable)
+            tl.load(objs, name, indexed, writable, call)
         except BaseException as exc:
             self.abandon(exc)
             raise
@@ -256,27 +267,28 @@ cdef class Comm:
         except BaseException as exc:
             self.abandon(exc)
             raise
-        tin = self.tensors(inputs, name, indexed, outputs is None)
+        tin = self.tensors(inputs, name, indexed, outputs is None, "comm.allreduce_")
         if outputs is not None:
             tout = self.tensors(outputs, "out", indexed, True)
         cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
         with nogil:
             CHKERR(gs_allreduce(h, tin.t, po, tin.n, cop, prescale, postscale))
 
-    def new_like(self, list objs, bint copy, str name, bint indexed):
+    def new_like(self, list objs, bint copy, str name, bint indexed, bint host_dlpack=False):
         """Arrays for an out-of-place call's results, one per object: its shape
         and dtype in its kind of memory (numpy.ndarray for host memory, a
-        DeviceArray on the same CUDA device), holding its values with copy."""
+        DeviceArray on the same CUDA device), holding its values with copy.
+        host_dlpack: host results are DeviceArrays too (result_array)."""
         cdef TensorList tl = self.tensors(objs, name, indexed, False)
         cdef Py_ssize_t i
         outs = []
         try:
             for i in range(tl.n):
                 a = tl.arrays[i]
-                if type(a) is np.ndarray:
+                if type(a) is np.ndarray and not host_dlpack:
                     outs.append(np.array(a, copy=True) if copy else np.empty_like(a))
                     continue
-                out = new_array(a, a.shape)
+                out = result_array(a, a.shape, host_dlpack)
                 if copy:
                     copy_memory(out, &tl.t[i])
                 outs.append(out)
@@ -302,9 +314,9 @@ cdef class Comm:
             if cop == GS_OP_ADASUM:
                 cop = adasum_mode(cop, self.adasum if adasum is None else adasum)
             if device_array:
-                fill_ref(&t, <_TensorRef>tensors, "tensor", 0, False, True)
+                fill_ref(&t, <_TensorRef>tensors, "tensor", 0, False, True, "comm.allreduce_")
             else:
-                fill_tensor(&t, tensors, "tensor", 0, False, True)
+                fill_tensor(&t, tensors, "tensor", 0, False, True, "comm.allreduce_")
         except BaseException as exc:
             self.abandon(exc)
             raise
@@ -314,12 +326,13 @@ cdef class Comm:
 
     def broadcast(self, list tensors, int root, str name, bint indexed):
         cdef gs_comm_t h = self.live()
-        cdef TensorList tl = self.tensors(tensors, name, indexed, True)
+        cdef TensorList tl = self.tensors(tensors, name, indexed, True, "comm.broadcast_")
         with nogil:
             CHKERR(gs_broadcast(h, tl.t, tl.n, root))
 
-    def allgather(self, list inputs, str name, bint indexed):
-        """New arrays: each input concatenated over ranks along dim 0."""
+    def allgather(self, list inputs, str name, bint indexed, bint host_dlpack=False):
+        """New arrays: each input concatenated over ranks along dim 0
+        (host_dlpack: see result_array)."""
         cdef gs_comm_t h = self.live()
         cdef TensorList tin = self.tensors(inputs, name, indexed, False)
         cdef Py_ssize_t i, r, n = tin.n
@@ -365,7 +378,8 @@ cdef class Comm:
                 total = 0
                 for r in range(size):
                     total += counts[r * n + i]
-                outs.append(new_array(a, (total // rows_elems[i],) + a.shape[1:]))
+                outs.append(result_array(a, (total // rows_elems[i],) + a.shape[1:],
+                                         host_dlpack))
             for i in zero_width:
                 for r in range(size):
                     counts[r * n + i] = 0  # the gathered tensor holds no elements
@@ -378,8 +392,9 @@ cdef class Comm:
         return outs
 
     def reduce_scatter(self, list inputs, op, double prescale, double postscale,
-                       str name, bint indexed):
-        """New arrays: this rank's block of dim 0 of each reduced input."""
+                       str name, bint indexed, bint host_dlpack=False):
+        """New arrays: this rank's block of dim 0 of each reduced input
+        (host_dlpack: see result_array)."""
         cdef gs_comm_t h = self.live()
         cdef gs_op_t cop
         cdef int rank, size
@@ -398,7 +413,7 @@ cdef class Comm:
                                         "needs at least one dimension", GS_ERR_INVALID_ARGUMENT)
                 rows[i] = a.shape[0]
                 first, nrows = block_range(a.shape[0], size, rank)
-                outs.append(new_array(a, (nrows,) + a.shape[1:]))
+                outs.append(result_array(a, (nrows,) + a.shape[1:], host_dlpack))
         except BaseException as exc:
             self.abandon(exc)
             raise
@@ -408,12 +423,13 @@ cdef class Comm:
         return outs
 
     # ---- asynchronous, in place: a Request; errors surface at wait() ----------
-    cdef Request async_request(self, tensors):
+    cdef Request async_request(self, tensors, str call):
         """A Request holding the arrays of an in-place asynchronous call (one
         array or a list/tuple), converted and checked; the caller submits it."""
         cdef bint indexed = type(tensors) is list or type(tensors) is tuple
         cdef list objs = list(tensors) if indexed else [tensors]
-        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True)
+        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True,
+                                          call)
         return new_request(tl, tensors)
 
     cdef gs_op_t async_op(self, op, adasum) except *:
@@ -426,33 +442,33 @@ cdef class Comm:
     def allreduce_async(self, tensors, op, double prescale, double postscale, adasum):
         cdef gs_comm_t h = self.live()
         cdef gs_op_t cop = self.async_op(op, adasum)
-        cdef Request r = self.async_request(tensors)
+        cdef Request r = self.async_request(tensors, "comm.allreduce_async_")
         CHKERR(gs_allreduce_async(h, r.keep.t, r.keep.n, cop, prescale, postscale, &r.req))
         return r
 
     def broadcast_async(self, tensors, int root):
         cdef gs_comm_t h = self.live()
-        cdef Request r = self.async_request(tensors)
+        cdef Request r = self.async_request(tensors, "comm.broadcast_async_")
         CHKERR(gs_broadcast_async(h, r.keep.t, r.keep.n, root, &r.req))
         return r
 
     def allgather_shards_async(self, tensors):
         cdef gs_comm_t h = self.live()
-        cdef Request r = self.async_request(tensors)
+        cdef Request r = self.async_request(tensors, "comm.allgather_shards_async_")
         CHKERR(gs_allgather_shards_async(h, r.keep.t, r.keep.n, &r.req))
         return r
 
     def reduce_scatter_shards_async(self, tensors, op, double prescale, double postscale):
         cdef gs_comm_t h = self.live()
         cdef gs_op_t cop = self.async_op(op, "flat")  # adasum is allreduce only: C refuses it
-        cdef Request r = self.async_request(tensors)
+        cdef Request r = self.async_request(tensors, "comm.reduce_scatter_shards_async_")
         CHKERR(gs_reduce_scatter_shards_async(h, r.keep.t, r.keep.n, cop, prescale, postscale,
                                               &r.req))
         return r
 
     def allgather_shards(self, list tensors, str name, bint indexed):
         cdef gs_comm_t h = self.live()
-        cdef TensorList tl = self.tensors(tensors, name, indexed, True)
+        cdef TensorList tl = self.tensors(tensors, name, indexed, True, "comm.allgather_shards_")
         with nogil:
             CHKERR(gs_allgather_shards(h, tl.t, tl.n))
 
@@ -465,7 +481,8 @@ cdef class Comm:
         except BaseException as exc:
             self.abandon(exc)
             raise
-        cdef TensorList tl = self.tensors(tensors, name, indexed, True)
+        cdef TensorList tl = self.tensors(tensors, name, indexed, True,
+                                          "comm.reduce_scatter_shards_")
         with nogil:
             CHKERR(gs_reduce_scatter_shards(h, tl.t, tl.n, cop, prescale, postscale))
 

@@ -1,15 +1,15 @@
 # Gradient control kernels (included by _core.pyx): convert, check, call C.
 
-cdef TensorList host_tensors(tensors, str name, bint writable):
+cdef TensorList host_tensors(tensors, str name, bint writable, str call=None):
     cdef bint indexed = type(tensors) is list or type(tensors) is tuple
     cdef TensorList tl = TensorList()
-    tl.load(list(tensors) if indexed else [tensors], name, indexed, writable)
+    tl.load(list(tensors) if indexed else [tensors], name, indexed, writable, call)
     return tl
 
 
 def zero_(tensors):
     """Sets every element's bits to 0."""
-    cdef TensorList tl = host_tensors(tensors, "tensors", True)
+    cdef TensorList tl = host_tensors(tensors, "tensors", True, "gs.zero_")
     with nogil:
         CHKERR(gs_zero(tl.t, tl.n))
 
@@ -23,7 +23,7 @@ def accumulate_(acc, grad, bint overwrite, bint run=True):
     if acc_list and len(acc) != len(grad):
         raise ArgumentError(f"acc has {len(acc)} tensors but grad has {len(grad)}",
                             GS_ERR_INVALID_ARGUMENT)
-    cdef TensorList ta = host_tensors(acc, "acc", True)
+    cdef TensorList ta = host_tensors(acc, "acc", True, "gs.accumulate_")
     cdef TensorList tg = host_tensors(grad, "grad", False)
     if not run:
         return
@@ -42,6 +42,6 @@ def all_finite(tensors):
 
 def scale_(tensors, double factor):
     """x *= factor, rounded once."""
-    cdef TensorList tl = host_tensors(tensors, "tensors", True)
+    cdef TensorList tl = host_tensors(tensors, "tensors", True, "gs.scale_")
     with nogil:
         CHKERR(gs_scale(tl.t, tl.n, factor))

@@ -19,6 +19,15 @@
 #                              the calling thread's current CUDA device.
 #   the buffer protocol        host memory, through numpy.asarray
 #
+# In-place calls write only into memory its producer lets them write: never
+# into a non-writeable NumPy array, a DLPack 1.x tensor flagged READ_ONLY, a
+# legacy (pre-1.0) DLPack capsule (it has no such flag; numpy.from_dlpack
+# imports those read-only too; torch tensors excepted, torch has no read-only
+# tensors), a read-only __cuda_array_interface__, or a JAX array (immutable:
+# its buffer may back other arrays and cached constants).
+# The refusal happens here, while the arguments are read, before any rank
+# communicates or writes (DESIGN section 9).
+#
 # The work stream (gs_cuda_set_stream) is where the gradient kernels run on
 # CUDA memory, like the producer's own ops, and what collectives are ordered
 # after; a blocking collective returns once its results are in place, an
@@ -120,6 +129,7 @@ cdef class _TensorRef:
     cdef gs_dtype_t gsdtype
     cdef gs_device_t dev
     cdef bint readonly
+    cdef str readonly_why  # why it is read-only, for the error (None: writable)
     cdef bint copied      # the producer handed over a copy (DLPack IS_COPIED)
     cdef tuple _shape
     cdef object _dtype    # numpy dtype
@@ -222,7 +232,8 @@ cdef _TensorRef ref_from_dltensor(const DLTensor *dl, uint64_t flags, str name,
     ref._shape = shape
     ref.count = count
     ref.data = (<char *>dl.data) + dl.byte_offset if dl.data != NULL else NULL
-    ref.readonly = (flags & DLPACK_FLAG_BITMASK_READ_ONLY) != 0
+    if flags & DLPACK_FLAG_BITMASK_READ_ONLY:
+        set_read_only(ref, "its producer flagged it read-only (DLPack READ_ONLY)")
     ref.copied = (flags & DLPACK_FLAG_BITMASK_IS_COPIED) != 0
     return ref
 
@@ -277,6 +288,10 @@ cdef _TensorRef from_dlpack(object obj, str name, Py_ssize_t i, bint indexed, Te
                         f"{type(capsule).__name__}, not an unused DLPack capsule")
     ref = ref_from_dltensor(dl, flags, name, i, indexed)
     ref.owner = holder
+    if holder.legacy != NULL and producer_kind(type(obj)) != _WRITABLE_PRODUCER:
+        set_read_only(ref, "it came as a legacy (pre-1.0) DLPack capsule, which cannot say "
+                      "whether its memory may be written, so gradsync takes it as read-only "
+                      "(as numpy.from_dlpack does)")
     return ref
 
 
@@ -394,10 +409,45 @@ cdef _TensorRef from_cuda_array_interface(object obj, str name, Py_ssize_t i, bi
     ref.gsdtype = <gs_dtype_t><int>code
     ref.dev.kind = GS_DEVICE_CUDA
     ref.dev.id = dev_id
-    ref.readonly = bool(ro)
+    if ro:
+        set_read_only(ref, "its __cuda_array_interface__ marks the data read-only")
     ref._shape = shape
     ref._dtype = _NP_DTYPES[code]
     return ref
+
+
+cdef int set_read_only(_TensorRef ref, str why) except -1:
+    ref.readonly = True
+    if ref.readonly_why is None:
+        ref.readonly_why = why
+    return 0
+
+
+# What gradsync knows of a producer type whatever its DLPack export says.
+cdef enum:
+    _UNKNOWN_PRODUCER = 0
+    _WRITABLE_PRODUCER = 1   # torch: no tensor is read-only (torch < 2.9 exports legacy capsules)
+    _IMMUTABLE_PRODUCER = 2  # JAX: every array is (0.10 exports legacy capsules, a later
+                             # release may export 1.x ones without the READ_ONLY flag)
+_PRODUCER_KINDS = {}  # type -> one of the above, looked up once per type
+_JAX_WHY = ("it is a JAX array; JAX arrays are immutable, and writing into one can change "
+            "other arrays and cached constants that share its buffer")
+
+
+cdef int producer_kind(type tp):
+    kind = _PRODUCER_KINDS.get(tp)
+    if kind is None:
+        kind = _UNKNOWN_PRODUCER
+        for cls in tp.__mro__:
+            top = (getattr(cls, "__module__", None) or "").split(".")[0]
+            if top in ("jax", "jaxlib"):
+                kind = _IMMUTABLE_PRODUCER
+                break
+            if top == "torch" and cls.__name__ == "Tensor":
+                kind = _WRITABLE_PRODUCER
+                break
+        _PRODUCER_KINDS[tp] = kind
+    return kind
 
 
 cdef object as_array(object obj, str name, Py_ssize_t i, bint indexed, TensorList tl):
@@ -405,13 +455,24 @@ cdef object as_array(object obj, str name, Py_ssize_t i, bint indexed, TensorLis
     clear error. Never copies."""
     if isinstance(obj, (np.ndarray, _TensorRef)):
         return obj
+    cdef _TensorRef ref
     cdef const DLPackExchangeAPI *api = exchange_api(type(obj))
     if api != NULL:
-        return from_exchange_api(obj, api, name, i, indexed, tl)
-    if hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
-        return from_dlpack(obj, name, i, indexed, tl)
-    if hasattr(obj, "__cuda_array_interface__"):
-        return from_cuda_array_interface(obj, name, i, indexed, tl)
+        ref = from_exchange_api(obj, api, name, i, indexed, tl)
+    elif hasattr(obj, "__dlpack__") and hasattr(obj, "__dlpack_device__"):
+        ref = from_dlpack(obj, name, i, indexed, tl)
+    elif hasattr(obj, "__cuda_array_interface__"):
+        ref = from_cuda_array_interface(obj, name, i, indexed, tl)
+    else:
+        return from_buffer(obj, name, i, indexed)
+    if producer_kind(type(obj)) == _IMMUTABLE_PRODUCER:
+        ref.readonly = True
+        ref.readonly_why = _JAX_WHY
+    return ref
+
+
+cdef object from_buffer(object obj, str name, Py_ssize_t i, bint indexed):
+    """The buffer protocol, through numpy.asarray (read-only buffers stay so)."""
     try:
         memoryview(obj)
     except TypeError:
@@ -422,8 +483,33 @@ cdef object as_array(object obj, str name, Py_ssize_t i, bint indexed, TensorLis
     return np.asarray(obj)
 
 
+# What to do instead, by the in-place call that met a read-only array.
+_INSTEAD = {
+    "comm.allreduce_": "the out-of-place comm.allreduce(...) returns new arrays "
+                       "(gradsync.jax.allreduce for JAX arrays)",
+    "comm.allreduce_async_": "the out-of-place comm.allreduce(...) returns new arrays "
+                             "(gradsync.jax.allreduce for JAX arrays)",
+    "comm.broadcast_": "the out-of-place comm.broadcast(...) returns new arrays "
+                       "(gradsync.jax.broadcast for JAX arrays)",
+    "comm.broadcast_async_": "the out-of-place comm.broadcast(...) returns new arrays "
+                             "(gradsync.jax.broadcast for JAX arrays)",
+    "gs.zero_": "make a new zeroed array instead (numpy.zeros_like; jax.numpy.zeros_like "
+                "for JAX arrays)",
+    "gs.scale_": "gradsync.jax.scale returns a new array for JAX arrays; otherwise pass a "
+                 "writable copy",
+    "gs.accumulate_": "gradsync.jax.accumulate returns a new array for JAX arrays; otherwise "
+                      "pass a writable copy",
+}
+
+
+cdef str read_only_message(str where, str why, str call):
+    instead = _INSTEAD.get(call, "it has no out-of-place form: pass a writable copy")
+    return (f"{where} is read-only: {why}. {call or 'This call'} writes into its arguments "
+            f"in place; {instead}. Nothing was written")
+
+
 cdef int fill_tensor(gs_tensor_t *t, cnp.ndarray arr, str name, Py_ssize_t i,
-                     bint indexed, bint writable) except -1:
+                     bint indexed, bint writable, str call=None) except -1:
     # Labels are formatted only on failure: this runs once per tensor per call.
     dt = _DTYPES.get(arr.dtype)
     if dt is None:
@@ -434,8 +520,8 @@ cdef int fill_tensor(gs_tensor_t *t, cnp.ndarray arr, str name, Py_ssize_t i,
         raise ArgumentError(f"{where} is not C-contiguous; pass numpy.ascontiguousarray({where})",
                             GS_ERR_INVALID_ARGUMENT)
     if writable and not cnp.PyArray_ISWRITEABLE(arr):
-        raise ArgumentError(f"{label(name, i, indexed)} is read-only, but this call writes "
-                            "into it", GS_ERR_INVALID_ARGUMENT)
+        raise ArgumentError(read_only_message(label(name, i, indexed), "the NumPy array is "
+                                              "not writeable", call), GS_ERR_INVALID_ARGUMENT)
     t.data = cnp.PyArray_DATA(arr)
     t.count = cnp.PyArray_SIZE(arr)
     t.dtype = <gs_dtype_t><int>dt
@@ -445,10 +531,11 @@ cdef int fill_tensor(gs_tensor_t *t, cnp.ndarray arr, str name, Py_ssize_t i,
 
 
 cdef int fill_ref(gs_tensor_t *t, _TensorRef ref, str name, Py_ssize_t i,
-                  bint indexed, bint writable) except -1:
+                  bint indexed, bint writable, str call=None) except -1:
     if writable and ref.readonly:
-        raise ArgumentError(f"{label(name, i, indexed)} is read-only, but this call writes "
-                            "into it", GS_ERR_INVALID_ARGUMENT)
+        raise ArgumentError(read_only_message(label(name, i, indexed), ref.readonly_why
+                                              or "its producer marked it read-only", call),
+                            GS_ERR_INVALID_ARGUMENT)
     if writable and ref.copied:
         raise ArgumentError(f"{label(name, i, indexed)} was exported as a copy (DLPack "
                             "IS_COPIED), so what this call writes into it would be lost",
@@ -483,7 +570,10 @@ cdef class TensorList:
     def __dealloc__(self):
         PyMem_Free(self.t)
 
-    cdef int load(self, list objs, str name, bint indexed, bint writable) except -1:
+    cdef int load(self, list objs, str name, bint indexed, bint writable,
+                  str call=None) except -1:
+        """Reads objs; writable: the call writes into them (``call`` names it
+        in the error for a read-only one)."""
         cdef Py_ssize_t i, n = len(objs)
         cdef bint cuda
         self.t = <gs_tensor_t *>PyMem_Malloc(max(n, 1) * sizeof(gs_tensor_t))
@@ -499,9 +589,9 @@ cdef class TensorList:
                 obj = as_array(obj, name, i, indexed, self)
                 self.arrays[i] = obj
                 if isinstance(obj, _TensorRef):
-                    fill_ref(&self.t[i], <_TensorRef>obj, name, i, indexed, writable)
+                    fill_ref(&self.t[i], <_TensorRef>obj, name, i, indexed, writable, call)
                     continue
-            fill_tensor(&self.t[i], obj, name, i, indexed, writable)
+            fill_tensor(&self.t[i], obj, name, i, indexed, writable, call)
         # one call, one memory: host (plain or pinned) or one CUDA device
         for i in range(1, n):
             cuda = self.t[i].device.kind == GS_DEVICE_CUDA

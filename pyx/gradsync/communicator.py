@@ -5,6 +5,19 @@ from gradsync import _core
 from gradsync.exchange import ExchangeCollectives
 
 _ALL = object()
+_default = None
+
+
+def default_communicator(comm=None):
+    """``comm``, else the one Communicator over COMM_WORLD that gradsync's
+    adapters (gradsync.torch, gradsync.jax) share, created on first use: a
+    collective call, so every rank makes its first such call together."""
+    global _default
+    if comm is not None:
+        return comm
+    if _default is None or _default.closed:
+        _default = Communicator()
+    return _default
 
 
 def _as_list(tensors):

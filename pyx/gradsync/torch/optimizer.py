@@ -69,6 +69,7 @@ import numpy as np
 import torch
 
 import gradsync as gs
+from gradsync.communicator import default_communicator
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
 
@@ -83,18 +84,11 @@ _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # dtypes the C runtime takes as they are; anything else is broadcast as bytes
 _WIRE_DTYPES = _FLOAT_DTYPES + (torch.int8, torch.uint8, torch.int32, torch.int64)
 
-_default_comm = None
-
 
 def _comm_or_default(comm):
-    """``comm``, else one gs.Communicator over COMM_WORLD shared by this
-    module (created, collectively, on first use)."""
-    global _default_comm
-    if comm is not None:
-        return comm
-    if _default_comm is None or _default_comm.closed:
-        _default_comm = gs.Communicator()
-    return _default_comm
+    """``comm``, else the gs.Communicator over COMM_WORLD that gradsync's
+    adapters share (created, collectively, on first use)."""
+    return default_communicator(comm)
 
 
 # ------------------------------------------------------------- async requests
@@ -127,10 +121,10 @@ def _has_async(comm):
     return handle is None or hasattr(handle, "allreduce_async")
 
 
-def _allreduce_async(comm, tensors, op, postscale=1.0):
+def _allreduce_async(comm, tensors, op, postscale=1.0, prescale=1.0):
     if _has_async(comm):
-        return comm.allreduce_async_(tensors, op=op, postscale=postscale)
-    comm.allreduce_(tensors, op=op, postscale=postscale)
+        return comm.allreduce_async_(tensors, op=op, prescale=prescale, postscale=postscale)
+    comm.allreduce_(tensors, op=op, prescale=prescale, postscale=postscale)
     return _DoneRequest(tensors)
 
 
@@ -216,9 +210,14 @@ class DistributedOptimizer(torch.optim.Optimizer):
     ``op``: ``"average"`` (the mean over ranks), ``"sum"`` or ``"adasum"``
     (step locally, combine the parameter changes with Adasum).
     ``backward_passes_per_step``: micro-batches accumulated (in float32) per
-    step; the step's gradient is their MEAN. Call ``step()`` after each
-    micro-batch (it only steps on every k-th) or once after k backward
-    passes: the micro-batches are counted by the gradient hooks.
+    step; the step's gradient is their MEAN (``micro_batches="sum"``: their
+    sum, as torch's own accumulation into p.grad and Horovod give). Call
+    ``step()`` after each micro-batch (it only steps on every k-th) or once
+    after k backward passes: the micro-batches are counted by the gradient
+    hooks.
+    ``gradient_predivide_factor`` f (op="average"): the gradients are
+    multiplied by 1/f before the sum and by f/size after it (Horovod's
+    split of the average, which keeps large sums in range).
     ``bucket_bytes``: the most accumulator bytes reduced in one message.
     ``compression``: None, ``"fp16"`` or ``"bf16"``: each bucket travels in
     that dtype (scaled first, so averaging happens before the cast; the sum
@@ -258,7 +257,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer, named_parameters=None, op="average",
                  backward_passes_per_step=1, bucket_bytes=25 * 2**20, compression=None,
-                 comm=None):
+                 comm=None, micro_batches="mean", gradient_predivide_factor=1.0):
         # torch.optim.Optimizer.__init__ is not called: the state lives in
         # the wrapped optimizer, reached through the properties below.
         if isinstance(optimizer, DistributedOptimizer):
@@ -282,9 +281,18 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if op == "adasum" and _COMPRESSION[key] is not None:
             raise ValueError("compression applies to gradient allreduce; op='adasum' "
                              "combines the float32 parameter changes uncompressed")
+        if micro_batches not in ("mean", "sum"):
+            raise ValueError(f"micro_batches must be 'mean' or 'sum', got {micro_batches!r}")
+        predivide = float(gradient_predivide_factor)
+        if not predivide > 0 or (predivide != 1.0 and op != "average"):
+            raise ValueError("gradient_predivide_factor must be positive, and is for "
+                             f"op='average' only; got {gradient_predivide_factor!r} with "
+                             f"op={op!r}")
         self.optimizer = optimizer
         self.op = op
         self.backward_passes_per_step = k
+        self.micro_batches = micro_batches
+        self.gradient_predivide_factor = predivide
         self.bucket_bytes = int(bucket_bytes)
         self.compression = _COMPRESSION[key]
         self.comm = _comm_or_default(comm)
@@ -485,21 +493,29 @@ class DistributedOptimizer(torch.optim.Optimizer):
             self._start(self._buckets[self._next])
             self._next += 1
 
-    def _start(self, b):
+    def _micro_scale(self):
+        """What the sum over the micro-batches is multiplied by."""
         k = self.backward_passes_per_step
+        return 1.0 / k if self.micro_batches == "mean" else 1.0
+
+    def _start(self, b):
+        micro = self._micro_scale()
         if self.comm.size == 1:
             # nothing to communicate (compression neither): the mean over
             # the micro-batches is all there is to do
-            if k != 1:
-                gs.scale_(b.buffer, 1.0 / k)
+            if micro != 1.0:
+                gs.scale_(b.buffer, micro)
             b.request = _DoneRequest(b.buffer)
             return
         if b.wire is None:
             # average: the C op divides by size; postscale 1/k averages the
             # micro-batches in the same multiply
-            b.request = _allreduce_async(self.comm, b.buffer, self.op, postscale=1.0 / k)
+            f = self.gradient_predivide_factor
+            b.request = _allreduce_async(self.comm, b.buffer, self.op, postscale=micro * f,
+                                         prescale=1.0 / f)
             return
-        factor = 1.0 / k / (self.comm.size if self.op == "average" else 1)
+        # the whole average happens before the cast: predividing adds nothing
+        factor = micro / (self.comm.size if self.op == "average" else 1)
         if factor != 1.0:
             gs.scale_(b.buffer, factor)
         gs.accumulate_v2_(b.wire, b.buffer, overwrite=True)
@@ -570,9 +586,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def _synchronize_local(self):
         self._zero_missing()
-        k = self.backward_passes_per_step
-        if k != 1:
-            gs.scale_(self._arenas, 1.0 / k)
+        micro = self._micro_scale()
+        if micro != 1.0:
+            gs.scale_(self._arenas, micro)
         bad = np.array([0 if gs.all_finite(self._arenas) else 1], dtype=np.int32)
         self.comm.allreduce_(bad, op="max")
         return not bad[0]

@@ -1,0 +1,140 @@
+"""gradsyncrun: horovodrun's command line, run as the mpiexec command it
+stands for (gradsync launches nothing itself)::
+
+    gradsyncrun -np 4 -H host1:2,host2:2 python train.py
+    # MPICH:    mpiexec -n 4 -hosts host1:2,host2:2 python train.py
+    # Open MPI: mpiexec -n 4 -H host1:2,host2:2 python train.py
+
+Horovod's tuning flags become the HOROVOD_* variables gradsync.horovod reads
+at init(), passed to every rank (-genv / -x). ``--dry-run`` prints the
+command instead of running it.
+"""
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+
+# horovodrun flag -> (HOROVOD_* variable, how its value is written)
+_ENV_FLAGS = {
+    "fusion_threshold_mb": ("HOROVOD_FUSION_THRESHOLD", lambda v: str(int(float(v) * 2**20))),
+    "cycle_time_ms": ("HOROVOD_CYCLE_TIME", str),
+    "cache_capacity": ("HOROVOD_CACHE_CAPACITY", str),
+    "timeline_filename": ("HOROVOD_TIMELINE", str),
+    "stall_check_warning_time_seconds": ("HOROVOD_STALL_CHECK_TIME_SECONDS", str),
+    "stall_check_shutdown_time_seconds": ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS", str),
+    "log_level": ("HOROVOD_LOG_LEVEL", str),
+}
+
+
+def parser():
+    p = argparse.ArgumentParser(
+        prog="gradsyncrun",
+        description="Run a Horovod-style training script under mpiexec (horovodrun's "
+                    "arguments; gradsync.horovod reads the HOROVOD_* settings).")
+    p.add_argument("-np", "--num-proc", type=int, required=True, help="number of processes")
+    p.add_argument("-H", "--hosts", help="host1:slots,host2:slots (default: this host)")
+    p.add_argument("-hostfile", "--hostfile", help="lines 'hostname slots=N' (horovodrun's format)")
+    p.add_argument("-p", "--ssh-port", type=int,
+                   help="accepted; configure ssh for your MPI launcher instead")
+    p.add_argument("--fusion-threshold-mb", type=float)
+    p.add_argument("--cycle-time-ms", type=float, help="accepted; gradsync has no cycle")
+    p.add_argument("--cache-capacity", type=int, help="accepted; gradsync has no response cache")
+    p.add_argument("--timeline-filename")
+    p.add_argument("--timeline-mark-cycles", action="store_true", help="accepted; no cycles")
+    p.add_argument("--no-stall-check", action="store_true")
+    p.add_argument("--stall-check-warning-time-seconds", type=float)
+    p.add_argument("--stall-check-shutdown-time-seconds", type=float)
+    p.add_argument("--log-level")
+    p.add_argument("--mpi-args", default="", help="more arguments for mpiexec")
+    p.add_argument("--mpi", action="store_true", help="accepted (gradsync always runs on MPI)")
+    p.add_argument("--gloo", action="store_true", help="refused: gradsync runs on MPI")
+    p.add_argument("--mpiexec", default=os.environ.get("MPIEXEC"),
+                   help="the launcher (default: $MPIEXEC, mpiexec on PATH, or the mpich wheel's)")
+    p.add_argument("--verbose", action="store_true", help="print the command before running it")
+    p.add_argument("--dry-run", action="store_true", help="print the command and exit")
+    p.add_argument("command", nargs=argparse.REMAINDER, help="the program and its arguments")
+    return p
+
+
+def find_mpiexec():
+    found = shutil.which("mpiexec")
+    if found:
+        return found
+    wheel = os.path.join(sysconfig.get_path("scripts"), "mpiexec")
+    return wheel if os.path.exists(wheel) else "mpiexec"
+
+
+def flavour(mpiexec):
+    """'openmpi' or 'mpich' (Hydra, and the default for anything else)."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return "mpich"
+    return "openmpi" if ("Open MPI" in out or "OpenRTE" in out or "PRRTE" in out) else "mpich"
+
+
+def _hostfile_for_mpich(path):
+    """horovodrun's 'host slots=N' lines as Hydra's 'host:N' lines."""
+    lines = []
+    with open(path) as f:
+        for line in f:
+            fields = line.split("#")[0].split()
+            if not fields:
+                continue
+            slots = next((x.split("=", 1)[1] for x in fields[1:] if x.startswith("slots=")), None)
+            lines.append(fields[0] + (f":{slots}" if slots else ""))
+    tmp = tempfile.NamedTemporaryFile("w", prefix="gradsyncrun-", suffix=".hosts", delete=False)
+    tmp.write("\n".join(lines) + "\n")
+    tmp.close()
+    return tmp.name
+
+
+def environment(args):
+    env = {}
+    for flag, (name, fmt) in _ENV_FLAGS.items():
+        value = getattr(args, flag)
+        if value is not None:
+            env[name] = fmt(value)
+    if args.no_stall_check:
+        env["HOROVOD_STALL_CHECK_DISABLE"] = "1"
+    return env
+
+
+def command(args, kind):
+    """The mpiexec command line for parsed arguments and an MPI flavour."""
+    if args.gloo:
+        raise SystemExit("gradsyncrun: --gloo: gradsync runs on MPI only")
+    if not args.command:
+        raise SystemExit("gradsyncrun: no command to run (e.g. gradsyncrun -np 2 python train.py)")
+    cmd = [args.mpiexec or find_mpiexec(), "-n", str(args.num_proc)]
+    if args.hosts:
+        cmd += ["-hosts" if kind == "mpich" else "-H", args.hosts]
+    if args.hostfile:
+        cmd += (["-f", _hostfile_for_mpich(args.hostfile)] if kind == "mpich"
+                else ["--hostfile", args.hostfile])
+    for name, value in sorted(environment(args).items()):
+        cmd += ["-genv", name, value] if kind == "mpich" else ["-x", f"{name}={value}"]
+    cmd += shlex.split(args.mpi_args)
+    return cmd + list(args.command)
+
+
+def main(argv=None):
+    args = parser().parse_args(argv)
+    mpiexec = args.mpiexec or find_mpiexec()
+    args.mpiexec = mpiexec
+    cmd = command(args, flavour(mpiexec))
+    if args.verbose or args.dry_run:
+        print(" ".join(shlex.quote(c) for c in cmd), flush=True)
+    if args.dry_run:
+        return 0
+    env = dict(os.environ, **environment(args))
+    return subprocess.call(cmd, env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""gradsync.jax: collectives and gradient kernels that take and return JAX
+arrays, for training loops that call them outside ``jax.jit``.
+
+JAX arrays are immutable, so every call here is out of place: it reads its
+inputs where they are (DLPack, no copy), writes the results into memory
+gradsync allocates (64-byte aligned host memory, or the inputs' CUDA device)
+and hands that memory to JAX through DLPack without a copy. Each call takes
+a pytree of arrays (one array, a list, a dict of parameters...) and returns
+the same structure; a pytree is one fused call::
+
+    import gradsync as gs
+    import gradsync.jax as gsj
+
+    comm = gs.Communicator()
+    params = gsj.broadcast(params, comm, root=0)
+    for batch in shard:
+        grads = grad_fn(params, batch)                  # jitted, per rank
+        grads = gsj.allreduce(grads, comm, op="average")
+        params = update(params, grads)                  # jitted
+
+Inside ``jax.jit`` there are no buffers to hand over (the arguments are
+tracers), and these calls refuse them; use JAX's own collectives there
+(``jax.lax.psum`` under ``shard_map``), or call gradsync between jitted
+functions as above. ``comm`` defaults to one gs.Communicator over
+COMM_WORLD shared with gradsync.torch. Every collective is collective:
+every rank calls it, with the same pytree structure, in the same order.
+
+``import gradsync`` never imports jax; this module does.
+"""
+import jax
+
+import gradsync as gs
+from gradsync.communicator import default_communicator
+
+__all__ = ["adasum", "accumulate", "all_finite", "allgather", "allreduce", "broadcast",
+           "reduce_scatter", "scale"]
+
+_DLPACK_CUDA = 2
+
+
+# ---------------------------------------------------------------- plumbing
+
+def _leaves(tree, what):
+    """(leaves, treedef, paths) of a pytree of JAX arrays; tracers refused."""
+    pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    leaves, paths = [], []
+    for i, (path, leaf) in enumerate(pairs):
+        where = f"{what}{jax.tree_util.keystr(path)}"
+        if isinstance(leaf, jax.core.Tracer):
+            raise TypeError(
+                f"{where} is a JAX tracer: gradsync.jax runs outside jax.jit, on concrete "
+                "arrays. Inside jit use JAX's collectives (jax.lax.psum under shard_map), or "
+                "return the values from the jitted function and call gradsync on them")
+        if not isinstance(leaf, jax.Array):
+            raise TypeError(f"{where} must be a jax.Array, got {type(leaf).__name__}")
+        leaves.append(leaf)
+        paths.append(where)
+    return leaves, treedef, paths
+
+
+def _named(paths, call, *args, label="tensors"):
+    """call(*args), with the pytree path of each leaf the error names
+    ('tensors[3]' is "x['w']")."""
+    try:
+        return call(*args)
+    except Exception as exc:
+        text = str(exc)
+        hits = [f"{label}[{i}] is {p}" for i, p in enumerate(paths) if f"{label}[{i}]" in text]
+        if hits:
+            exc.add_note("(" + "; ".join(hits) + ")")
+        raise
+
+
+def _to_jax(out):
+    """A JAX array viewing gradsync's result (never a copy: the memory is
+    64-byte aligned host memory or CUDA memory)."""
+    return jax.dlpack.from_dlpack(out, copy=False)
+
+
+def _answer(treedef, outs):
+    return jax.tree_util.tree_unflatten(treedef, [_to_jax(o) for o in outs])
+
+
+def _copies(leaves, paths):
+    """gradsync-owned copies of the leaves, each on its leaf's device."""
+    outs = []
+    for leaf, where in zip(leaves, paths):
+        kind, ordinal = leaf.__dlpack_device__()
+        device = (int(kind), int(ordinal)) if int(kind) == _DLPACK_CUDA else "cpu"
+        try:
+            outs.append(gs.DeviceArray.from_numpy(leaf, device=device))
+        except Exception as exc:
+            exc.add_note(f"(arr is {where})")
+            raise
+    return outs
+
+
+# ------------------------------------------------------------- collectives
+
+def allreduce(x, comm=None, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
+    """The reduction over ranks of every array of the pytree ``x``, as new
+    JAX arrays in the same structure (one fused call). ``op``: "sum",
+    "average", "min", "max", "prod" or "adasum"; prescale and postscale as
+    in ``Communicator.allreduce``."""
+    comm = default_communicator(comm)
+    leaves, treedef, paths = _leaves(x, "x")
+    h = comm.handle
+    outs = _named(paths, h.new_like, leaves, False, "tensors", True, True)
+    _named(paths, h.allreduce, leaves, outs, op, float(prescale), float(postscale), adasum)
+    return _answer(treedef, outs)
+
+
+def adasum(x, comm=None, *, prescale=1.0, postscale=1.0, hierarchical=False):
+    """Adasum over ranks of every array of ``x`` (per array, DESIGN section
+    4): ``allreduce(x, comm, op="adasum")``; ``hierarchical`` averages inside
+    each node first (GPUs)."""
+    return allreduce(x, comm, "adasum", prescale=prescale, postscale=postscale,
+                     adasum="hierarchical" if hierarchical else "flat")
+
+
+def broadcast(x, comm=None, root=0):
+    """``root``'s arrays on every rank, as new JAX arrays (``x`` gives each
+    rank's shapes and dtypes, which must match root's)."""
+    comm = default_communicator(comm)
+    leaves, treedef, paths = _leaves(x, "x")
+    h = comm.handle
+    outs = _named(paths, h.new_like, leaves, True, "tensors", True, True)
+    _named(paths, h.broadcast, outs, int(root), "tensors", True)
+    return _answer(treedef, outs)
+
+
+def allgather(x, comm=None):
+    """Each array of ``x`` concatenated over ranks along dim 0 (dim 0 may
+    differ by rank)."""
+    comm = default_communicator(comm)
+    leaves, treedef, paths = _leaves(x, "x")
+    outs = _named(paths, comm.handle.allgather, leaves, "tensors", True, True)
+    return _answer(treedef, outs)
+
+
+def reduce_scatter(x, comm=None, op="sum", *, prescale=1.0, postscale=1.0):
+    """Rank r's block of dim 0 of each array's reduction: ``n // size +
+    (r < n % size)`` rows."""
+    comm = default_communicator(comm)
+    leaves, treedef, paths = _leaves(x, "x")
+    outs = _named(paths, comm.handle.reduce_scatter, leaves, op, float(prescale),
+                  float(postscale), "tensors", True, True)
+    return _answer(treedef, outs)
+
+
+# ------------------------------------------------------------------ kernels
+
+def accumulate(acc, grad):
+    """``acc + grad`` as new arrays in acc's dtypes, pairwise over two pytrees
+    of one structure: added in float32 (float64 if either side is) and
+    rounded once, as ``gs.accumulate_`` (a float16/bfloat16 accumulator gains
+    what a cast-then-add would round away)."""
+    acc_leaves, treedef, paths = _leaves(acc, "acc")
+    grad_leaves, grad_def, grad_paths = _leaves(grad, "grad")
+    if grad_def != treedef:
+        raise ValueError(f"acc and grad must have one pytree structure: {treedef} vs "
+                         f"{grad_def}")
+    outs = _copies(acc_leaves, paths)
+    _named(grad_paths, gs.accumulate_, outs, grad_leaves, label="grad")
+    return _answer(treedef, outs)
+
+
+def scale(x, factor):
+    """``x * factor`` as new arrays: float32 arithmetic (float64 for float64
+    arrays), rounded once, as ``gs.scale_``."""
+    leaves, treedef, paths = _leaves(x, "x")
+    outs = _copies(leaves, paths)
+    _named(paths, gs.scale_, outs, float(factor))
+    return _answer(treedef, outs)
+
+
+def all_finite(x):
+    """True when no element of any array of ``x`` is NaN or infinite (one
+    fused pass, no copy)."""
+    leaves, _, paths = _leaves(x, "x")
+    return _named(paths, gs.all_finite, leaves)
+

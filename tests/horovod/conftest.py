@@ -1,0 +1,27 @@
+"""pytest fixtures for the gradsync.horovod suite (skipped without torch).
+
+Run with:
+    PYTHONPATH=pyx mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/horovod
+
+The tests transcribe the numerical assertions of Horovod's own PyTorch tests
+(horovod/horovod test/parallel/test_torch.py and test_adasum_pytorch.py) on
+the CPU, with the collective helpers of tests/python/gsutil.py so that a
+failure on one rank fails every rank. hvd.init() is called once per session.
+"""
+import os
+import sys
+
+import gradsync as gs  # noqa: F401  (first: it initializes MPI at the level it needs)
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+
+from gsfixtures import make_watchdog  # noqa: E402
+
+_watchdog = make_watchdog(180)
+
+try:
+    import torch
+except ImportError:  # the test modules skip themselves
+    torch = None
+else:
+    torch.set_num_threads(1)
