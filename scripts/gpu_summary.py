@@ -114,6 +114,8 @@ def print_train(d, out=sys.stdout):
 C_LINE = re.compile(r"^(test_\w+) \((\d+) ranks\): (\d+) passed, (\d+) failed", re.M)
 C_SKIP = re.compile(r"^(test_\w+): .*skipped", re.M)
 PYTEST_LINE = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s", re.M)
+RAN = re.compile(r"\b[1-9]\d* passed")
+RUNS_TESTS = ("c_np1", "c_np2", "pytest_np1", "pytest_np2")
 SANITIZER = re.compile(r"(ERROR SUMMARY: \d+ errors?|RACECHECK SUMMARY: .*)")
 
 
@@ -154,9 +156,13 @@ def summary(state, out=sys.stdout):
         print(f"device: {gpu.group(1) if gpu else '?'}   driver: {gpu.group(2) if gpu else '?'}"
               f"   torch's NCCL: {nccl.group(1) if nccl else '?'}", file=out)
     print(f"{'step':<12} {'status':<8} {'secs':>5}  counts", file=out)
+    empty = []
     for name, (status, secs, rc) in steps.items():
         log = os.path.join(state, "logs", name + ".log")
         text = open(log, errors="replace").read() if os.path.exists(log) else ""
+        if status == "pass" and name in RUNS_TESTS and (not RAN.search(text) or C_SKIP.search(text)):
+            status = "EMPTY"  # exit 0 but nothing ran: everything skipped
+            empty.append(name)
         print(f"{name:<12} {status:<8} {secs:>5}  {counts(text)}", file=out)
     for path in sorted(glob.glob(os.path.join(state, "bench_np*.json"))):
         try:
@@ -165,6 +171,7 @@ def summary(state, out=sys.stdout):
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"{os.path.basename(path)}: unreadable ({exc})", file=out)
     bad = [n for n, (s, _, _) in steps.items() if s != "pass"]
+    bad += [n for n in empty if n not in bad]
     print(f"\nsteps not passed: {' '.join(bad) if bad else 'none'}", file=out)
 
 
