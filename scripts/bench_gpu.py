@@ -91,8 +91,10 @@ class Clock:
         return statistics.median(self.samples(fn))
 
 
-def bf16_like(shape, gen, dev):
-    return torch.randn(shape, generator=gen).to(torch.bfloat16).to(dev)
+def randn(shape, gen, dev, dtype=torch.float32):
+    """Normal random values made on the device itself (256M on the host
+    would take seconds of the lease)."""
+    return torch.randn(shape, generator=gen, device=dev).to(dtype)
 
 
 def first_difference(got, want):
@@ -111,10 +113,9 @@ def first_difference(got, want):
 
 def bench_accumulate(dev, n, clock):
     """accumulate_ float32 += bfloat16 over n elements."""
-    gen = torch.Generator().manual_seed(1)
-    acc = torch.randn(n, generator=gen).to(dev)
-    grad = bf16_like(n, gen, dev)
-    src, dst = torch.randn(n, generator=gen).to(dev), torch.empty(n, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(1)
+    acc, grad = randn(n, gen, dev), randn(n, gen, dev, torch.bfloat16)
+    src, dst = randn(n, gen, dev), torch.empty(n, device=dev)
     k = min(n, 1 << 20)  # bitwise check on a slice: torch adds in float32 too
     want = acc[:k] + grad[:k].float()
     got = acc[:k].clone()
@@ -136,11 +137,11 @@ def bench_accumulate(dev, n, clock):
 
 def bench_bert(dev, shapes, clock):
     """accumulate_ over a gradient list in one call against torch loops."""
-    gen = torch.Generator().manual_seed(2)
+    gen = torch.Generator(device=dev).manual_seed(2)
     out = {"tensors": len(shapes), "elements": int(sum(np.prod(s) for s in shapes))}
     for label, gdt in (("f32+=f32", torch.float32), ("f32+=bf16", torch.bfloat16)):
-        accs = [torch.randn(s, generator=gen).to(dev) for s in shapes]
-        grads = [torch.randn(s, generator=gen).to(gdt).to(dev) for s in shapes]
+        accs = [randn(s, gen, dev) for s in shapes]
+        grads = [randn(s, gen, dev, gdt) for s in shapes]
         want = [a + g.float() for a, g in zip(accs, grads)]
         got = [a.clone() for a in accs]
         gs.accumulate_(got, grads)
@@ -167,8 +168,8 @@ def bench_allreduce(comm, dev, shapes, clock, dist, group):
     """gradsync's fused allreduce of a gradient list against torch.distributed
     on the same tensors (NCCL on CUDA, gloo on the CPU)."""
     from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
-    gen = torch.Generator().manual_seed(3 + comm.rank)
-    grads = [torch.randn(s, generator=gen).to(dev) for s in shapes]
+    gen = torch.Generator(device=dev).manual_seed(3 + comm.rank)
+    grads = [randn(s, gen, dev) for s in shapes]
     flat = torch.cat([g.reshape(-1) for g in grads])
     # check first: sum over ranks of integers in float32 is exact on any path
     ints = [torch.full(s, float(comm.rank + 1), device=dev) for s in shapes[:8]]

@@ -81,13 +81,17 @@ setup() {
   else
     note "setup: no .whl/ carried (scripts/gpu_prepare.sh makes it): using what is installed"
   fi
-  local pkgs
-  pkgs=$("$PY" -c 'import sys, sysconfig; print(sysconfig.get_path("purelib", "posix_prefix",
-    vars={"base": sys.argv[1], "platbase": sys.argv[1]}))' "$SITE")
-  export PYTHONPATH=$pkgs:$ROOT/pyx${PYTHONPATH:+:$PYTHONPATH}
-  export PATH=$SITE/bin:$PATH
-  export LD_LIBRARY_PATH=$SITE/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  [ -x "$SITE/bin/mpicc" ] && export MPICC=$SITE/bin/mpicc
+  # where pip put them depends on the Python's install scheme: look
+  local pkgs bin lib
+  pkgs=$(find "$SITE" -maxdepth 6 -type d \( -name site-packages -o -name dist-packages \) \
+    2>/dev/null | head -1)
+  bin=$(dirname "$(find "$SITE" -maxdepth 4 -path '*/bin/mpicc' 2>/dev/null | head -1)")
+  lib=$(dirname "$(find "$SITE" -maxdepth 4 -name 'libmpi.so.12' 2>/dev/null | head -1)")
+  [ -n "$pkgs" ] && export PYTHONPATH=$pkgs${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=$ROOT/pyx${PYTHONPATH:+:$PYTHONPATH}
+  [ "$bin" != . ] && export PATH=$bin:$PATH MPICC=$bin/mpicc
+  [ "$lib" != . ] && export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export HYDRA_LAUNCHER=fork  # one machine: no ssh
   MPIEXEC=$(command -v mpiexec || true)
   export MPIEXEC
   # NVIDIA's tools live beside nvcc when not on PATH

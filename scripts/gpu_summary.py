@@ -22,7 +22,9 @@ def figure_rows(r):
     rows = []
     a = r.get("accumulate") or {}
     if "fraction_of_copy" in a:
-        rows += [("(a) accumulate_ f32+=bf16 256M, fraction of D2D copy bandwidth",
+        n = a.get("elements", 0)
+        size = f"{n / 2**20:.0f}M" if n >= 2**20 else str(n)
+        rows += [(f"(a) accumulate_ f32+=bf16 {size}, fraction of D2D copy bandwidth",
                   a["fraction_of_copy"], ">= 0.85", a["check"]),
                  ("(a) accumulate_ speed-up vs torch acc.add_(grad.float())",
                   a["speedup_vs_torch_add_cast"], "> 1", a["check"]),
