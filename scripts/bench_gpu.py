@@ -148,13 +148,13 @@ def bench_bert(dev, shapes, clock):
         bad = [(i, d) for i, d in enumerate(first_difference(x, y) for x, y in zip(got, want))
                if d]
 
-        def loop():
+        def loop(accs=accs, grads=grads):
             for a, g in zip(accs, grads):
                 a.add_(g)
 
         t_loop = clock.median(loop)
-        t_gs = clock.median(lambda: gs.accumulate_(accs, grads))
-        t_foreach = clock.median(lambda: torch._foreach_add_(accs, grads))
+        t_gs = clock.median(lambda a=accs, g=grads: gs.accumulate_(a, g))
+        t_foreach = clock.median(lambda a=accs, g=grads: torch._foreach_add_(a, g))
         out[label] = {"torch_loop_s": t_loop, "gradsync_s": t_gs,
                       "torch_foreach_s": t_foreach, "speedup_vs_loop": t_loop / t_gs,
                       "speedup_vs_foreach": t_foreach / t_gs,

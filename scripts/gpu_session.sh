@@ -19,7 +19,8 @@
 # bench.json, logs.tar.gz (each step's log, info files, traces) at the end.
 #
 # Without $OUT (trying it out elsewhere), the same files go to
-# build/gpu-session/out.
+# build/gpu-session/out. GS_SANITIZER_SECONDS (240) bounds each sanitizer
+# step, GPU_NP (2) is the shared-GPU rank count.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
@@ -197,7 +198,7 @@ $MPIEXEC -n $NP2 tests/c/bin/test_device_streams" ;;
         local only=""
         [ "$1" = racecheck ] && "$SANITIZER" --help 2>/dev/null | grep -q kernel-name-exclude &&
           only="--kernel-name-exclude kns=nccl"
-        step "$1" 240 60 "GRADSYNC_NCCL=0 $MPIEXEC -n 1 $SANITIZER --tool $1 $only \
+        step "$1" "${GS_SANITIZER_SECONDS:-240}" 60 "GRADSYNC_NCCL=0 $MPIEXEC -n 1 $SANITIZER --tool $1 $only \
 --error-exitcode 3 --print-limit 50 tests/c/bin/test_device_paths"
       fi ;;
     *) note "unknown step $1"; return 1 ;;
@@ -213,7 +214,8 @@ expand() {
     case $w in
       tests) echo $TESTS ;; bench) echo $BENCH ;; sanitizer) echo $SANI ;;
       all) echo $TESTS $BENCH $SANI ;;
-      retry) awk -F'\t' '{s[$1]=$2} END {for (k in s) if (s[k] != "pass") print k}' \
+      retry) awk -F'\t' '!($1 in s) {o[++n] = $1} {s[$1] = $2}
+               END {for (i = 1; i <= n; i++) if (s[o[i]] != "pass") print o[i]}' \
                "$STATE/steps.tsv" | grep -vx build ;;
       *) echo "$w" ;;
     esac

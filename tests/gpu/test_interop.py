@@ -101,7 +101,8 @@ def test_request_wait_makes_the_current_stream_wait(comm, tdev):
     torch, dev = tdev
     s = torch.cuda.Stream(device=dev)
     x = torch.zeros(N, device=dev)
-    comm.allreduce_(x)  # the device path is up
+    comm.allreduce_(x)  # the device path is up, and the asynchronous one
+    comm.allreduce_async_(x).synchronize()
     torch.cuda.synchronize(dev)
     with collectively():
         spin_torch(torch, s)
@@ -148,6 +149,7 @@ def test_pending_device_array_goes_to_torch_on_its_stream(comm, tdev):
     s = torch.cuda.Stream(device=dev)
     a = gs.to_device(np.full(N, float(comm.rank + 1), np.float32), dev.index)
     comm.allreduce_(a)
+    comm.allreduce_async_(a).synchronize()
     a.copy_from(np.full(N, float(comm.rank + 1), np.float32))
     torch.cuda.synchronize(dev)
     with collectively():

@@ -11,6 +11,7 @@ the device machine, where a mistake costs lease minutes):
 - the session scripts parse (bash -n).
 """
 import io
+import math
 import json
 import os
 import shutil
@@ -26,7 +27,8 @@ sys.path.insert(0, SCRIPTS)
 import gpu_summary  # noqa: E402
 
 C_LOG = "== something\ntest_device_paths (2 ranks): 24068 passed, 0 failed\n"
-C_SKIPPED = "test_device_paths: no CUDA device, skipped\ntest_device_paths (1 ranks): 1 passed, 0 failed\n"
+C_SKIPPED = ("test_device_paths: no CUDA device, skipped\n"
+             "test_device_paths (1 ranks): 1 passed, 0 failed\n")
 PYTEST_2 = ("....s..\n370 passed, 12 skipped, 3 warnings in 81.20s (0:01:21)\n"
             "....s..\n370 passed, 12 skipped, 3 warnings in 81.31s (0:01:21)\n")
 PYTEST_SPLIT = "1 failed, 369 passed, 12 skipped in 80.00s\n370 passed, 12 skipped in 80.10s\n"
@@ -117,7 +119,7 @@ def test_training_figures_and_trace_table():
     rows = {what: (v, goal) for what, v, goal, _ in gpu_summary.figure_rows({"train": train})}
     assert rows["(d) ResNet-50 step: gradsync / DDP-gloo"] == (0.8, "< 1")
     hidden = rows["(d) share of comm hidden (compute+comm-step)/comm, DDP-gloo"][0]
-    assert hidden != hidden  # NaN when unknown
+    assert math.isnan(hidden)  # unknown
     out = io.StringIO()
     gpu_summary.print_train(train, out)
     line = next(x for x in out.getvalue().splitlines() if x.strip().startswith("gradsync ")
@@ -154,7 +156,7 @@ def compile_in(repo, tmp_path, extra=()):
                GS_REAL_NVCC=str(tmp_path / "nvcc"), COUNT=str(tmp_path / "count"))
     cmd = ["bash", str(repo / "scripts" / "nvcc_cache.sh"), "-O3", f"-I{repo}/include",
            *extra, "-c", str(repo / "src" / "k.cu"), "-o", str(repo / "k.o")]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
     assert p.returncode == 0, p.stderr
     assert (repo / "k.o").read_text() == "object\n"
     count = tmp_path / "count"
@@ -181,5 +183,5 @@ def test_nvcc_cache_reuses_objects_only_for_the_same_sources(tmp_path):
 def test_session_scripts_parse():
     for name in ("gpu_session.sh", "gpu_prepare.sh", "nvcc_cache.sh"):
         p = subprocess.run(["bash", "-n", os.path.join(SCRIPTS, name)],
-                           capture_output=True, text=True)
+                           capture_output=True, text=True, check=False)
         assert p.returncode == 0, (name, p.stderr)

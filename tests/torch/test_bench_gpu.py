@@ -36,7 +36,8 @@ one_rank = pytest.mark.skipif(WORLD.size != 1, reason="runs at 1 rank (it starts
 
 def test_resnet50_is_the_published_model():
     with collectively():
-        want = json.load(open(load_shapes("resnet50")[1]))["resnet50"]["shapes"]
+        with open(load_shapes("resnet50")[1]) as f:
+            want = json.load(f)["resnet50"]["shapes"]
         with torch.device("meta"):
             model = bt.ResNet50()
         got = [(n, list(p.shape)) for n, p in model.named_parameters()]
@@ -103,7 +104,7 @@ def run_dry(tmp_path, nranks):
         cmd = [mpiexec, "-n", str(nranks)] + cmd
     env = child_env()
     env["OMP_NUM_THREADS"] = "1"
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert p.returncode == 0, (p.stdout[-3000:], p.stderr[-3000:])
     return json.loads(out.read_text()), p.stdout
 
