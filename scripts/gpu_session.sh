@@ -19,7 +19,8 @@
 # bench.json, logs.tar.gz (each step's log, info files, traces) at the end.
 #
 # Without $OUT (trying it out elsewhere), the same files go to
-# build/gpu-session/out. GS_SANITIZER_SECONDS (240) bounds each sanitizer
+# build/gpu-session/out; the steps' records stay in build/gpu-session (remove
+# it to start over). GS_SANITIZER_SECONDS (240) bounds each sanitizer
 # step, GPU_NP (2) is the shared-GPU rank count.
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -183,8 +184,8 @@ i = g.build_info(); print(\"cuda_devices\", i[\"cuda_devices\"], \"nccl\", i[\"n
     c_np2) step c_np2 200 20 "$MPIEXEC -n $NP2 tests/c/bin/test_device_paths" ;;
     c_streams) step c_streams 90 10 "$MPIEXEC -n 1 tests/c/bin/test_device_streams && \
 $MPIEXEC -n $NP2 tests/c/bin/test_device_streams" ;;
-    pytest_np1) step pytest_np1 330 60 "$MPIEXEC -n 1 $PYTEST tests/gpu" ;;
-    pytest_np2) step pytest_np2 330 60 "$MPIEXEC -n $NP2 $PYTEST tests/gpu" ;;
+    pytest_np1) step pytest_np1 330 60 "$MPIEXEC -n 1 $PYTEST tests/gpu tests/python/test_dlpack.py" ;;
+    pytest_np2) step pytest_np2 330 60 "$MPIEXEC -n $NP2 $PYTEST tests/gpu tests/python/test_dlpack.py" ;;
     bench_np1) step bench_np1 240 60 "$MPIEXEC -n 1 $PY scripts/bench_gpu.py \
 --only accumulate,bert,allreduce --max-seconds 20 --json $STATE/bench_np1.json" ;;
     bench_np2) step bench_np2 300 90 "$MPIEXEC -n $NP2 $PY scripts/bench_gpu.py --only train \
