@@ -7,6 +7,7 @@
 #define GRADSYNC_COMM_H
 
 #include <mpi.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "gs_export.h"

@@ -1,4 +1,4 @@
-/* Adasum by vector-halving distance-doubling (DESIGN section 4).
+/* Adasum by vector-halving distance-doubling (docs/GUIDE.md, Adasum).
  *
  * Ranks 0..Q-1 (Q the largest power of two <= P) run the tree; ranks Q..P-1
  * first hand their gradients to rank i - Q, which folds them in, and get the
@@ -12,48 +12,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_cuda.h"
-#include "gs_internal.h"
+#include "gs_algorithms.h"
 
-#define ADASUM_TAG 0x6164
 #define SQRT_DBL_MIN 1.4916681462400413e-154 /* sqrt(DBL_MIN) */
-#define CHUNK ((int64_t)1 << 30)
-
-/* Sends scount elements and receives rcount from `peer`, in chunks MPI's
- * int counts can carry; either side may be empty. */
-static gs_status_t host_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
-                                 int64_t rcount, gs_dtype_t dtype, int peer) {
-  MPI_Datatype dt;
-  GS_CHECK(gs_mpi_datatype(dtype, &dt));
-  size_t es = gs_dtype_size(dtype);
-  for (int64_t off = 0; off < scount || off < rcount; off += CHUNK) {
-    int sn = (int)(scount - off < CHUNK ? (scount > off ? scount - off : 0) : CHUNK);
-    int rn = (int)(rcount - off < CHUNK ? (rcount > off ? rcount - off : 0) : CHUNK);
-    MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    if (rn) GS_MPI_CHECK(MPI_Irecv((char *)rbuf + (size_t)off * es, rn, dt, peer, ADASUM_TAG,
-                                   c->mpi, &req[0]), "adasum: MPI_Irecv");
-    if (sn) GS_MPI_CHECK(MPI_Isend((const char *)sbuf + (size_t)off * es, sn, dt, peer,
-                                   ADASUM_TAG, c->mpi, &req[1]), "adasum: MPI_Isend");
-    for (int k = 0; k < 2; k++)
-      if (req[k] != MPI_REQUEST_NULL) GS_CHECK(gs_mpi_wait(&req[k], "adasum exchange", NULL, NULL));
-  }
-  return GS_SUCCESS;
-}
-
-/* The exchange in the engine's memory: NCCL send/recv on the device, or
- * MPI through pinned host memory. */
-static gs_status_t exchange(const gs_engine_t *e, const void *sbuf, int64_t scount, void *rbuf,
-                            int64_t rcount, gs_dtype_t dtype, int peer) {
-  gs_comm_t c = e->comm;
-  if (!gs_engine_on_device(e)) return host_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer);
-  if (c->dev_path == GS_PATH_NCCL)
-    return gs_nccl_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer);
-  if (c->dev_path == GS_PATH_CUDA_AWARE) { /* MPI reads and writes device memory */
-    GS_CHECK(gs_cu_stream_wait(c->dev_stream, "adasum: before CUDA-aware MPI"));
-    return host_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer);
-  }
-  return gs_staged_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer, host_exchange);
-}
 
 /* Level k's communicator groups blocks of 2^(k+1) ranks among 0..Q-1. Made
  * once per communicator (collectively, inside the first Adasum call). */
@@ -83,11 +44,8 @@ void gs_adasum_free(gs_comm_t c) {
   for (int k = 0; k < c->adasum_nlevels && init && !fin; k++)
     if (c->adasum_levels[k] != MPI_COMM_NULL) MPI_Comm_free(&c->adasum_levels[k]);
   free(c->adasum_levels);
-  free(c->adasum_tmp);
   c->adasum_levels = NULL;
   c->adasum_nlevels = 0;
-  c->adasum_tmp = NULL;
-  c->adasum_tmp_bytes = 0;
 }
 
 /* The slots' parts inside [lo, hi), as (start relative to lo, count) pairs
@@ -190,100 +148,116 @@ gs_status_t gs_adasum_group_size(gs_comm_t c, const char *fn, int *size) {
   return GS_SUCCESS;
 }
 
+/* One message's Adasum: what every step needs. */
+typedef struct adasum_run {
+  const gs_engine_t *e;
+  const gs_plan_t *plan;
+  const gs_message_t *m;
+  char *x, *tmp;        /* the message; received halves */
+  size_t es;
+  int sum_levels;       /* hierarchical: levels inside a group only sum */
+  double *d;            /* 3 dot products per slot */
+  int64_t *work;        /* 3 * nslots: slot parts */
+  int64_t (*ranges)[2]; /* the range each level started from */
+} adasum_run_t;
+
+/* The fold's messages: the whole message one way (rdouble.c). */
+static gs_status_t fold_swap(void *ctx, const void *send, void *recv, int peer) {
+  adasum_run_t *a = ctx;
+  int64_t n = a->m->count;
+  return a->e->transport->exchange(a->e->comm, send, send ? n : 0, recv, recv ? n : 0,
+                                   a->m->dtype, peer);
+}
+
+/* A folded rank's gradients into its partner's: h = adasum(lower, upper). */
+static gs_status_t fold_combine(void *ctx, const void *lower, const void *upper, void *out) {
+  adasum_run_t *a = ctx;
+  int64_t n = a->m->count;
+  GS_CHECK(partial_dots(a->e, a->plan, a->m, 0, n, lower, upper, a->d, a->work));
+  return combine(a->e, a->plan, a->m, 0, n, a->d, 1.0, lower, upper, out, a->work);
+}
+
+static const char *const level_names[] = {
+    "adasum level 0",  "adasum level 1",  "adasum level 2",  "adasum level 3",
+    "adasum level 4",  "adasum level 5",  "adasum level 6",  "adasum level 7",
+    "adasum level 8",  "adasum level 9",  "adasum level 10", "adasum level 11",
+    "adasum level 12", "adasum level 13", "adasum level 14", "adasum level 15+"};
+
+/* Level k of the halving: keep half of [*lo, *hi), combine it with the
+ * partner's copy of that half (the dot products summed over the block of
+ * 2^(k+1) ranks that holds the whole vector). */
+static gs_status_t halve(adasum_run_t *a, int k, int64_t *lo, int64_t *hi) {
+  gs_comm_t c = a->e->comm;
+  int me = c->rank, partner = me ^ (1 << k), lower = me < partner;
+  int64_t mid = *lo + (*hi - *lo) / 2;
+  int64_t klo = lower ? *lo : mid, khi = lower ? mid : *hi; /* kept */
+  int64_t glo = lower ? mid : *lo, ghi = lower ? *hi : mid; /* given */
+  a->ranges[k][0] = *lo;
+  a->ranges[k][1] = *hi;
+  GS_CHECK(a->e->transport->exchange(c, a->x + (size_t)glo * a->es, ghi - glo, a->tmp, khi - klo,
+                                     a->m->dtype, partner));
+  char *mine = a->x + (size_t)klo * a->es;
+  const char *left = lower ? mine : a->tmp, *right = lower ? a->tmp : mine;
+  *lo = klo;
+  *hi = khi;
+  if (k < a->sum_levels) { /* inside a group: a sum, the last level makes it the mean */
+    double plain = k == a->sum_levels - 1 ? 1.0 / (double)(1 << a->sum_levels) : 1.0;
+    return combine(a->e, a->plan, a->m, klo, khi, NULL, plain, left, right, mine, a->work);
+  }
+  GS_CHECK(partial_dots(a->e, a->plan, a->m, klo, khi, left, right, a->d, a->work));
+  MPI_Request req;
+  int mpi_e = MPI_Iallreduce(MPI_IN_PLACE, a->d, (int)(3 * a->m->nslots), MPI_DOUBLE, MPI_SUM,
+                             c->adasum_levels[k], &req);
+  GS_CHECK(mpi_e == MPI_SUCCESS ? gs_mpi_wait(&req, "adasum: level MPI_Iallreduce", NULL, NULL)
+                                : gs_mpi_fail(mpi_e, "adasum: level MPI_Iallreduce"));
+  return combine(a->e, a->plan, a->m, klo, khi, a->d, 1.0, left, right, mine, a->work);
+}
+
+/* The tree over ranks 0..q-1: halving levels, then the mirror allgather
+ * giving back what each level took. */
+static gs_status_t tree(void *ctx, int q) {
+  adasum_run_t *a = ctx;
+  int me = a->e->comm->rank, nlevels = 0;
+  while ((1 << nlevels) < q) nlevels++;
+  int64_t lo = 0, hi = a->m->count, row = 1 + (a->m - a->plan->msgs);
+  for (int k = 0; k < nlevels; k++) {
+    double t0 = GS_TL_START();
+    GS_CHECK(halve(a, k, &lo, &hi));
+    GS_TL_END(level_names[k < 15 ? k : 15], a->e->call, row, t0, (hi - lo) * (int64_t)a->es);
+  }
+  double tg = GS_TL_START();
+  for (int k = nlevels - 1; k >= 0; k--) {
+    int64_t plo = a->ranges[k][0], phi = a->ranges[k][1];
+    int64_t olo = lo == plo ? hi : plo, ohi = lo == plo ? phi : lo; /* partner's part */
+    GS_CHECK(a->e->transport->exchange(a->e->comm, a->x + (size_t)lo * a->es, hi - lo,
+                                       a->x + (size_t)olo * a->es, ohi - olo, a->m->dtype,
+                                       me ^ (1 << k)));
+    lo = plo;
+    hi = phi;
+  }
+  GS_TL_END("adasum allgather", a->e->call, row, tg, a->m->count * (int64_t)a->es);
+  return GS_SUCCESS;
+}
+
 gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
-                              const gs_message_t *m, void *xv, int sum_levels) {
+                              const gs_message_t *m, void *x, int sum_levels) {
   gs_comm_t c = e->comm;
-  int p = c->size, me = c->rank, q = 1, nlevels = 0;
-  if (p == 1 || m->count == 0) return GS_SUCCESS;
-  while (q * 2 <= p) { q *= 2; nlevels++; }
-  char *x = xv, *tmp = NULL;
-  size_t es = gs_dtype_size(m->dtype);
-  int64_t n = m->count;
+  if (c->size == 1 || m->count == 0) return GS_SUCCESS;
+  int q = gs_rd_core_size(c->size), nlevels = 0;
+  while ((1 << nlevels) < q) nlevels++;
+  adasum_run_t a = {e, plan, m, x, NULL, gs_dtype_size(m->dtype), sum_levels, NULL, NULL, NULL};
   GS_CHECK(level_comms(c, q, nlevels));
-  GS_CHECK(gs_scratch_reserve(e, (size_t)n * es, (void **)&tmp));
-  double *d = malloc(3 * (size_t)m->nslots * sizeof *d + 1);
-  int64_t *work = malloc(3 * (size_t)m->nslots * sizeof *work + 1);
-  int64_t (*ranges)[2] = malloc((size_t)(nlevels + 1) * sizeof *ranges);
-  if (!d || !ranges || !work) {
-    free(d);
-    free(work);
-    free(ranges);
-    return gs_fail(GS_ERR_NO_MEMORY, "adasum: out of memory");
-  }
-  c->stats.messages++;
-  c->stats.bytes += (uint64_t)n * es;
+  GS_CHECK(gs_scratch_reserve(e, (size_t)m->count * a.es, (void **)&a.tmp));
+  a.d = malloc(3 * (size_t)m->nslots * sizeof *a.d + 1);
+  a.work = malloc(3 * (size_t)m->nslots * sizeof *a.work + 1);
+  a.ranges = malloc((size_t)(nlevels + 1) * sizeof *a.ranges);
   gs_status_t s = GS_SUCCESS;
-
-  /* Fold ranks Q..P-1 into 0..P-Q-1: h_i = adasum(g_i, g_{Q+i}). */
-  if (me >= q) {
-    s = exchange(e, x, n, NULL, 0, m->dtype, me - q);
-  } else if (me < p - q) {
-    s = exchange(e, NULL, 0, tmp, n, m->dtype, me + q);
-    if (s == GS_SUCCESS) s = partial_dots(e, plan, m, 0, n, x, tmp, d, work);
-    if (s == GS_SUCCESS) s = combine(e, plan, m, 0, n, d, 1.0, x, tmp, x, work);
-  }
-
-  static const char *const level_names[] = {
-      "adasum level 0",  "adasum level 1",  "adasum level 2",  "adasum level 3",
-      "adasum level 4",  "adasum level 5",  "adasum level 6",  "adasum level 7",
-      "adasum level 8",  "adasum level 9",  "adasum level 10", "adasum level 11",
-      "adasum level 12", "adasum level 13", "adasum level 14", "adasum level 15+"};
-  int64_t row = 1 + (m - plan->msgs);
-  if (me < q) {
-    int64_t lo = 0, hi = n;
-    for (int k = 0; k < nlevels && s == GS_SUCCESS; k++) {
-      double t0 = GS_TL_START();
-      int partner = me ^ (1 << k), lower = me < partner;
-      int64_t mid = lo + (hi - lo) / 2;
-      int64_t klo = lower ? lo : mid, khi = lower ? mid : hi; /* kept */
-      int64_t glo = lower ? mid : lo, ghi = lower ? hi : mid; /* given */
-      ranges[k][0] = lo;
-      ranges[k][1] = hi;
-      s = exchange(e, x + (size_t)glo * es, ghi - glo, tmp, khi - klo, m->dtype, partner);
-      if (s != GS_SUCCESS) break;
-      char *mine = x + (size_t)klo * es;
-      const char *left = lower ? mine : tmp, *right = lower ? tmp : mine;
-      if (k < sum_levels) { /* inside a group: a sum, the last level makes it the mean */
-        double plain = k == sum_levels - 1 ? 1.0 / (double)(1 << sum_levels) : 1.0;
-        s = combine(e, plan, m, klo, khi, NULL, plain, left, right, mine, work);
-        lo = klo;
-        hi = khi;
-        continue;
-      }
-      s = partial_dots(e, plan, m, klo, khi, left, right, d, work);
-      if (s != GS_SUCCESS) break;
-      MPI_Request req;
-      int mpi_e = MPI_Iallreduce(MPI_IN_PLACE, d, (int)(3 * m->nslots), MPI_DOUBLE, MPI_SUM,
-                                 c->adasum_levels[k], &req);
-      s = mpi_e == MPI_SUCCESS ? gs_mpi_wait(&req, "adasum: level MPI_Iallreduce", NULL, NULL)
-                               : gs_mpi_fail(mpi_e, "adasum: level MPI_Iallreduce");
-      if (s != GS_SUCCESS) break;
-      s = combine(e, plan, m, klo, khi, d, 1.0, left, right, mine, work);
-      GS_TL_END(level_names[k < 15 ? k : 15], e->call, row, t0, (khi - klo) * (int64_t)es);
-      lo = klo;
-      hi = khi;
-    }
-    double tg = GS_TL_START();
-    /* Mirror allgather: give back what each level took. */
-    for (int k = nlevels - 1; k >= 0 && s == GS_SUCCESS; k--) {
-      int partner = me ^ (1 << k);
-      int64_t plo = ranges[k][0], phi = ranges[k][1];
-      int64_t olo = lo == plo ? hi : plo, ohi = lo == plo ? phi : lo; /* partner's part */
-      s = exchange(e, x + (size_t)lo * es, hi - lo, x + (size_t)olo * es, ohi - olo, m->dtype,
-                   partner);
-      lo = plo;
-      hi = phi;
-    }
-    GS_TL_END("adasum allgather", e->call, row, tg, n * (int64_t)es);
-  }
-
-  /* Hand the result back to the folded ranks. */
-  if (s == GS_SUCCESS) {
-    if (me < p - q) s = exchange(e, x, n, NULL, 0, m->dtype, me + q);
-    else if (me >= q) s = exchange(e, NULL, 0, x, n, m->dtype, me - q);
-  }
-  free(d);
-  free(work);
-  free(ranges);
+  if (!a.d || !a.ranges || !a.work) s = gs_fail(GS_ERR_NO_MEMORY, "adasum: out of memory");
+  gs_count_message(c, m->count, m->dtype);
+  gs_rd_t rd = {c->rank, c->size, fold_swap, fold_combine, tree, &a};
+  if (s == GS_SUCCESS) s = gs_rdouble(&rd, x, a.tmp);
+  free(a.d);
+  free(a.work);
+  free(a.ranges);
   return s;
 }

@@ -1,50 +1,53 @@
 /* Fused allgather with a variable dim 0 per rank, in two steps: the ranks
  * first exchange counts (so callers can allocate), then gather. */
 #include <stdlib.h>
-#include <string.h>
 
-#include "gs_internal.h"
+#include "gs_collective.h"
 
-static gs_status_t allgather_counts_impl(gs_comm_t c, const gs_tensor_t *in, int64_t n,
-                                const int64_t *row_elems, int64_t *counts_out) {
-  static const char fn[] = "gs_allgather_counts";
-  GS_CHECK(gs_comm_enter(c, fn));
-  gs_clear_error();
-  gs_status_t local = gs_check_tensors(fn, "in", in, n);
-  if (local == GS_SUCCESS && n > 0 && !counts_out)
-    local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: counts_out is NULL", fn);
-  for (int64_t i = 0; local == GS_SUCCESS && row_elems && i < n; i++)
-    if (row_elems[i] <= 0 || in[i].count % row_elems[i] != 0)
-      local = gs_fail(GS_ERR_INVALID_ARGUMENT,
-                      "%s: in[%lld] has %lld elements, not a whole number of rows of %lld",
-                      fn, (long long)i, (long long)in[i].count, (long long)row_elems[i]);
-  gs_call_t call = {GS_CALL_ALLGATHER_COUNTS, GS_OP_SUM, 0, n, in, row_elems,
-                    "row size (elements per row)", 1};
-  GS_CHECK(gs_begin_call(c, &call, local));
-  if (n == 0) return GS_SUCCESS;
+static gs_status_t counts_check(gs_comm_t c, gs_coll_t *d) {
+  const int64_t *row_elems = d->counts;
+  if (d->n > 0 && !d->extra)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: counts_out is NULL", d->fn);
+  for (int64_t i = 0; row_elems && i < d->n; i++)
+    if (row_elems[i] <= 0 || d->in[i].count % row_elems[i] != 0)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: in[%lld] has %lld elements, not a whole number of rows of %lld",
+                     d->fn, (long long)i, (long long)d->in[i].count, (long long)row_elems[i]);
+  d->call.extra = row_elems;
+  d->call.extra_name = "row size (elements per row)";
+  d->call.counts_vary = 1;
+  d->memory = NULL; /* moves counts only */
+  return GS_SUCCESS;
+}
+
+/* Every rank's element counts, rank-major, into counts_out. */
+static gs_status_t counts_run(const gs_engine_t *e, gs_coll_t *d) {
+  (void)e;
+  gs_comm_t c = d->comm;
+  int64_t n = d->n, *counts_out = d->extra;
+  if (n > 0x7fffffff) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: too many tensors", d->fn);
   int64_t *mine = malloc((size_t)n * sizeof *mine);
-  if (!mine) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
-  for (int64_t i = 0; i < n; i++) mine[i] = in[i].count;
-  gs_status_t s = GS_SUCCESS;
-  if (n > 0x7fffffff) s = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: too many tensors", fn);
-  else {
-    MPI_Request req;
-    int e = MPI_Iallgather(mine, (int)n, MPI_INT64_T, counts_out, (int)n, MPI_INT64_T, c->mpi,
+  if (!mine) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
+  for (int64_t i = 0; i < n; i++) mine[i] = d->in[i].count;
+  MPI_Request req;
+  int err = MPI_Iallgather(mine, (int)n, MPI_INT64_T, counts_out, (int)n, MPI_INT64_T, c->mpi,
                            &req);
-    s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "gs_allgather_counts: MPI_Iallgather", NULL, NULL)
-                         : gs_mpi_fail(e, "gs_allgather_counts: MPI_Iallgather");
-  }
+  gs_status_t s = err == MPI_SUCCESS
+                      ? gs_mpi_wait(&req, "gs_allgather_counts: MPI_Iallgather", NULL, NULL)
+                      : gs_mpi_fail(err, "gs_allgather_counts: MPI_Iallgather");
   free(mine);
   return s;
 }
 
 /* Gathers one message. Layout in `recv`: rank-major blocks; inside rank r's
  * block, that rank's pieces of the message's tensors in slot order. */
-static gs_status_t gather_message(const gs_engine_t *e, const gs_plan_t *plan,
-                                  const gs_message_t *m, const gs_tensor_t *in,
-                                  const gs_tensor_t *out, int64_t n, const int64_t *counts,
-                                  int64_t *bcounts, int64_t *displs) {
+static gs_status_t gather_blocks(const gs_engine_t *e, const gs_plan_t *plan,
+                                 const gs_message_t *m, const gs_coll_t *d, int64_t *bcounts,
+                                 int64_t *displs) {
   gs_comm_t c = e->comm;
+  const gs_tensor_t *in = d->in, *out = d->out;
+  const int64_t *counts = d->counts;
+  int64_t n = d->n;
   int p = c->size;
   size_t es = gs_dtype_size(m->dtype);
   for (int r = 0; r < p; r++) {
@@ -96,65 +99,57 @@ static gs_status_t gather_message(const gs_engine_t *e, const gs_plan_t *plan,
   return s;
 }
 
-static gs_status_t allgatherv_impl(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                          int64_t n, const int64_t *counts) {
-  static const char fn[] = "gs_allgatherv";
-  GS_CHECK(gs_comm_enter(c, fn));
-  gs_clear_error();
-  int p = c->size;
-  gs_status_t local = gs_check_tensors(fn, "in", in, n);
-  if (local == GS_SUCCESS) local = gs_check_tensors(fn, "out", out, n);
-  if (local == GS_SUCCESS && n > 0 && !counts)
-    local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: counts is NULL", fn);
-  for (int64_t i = 0; local == GS_SUCCESS && i < n; i++) {
-    int64_t sum = 0;
-    for (int r = 0; r < p; r++) sum += counts[(size_t)r * n + i];
-    if (out[i].dtype != in[i].dtype)
-      local = gs_fail(GS_ERR_TYPE, "%s: out[%lld] is %s but in[%lld] is %s", fn, (long long)i,
-                      gs_dtype_name(out[i].dtype), (long long)i, gs_dtype_name(in[i].dtype));
-    else if (counts[(size_t)c->rank * n + i] != in[i].count)
-      local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: counts says this rank has %lld elements "
-                      "of tensor %lld, in[%lld] has %lld", fn,
-                      (long long)counts[(size_t)c->rank * n + i], (long long)i, (long long)i,
-                      (long long)in[i].count);
-    else if (out[i].count != sum)
-      local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] has %lld elements, the gathered "
-                      "tensor has %lld", fn, (long long)i, (long long)out[i].count, (long long)sum);
-  }
-  if (local == GS_SUCCESS) local = gs_check_memory(c, fn, in, n, out, n);
-  /* a device copy of in into out races where a host memmove did not */
-  if (local == GS_SUCCESS && n > 0 && out[0].device.kind == GS_DEVICE_CUDA)
-    local = gs_check_disjoint(fn, in, out, n);
-  gs_call_t call = {GS_CALL_ALLGATHERV, GS_OP_SUM, 0, n, out, NULL, NULL, 0};
-  GS_CHECK(gs_begin_call(c, &call, local));
-  if (n == 0) return GS_SUCCESS;
 
-  gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, out, n, c));
+/* Per message, with room for its block counts and displacements. */
+static gs_status_t gather_message(const gs_engine_t *e, const gs_plan_t *plan,
+                                  const gs_message_t *m, gs_coll_t *d) {
+  int p = e->comm->size;
   int64_t *scratch = malloc(2 * (size_t)p * sizeof *scratch);
-  gs_status_t s = scratch ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
-  gs_engine_t e;
-  if (s == GS_SUCCESS) s = gs_engine_open(c, out, n, &e);
-  else e.device = -1;
-  e.call = "allgather";
-  for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
-    if (plan.msgs[k].count > 0)
-      s = gather_message(&e, &plan, &plan.msgs[k], in, out, n, counts, scratch, scratch + p);
+  if (!scratch) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
+  gs_status_t s = gather_blocks(e, plan, m, d, scratch, scratch + p);
   free(scratch);
-  gs_plan_free(&plan);
-  return gs_engine_close(&e, s);
-}
-
-gs_status_t gs_allgather_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n, const int64_t *row_elems, int64_t *counts_out) {
-  gs_enter_runtime();
-  gs_status_t s = allgather_counts_impl(c, in, n, row_elems, counts_out);
-  gs_leave_runtime();
   return s;
 }
 
-gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n, const int64_t *counts) {
-  gs_enter_runtime();
-  gs_status_t s = allgatherv_impl(c, in, out, n, counts);
-  gs_leave_runtime();
-  return s;
+static gs_status_t allgatherv_check(gs_comm_t c, gs_coll_t *d) {
+  const gs_tensor_t *in = d->in, *out = d->out;
+  const int64_t *counts = d->counts;
+  const char *fn = d->fn;
+  if (d->n > 0 && !counts) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: counts is NULL", fn);
+  for (int64_t i = 0; i < d->n; i++) {
+    int64_t sum = 0, n = d->n;
+    for (int r = 0; r < c->size; r++) sum += counts[(size_t)r * n + i];
+    if (out[i].dtype != in[i].dtype)
+      return gs_fail(GS_ERR_TYPE, "%s: out[%lld] is %s but in[%lld] is %s", fn, (long long)i,
+                     gs_dtype_name(out[i].dtype), (long long)i, gs_dtype_name(in[i].dtype));
+    if (counts[(size_t)c->rank * n + i] != in[i].count)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: counts says this rank has %lld elements "
+                     "of tensor %lld, in[%lld] has %lld", fn,
+                     (long long)counts[(size_t)c->rank * n + i], (long long)i, (long long)i,
+                     (long long)in[i].count);
+    if (out[i].count != sum)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] has %lld elements, the gathered "
+                     "tensor has %lld", fn, (long long)i, (long long)out[i].count, (long long)sum);
+  }
+  /* a device copy of in into out races where a host memmove did not */
+  if (d->n > 0 && out[0].device.kind == GS_DEVICE_CUDA) GS_CHECK(gs_check_disjoint(fn, in, out, d->n));
+  d->call.tensors = out;
+  d->plan_on = d->memory = out;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_allgather_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n,
+                                const int64_t *row_elems, int64_t *counts_out) {
+  gs_coll_t d = {.fn = "gs_allgather_counts", .name = "allgather", .kind = GS_CALL_ALLGATHER_COUNTS,
+                 .in = in, .n = n, .op = GS_OP_SUM, .counts = row_elems, .extra = counts_out,
+                 .check = counts_check, .run = counts_run};
+  return gs_collective(c, &d);
+}
+
+gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
+                          const int64_t *counts) {
+  gs_coll_t d = {.fn = "gs_allgatherv", .name = "allgather", .kind = GS_CALL_ALLGATHERV, .in = in,
+                 .out = out, .n = n, .op = GS_OP_SUM, .counts = counts,
+                 .check = allgatherv_check, .message = gather_message};
+  return gs_collective(c, &d);
 }

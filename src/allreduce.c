@@ -1,30 +1,5 @@
 /* Fused allreduce. */
-#include <stdlib.h>
-
-#include "gs_internal.h"
-
-/* Plans a list for a call: counts and dtypes straight from the tensors. */
-gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
-                            gs_comm_t comm) {
-  int64_t counts_small[GS_PLAN_INLINE];
-  gs_dtype_t dtypes_small[GS_PLAN_INLINE];
-  int small = n <= GS_PLAN_INLINE;
-  int64_t *counts = small ? counts_small : malloc((size_t)n * sizeof *counts);
-  gs_dtype_t *dtypes = small ? dtypes_small : malloc((size_t)n * sizeof *dtypes);
-  gs_status_t s = GS_SUCCESS;
-  if (!counts || !dtypes) s = gs_fail(GS_ERR_NO_MEMORY, "fusion plan: out of memory");
-  for (int64_t i = 0; s == GS_SUCCESS && i < n; i++) {
-    counts[i] = t[i].count;
-    dtypes[i] = t[i].dtype;
-  }
-  if (s == GS_SUCCESS)
-    s = gs_plan_build(plan, counts, dtypes, n, comm->fusion_threshold, comm->direct_bytes);
-  if (!small) {
-    free(counts);
-    free(dtypes);
-  }
-  return s;
-}
+#include "gs_collective.h"
 
 /* One message. Memory that is already laid out like the message is reduced
  * where it is; otherwise the message goes through the fusion buffer. */
@@ -110,10 +85,14 @@ static int rides_in_check(const gs_tensor_t *t, int64_t n, gs_op_t op, gs_comm_t
   return 1;
 }
 
-/* Validates and reduces in one collective; the call is known to ride. */
-static gs_status_t small_allreduce(gs_comm_t c, const gs_call_t *call, const gs_tensor_t *in,
-                                   const gs_tensor_t *out, gs_op_t op, double pre,
-                                   double postscale) {
+/* Validates and reduces in one collective when the call rides. */
+static gs_status_t small_allreduce(gs_comm_t c, gs_coll_t *d, int *taken) {
+  const gs_call_t *call = &d->call;
+  const gs_tensor_t *in = d->in, *out = d->out;
+  gs_op_t op = d->op;
+  double pre = d->pre, postscale = d->post;
+  if (!c->check || !rides_in_check(in, d->n, op, c)) return GS_SUCCESS;
+  *taken = 1;
   c->stats.calls++;
   if (gs_log_level() >= GS_LOG_DEBUG)
     gs_log(GS_LOG_DEBUG, "allreduce: %lld tensors, op %s, inside the validation message",
@@ -130,53 +109,39 @@ static gs_status_t small_allreduce(gs_comm_t c, const gs_call_t *call, const gs_
   gs_status_t s = gs_check_call(c, call, GS_SUCCESS, &payload);
   GS_TL_END("validate + reduce", "allreduce", 0, t0, m->count * (int64_t)gs_dtype_size(m->dtype));
   if (s == GS_SUCCESS) {
-    double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
-    gs_unpack(&host, &plan, m, staging, out ? out : in, post);
+    gs_unpack(&host, &plan, m, staging, out ? out : in, gs_postscale(c, op, postscale));
   }
   gs_plan_free(&plan);
   return s;
 }
 
-static gs_status_t allreduce_impl(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                         int64_t n, gs_op_t op, double prescale, double postscale) {
-  static const char fn[] = "gs_allreduce";
-  GS_CHECK(gs_comm_enter(c, fn));
-  gs_clear_error();
-  if (out == in) out = NULL;
-  gs_status_t local = gs_check_tensors(fn, "in", in, n);
-  if (local == GS_SUCCESS && out) local = gs_check_tensors(fn, "out", out, n);
-  if (local == GS_SUCCESS && out) local = gs_check_outputs(fn, in, out, n);
-  if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale, 1);
-  if (local == GS_SUCCESS) local = gs_check_memory(c, fn, in, n, out, out ? n : 0);
-  int group = 1, sum_levels = 0; /* hierarchical: levels inside a group only sum */
-  if (local == GS_SUCCESS && op == GS_OP_ADASUM_HIERARCHICAL)
-    local = gs_adasum_group_size(c, fn, &group);
-  while ((1 << sum_levels) < group) sum_levels++;
-  gs_call_t call = {GS_CALL_ALLREDUCE, op, 0, n, in, NULL, NULL, 0};
-  if (c->check && local == GS_SUCCESS && rides_in_check(in, n, op, c))
-    return small_allreduce(c, &call, in, out, op, prescale, postscale);
-  GS_CHECK(gs_begin_call(c, &call, local));
-  if (n == 0) return GS_SUCCESS;
-
-  gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, in, n, c));
-  gs_engine_t e;
-  gs_status_t s = gs_engine_open(c, in, n, &e);
-  e.call = gs_op_is_adasum(op) ? "allreduce adasum" : "allreduce";
-  double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
-  if (gs_op_is_adasum(op)) post = postscale; /* hierarchical: averaged inside the tree */
-  for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
-    if (plan.msgs[k].count > 0)
-      s = gs_op_is_adasum(op)
-              ? adasum_message(&e, &plan, &plan.msgs[k], in, out, prescale, post, sum_levels)
-              : reduce_message(&e, &plan, &plan.msgs[k], in, out, op, prescale, post);
-  gs_plan_free(&plan);
-  return gs_engine_close(&e, s);
+/* Per message: Adasum, or a reduction. */
+static gs_status_t allreduce_message(const gs_engine_t *e, const gs_plan_t *plan,
+                                     const gs_message_t *m, gs_coll_t *d) {
+  const int *sum_levels = d->extra;
+  if (gs_op_is_adasum(d->op))
+    return adasum_message(e, plan, m, d->in, d->out, d->pre, d->post, *sum_levels);
+  return reduce_message(e, plan, m, d->in, d->out, d->op, d->pre, d->post);
 }
 
-gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n, gs_op_t op, double prescale, double postscale) {
-  gs_enter_runtime();
-  gs_status_t s = allreduce_impl(c, in, out, n, op, prescale, postscale);
-  gs_leave_runtime();
-  return s;
+/* Outputs like the inputs; hierarchical Adasum's group. */
+static gs_status_t allreduce_check(gs_comm_t c, gs_coll_t *d) {
+  if (d->out) GS_CHECK(gs_check_outputs(d->fn, d->in, d->out, d->n));
+  if (d->op != GS_OP_ADASUM_HIERARCHICAL) return GS_SUCCESS;
+  int group = 1, *sum_levels = d->extra; /* levels inside a group only sum */
+  GS_CHECK(gs_adasum_group_size(c, d->fn, &group));
+  while ((1 << *sum_levels) < group) (*sum_levels)++;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
+                         gs_op_t op, double prescale, double postscale) {
+  int sum_levels = 0;
+  gs_coll_t d = {.fn = "gs_allreduce", .kind = GS_CALL_ALLREDUCE, .in = in,
+                 .out = out == in ? NULL : out, .n = n, .op = op, .pre = prescale,
+                 .post = postscale, .extra = &sum_levels, .check = allreduce_check,
+                 .op_checked = 1, .allow_adasum = 1, .shortcut = small_allreduce,
+                 .message = allreduce_message};
+  d.name = gs_op_is_adasum(op) ? "allreduce adasum" : "allreduce";
+  return gs_collective(c, &d);
 }

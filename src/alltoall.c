@@ -12,34 +12,34 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_internal.h"
+#include "gs_collective.h"
 
-static gs_status_t alltoall_counts_impl(gs_comm_t c, const gs_tensor_t *in, int64_t n,
-                                        const int64_t *row_elems, const int64_t *send,
-                                        int64_t *recv) {
-  static const char fn[] = "gs_alltoall_counts";
-  GS_CHECK(gs_comm_enter(c, fn));
-  gs_clear_error();
-  gs_status_t local = gs_check_tensors(fn, "in", in, n);
-  if (local == GS_SUCCESS && n > 0 && (!send || !recv))
-    local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                    send ? "recv_counts" : "send_counts");
-  if (local == GS_SUCCESS && n > 0x7fffffff)
-    local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: too many tensors (%lld)", fn, (long long)n);
-  for (int64_t k = 0; local == GS_SUCCESS && k < n * c->size; k++)
+static gs_status_t counts_check(gs_comm_t c, gs_coll_t *d) {
+  const int64_t *send = d->counts, *recv = d->counts2;
+  int64_t n = d->n;
+  if (n > 0 && (!send || !recv))
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s is NULL", d->fn,
+                   send ? "recv_counts" : "send_counts");
+  if (n > 0x7fffffff)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: too many tensors (%lld)", d->fn, (long long)n);
+  for (int64_t k = 0; k < n * c->size; k++)
     if (send[k] < 0)
-      local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: send_counts[%lld] (tensor %lld to rank "
-                      "%lld) is negative: %lld", fn, (long long)k, (long long)(k % n),
-                      (long long)(k / n), (long long)send[k]);
-  gs_call_t call = {GS_CALL_ALLTOALL_COUNTS, GS_OP_SUM, 0, n, in, row_elems,
-                    "row size (elements per row)", 1};
-  if (local != GS_SUCCESS) call = (gs_call_t){GS_CALL_ALLTOALL_COUNTS, GS_OP_SUM, 0, 0, NULL,
-                                              NULL, NULL, 1};
-  GS_CHECK(gs_begin_call(c, &call, local));
-  if (n == 0) return GS_SUCCESS;
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: send_counts[%lld] (tensor %lld to rank "
+                     "%lld) is negative: %lld", d->fn, (long long)k, (long long)(k % n),
+                     (long long)(k / n), (long long)send[k]);
+  d->call.extra = d->extra; /* the row sizes */
+  d->call.extra_name = "row size (elements per row)";
+  d->call.counts_vary = 1;
+  d->memory = NULL; /* moves counts only */
+  return GS_SUCCESS;
+}
+
+static gs_status_t counts_run(const gs_engine_t *e, gs_coll_t *d) {
+  (void)e;
   MPI_Request req;
-  int e = MPI_Ialltoall(send, (int)n, MPI_INT64_T, recv, (int)n, MPI_INT64_T, c->mpi, &req);
-  if (e != MPI_SUCCESS) return gs_mpi_fail(e, "gs_alltoall_counts: MPI_Ialltoall");
+  int err = MPI_Ialltoall(d->counts, (int)d->n, MPI_INT64_T, (void *)d->counts2, (int)d->n,
+                          MPI_INT64_T, d->comm->mpi, &req);
+  if (err != MPI_SUCCESS) return gs_mpi_fail(err, "gs_alltoall_counts: MPI_Ialltoall");
   return gs_mpi_wait(&req, "gs_alltoall_counts: MPI_Ialltoall", NULL, NULL);
 }
 
@@ -105,9 +105,11 @@ static gs_status_t explain_counts(gs_comm_t c, int64_t n, const int64_t *send,
 /* Meets the other ranks: the check with the counts' hash sum riding in it
  * (validation on), else only the agreement on the algorithm. *native: MPI's
  * own alltoallv carries every rank's counts. */
-static gs_status_t agree(gs_comm_t c, const gs_call_t *call, const gs_tensor_t *out,
-                         gs_status_t local, const int64_t *send, const int64_t *recv,
-                         int *native) {
+static gs_status_t agree(gs_comm_t c, gs_coll_t *d, gs_status_t local) {
+  const gs_call_t *call = &d->call;
+  const gs_tensor_t *out = d->out;
+  const int64_t *send = d->counts, *recv = d->counts2;
+  int *native = d->extra;
   int64_t n = call->n, limit = gs_env_mpi_max_count();
   int64_t sums[2] = {0, 0}; /* hash balance, ranks needing 64-bit counts */
   uint64_t balance = 0;      /* unsigned: wraps by definition */
@@ -135,66 +137,60 @@ static gs_status_t agree(gs_comm_t c, const gs_call_t *call, const gs_tensor_t *
   return GS_SUCCESS;
 }
 
-static gs_status_t alltoallv_impl(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                                  int64_t n, const int64_t *send, const int64_t *recv) {
-  static const char fn[] = "gs_alltoallv";
-  GS_CHECK(gs_comm_enter(c, fn));
-  gs_clear_error();
-  int p = c->size;
-  gs_status_t local = gs_check_tensors(fn, "in", in, n);
-  if (local == GS_SUCCESS) local = gs_check_tensors(fn, "out", out, n);
-  if (local == GS_SUCCESS && n > 0 && (!send || !recv))
-    local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
-                    send ? "recv_counts" : "send_counts");
-  for (int64_t i = 0; local == GS_SUCCESS && i < n; i++)
+static gs_status_t alltoallv_check(gs_comm_t c, gs_coll_t *d) {
+  const gs_tensor_t *in = d->in, *out = d->out;
+  const char *fn = d->fn;
+  int64_t n = d->n;
+  if (n > 0 && (!d->counts || !d->counts2))
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s is NULL", fn,
+                   d->counts ? "recv_counts" : "send_counts");
+  for (int64_t i = 0; i < n; i++)
     if (out[i].dtype != in[i].dtype)
-      local = gs_fail(GS_ERR_TYPE, "%s: out[%lld] is %s but in[%lld] is %s", fn, (long long)i,
-                      gs_dtype_name(out[i].dtype), (long long)i, gs_dtype_name(in[i].dtype));
-  if (local == GS_SUCCESS) local = check_counts(fn, in, send, n, p, "in", "send_counts");
-  if (local == GS_SUCCESS) local = check_counts(fn, out, recv, n, p, "out", "recv_counts");
-  if (local == GS_SUCCESS) local = gs_check_disjoint(fn, in, out, n);
-  if (local == GS_SUCCESS) local = gs_check_memory(c, fn, in, n, out, n);
-  /* element counts differ by rank by nature; the hash sum checks them */
-  gs_call_t call = {GS_CALL_ALLTOALLV, GS_OP_SUM, 0, n, in, NULL, NULL, 1};
-  if (local != GS_SUCCESS) call.n = 0, call.tensors = NULL; /* may be unreadable */
-  int native = 1;
-  GS_CHECK(agree(c, &call, out, local, send, recv, &native));
-  if (n == 0) return GS_SUCCESS;
+      return gs_fail(GS_ERR_TYPE, "%s: out[%lld] is %s but in[%lld] is %s", fn, (long long)i,
+                     gs_dtype_name(out[i].dtype), (long long)i, gs_dtype_name(in[i].dtype));
+  GS_CHECK(check_counts(fn, in, d->counts, n, c->size, "in", "send_counts"));
+  GS_CHECK(check_counts(fn, out, d->counts2, n, c->size, "out", "recv_counts"));
+  d->call.counts_vary = 1; /* element counts differ by rank by nature; the hash sum checks them */
+  return gs_check_disjoint(fn, in, out, n);
+}
 
+/* Each tensor its own exchange, with its column of counts. */
+static gs_status_t alltoallv_run(const gs_engine_t *e, gs_coll_t *d) {
+  int p = e->comm->size, *native = d->extra;
+  int64_t n = d->n;
   int64_t *v = malloc(4 * (size_t)p * sizeof *v);
-  gs_status_t s = v ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
-  gs_engine_t e;
-  if (s == GS_SUCCESS) s = gs_engine_open(c, in, n, &e);
-  else e.device = -1;
-  e.call = "alltoallv";
+  gs_status_t s = v ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
   for (int64_t i = 0; i < n && s == GS_SUCCESS; i++) {
-    gs_xfer_t x = {in[i].dtype, 0, in[i].data, out[i].data, v, v + p, v + 2 * p, v + 3 * p,
-                   0, 0, native};
+    gs_xfer_t x = {d->in[i].dtype, 0, d->in[i].data, d->out[i].data, v, v + p, v + 2 * p,
+                   v + 3 * p, 0, 0, *native};
     for (int r = 0; r < p; r++) {
-      v[r] = send[(size_t)r * n + i];
+      v[r] = d->counts[(size_t)r * n + i];
       v[p + r] = r ? v[p + r - 1] + v[r - 1] : 0;
-      v[2 * p + r] = recv[(size_t)r * n + i];
+      v[2 * p + r] = d->counts2[(size_t)r * n + i];
       v[3 * p + r] = r ? v[3 * p + r - 1] + v[2 * p + r - 1] : 0;
     }
-    s = gs_xfer_alltoallv(&e, &x);
+    s = gs_xfer_alltoallv(e, &x);
   }
   free(v);
-  return gs_engine_close(&e, s);
+  return s;
 }
 
 gs_status_t gs_alltoall_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n,
                                const int64_t *row_elems, const int64_t *send_counts,
                                int64_t *recv_counts) {
-  gs_enter_runtime();
-  gs_status_t s = alltoall_counts_impl(c, in, n, row_elems, send_counts, recv_counts);
-  gs_leave_runtime();
-  return s;
+  gs_coll_t d = {.fn = "gs_alltoall_counts", .name = "alltoall_counts",
+                 .kind = GS_CALL_ALLTOALL_COUNTS, .in = in, .n = n, .op = GS_OP_SUM,
+                 .counts = send_counts, .counts2 = recv_counts, .extra = (void *)row_elems,
+                 .check = counts_check, .run = counts_run};
+  return gs_collective(c, &d);
 }
 
 gs_status_t gs_alltoallv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
                          const int64_t *send_counts, const int64_t *recv_counts) {
-  gs_enter_runtime();
-  gs_status_t s = alltoallv_impl(c, in, out, n, send_counts, recv_counts);
-  gs_leave_runtime();
-  return s;
+  int native = 1;
+  gs_coll_t d = {.fn = "gs_alltoallv", .name = "alltoallv", .kind = GS_CALL_ALLTOALLV, .in = in,
+                 .out = out, .n = n, .op = GS_OP_SUM, .counts = send_counts,
+                 .counts2 = recv_counts, .extra = &native, .check = alltoallv_check,
+                 .validate = agree, .run = alltoallv_run};
+  return gs_collective(c, &d);
 }

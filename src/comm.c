@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_internal.h"
+#include "gs_comm_internal.h"
+#include "gs_info.h"
 
 gs_status_t gs_comm_valid(gs_comm_t comm, const char *where) {
   if (!comm) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: comm is NULL", where);
@@ -28,12 +29,12 @@ static gs_status_t mpi_ready(const char *where) {
 
 gs_status_t gs_comm_enter(gs_comm_t comm, const char *where) {
   GS_CHECK(gs_comm_valid(comm, where));
-  if (comm->broken)
-    return gs_fail(comm->broken, "%s: this communicator is unusable: an earlier collective was "
+  if (comm->fate.broken)
+    return gs_fail(comm->fate.broken, "%s: this communicator is unusable: an earlier collective was "
                    "abandoned (%s) while other ranks may still be inside it; end the job or "
                    "create a new communicator after all ranks recovered", where,
-                   gs_status_string(comm->broken));
-  gs_current_comm = comm;
+                   gs_status_string(comm->fate.broken));
+  gs_runtime_bind(&comm->fate);
   return GS_SUCCESS;
 }
 
@@ -79,7 +80,7 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   /* A rank pinned to one core says nothing about the node: count the node's. */
   long online = sysconf(_SC_NPROCESSORS_ONLN);
   if (online > ncpu) ncpu = (int)online;
-  c->owns_core = c->local_size <= ncpu;
+  c->fate.owns_core = c->local_size <= ncpu;
   c->magic = GS_COMM_MAGIC;
   *out = c;
   gs_log(GS_LOG_INFO, "communicator: rank %d of %d (%d on this node), fusion threshold %lld "
@@ -133,12 +134,12 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
-  if (c->broken) {
+  if (c->fate.broken) {
     /* MPI may still complete abandoned operations into the buffers and over
      * the communicators: keep them (a bounded leak) rather than risk writes
      * into freed memory; only the handle dies. */
     gs_log(GS_LOG_WARNING, "freeing a communicator abandoned after %s: its MPI "
-           "communicators and buffers are kept", gs_status_string(c->broken));
+           "communicators and buffers are kept", gs_status_string(c->fate.broken));
     c->magic = 0;
     abandoned_keep(c);
     *comm = NULL;
@@ -153,7 +154,7 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
     MPI_Comm_free(&c->notice);
     MPI_Comm_free(&c->mpi);
   }
-  free(c->fusion);
+  gs_buffers_free(c);
   c->magic = 0;
   free(c);
   *comm = NULL;
@@ -210,22 +211,6 @@ gs_status_t gs_comm_set_fusion_threshold(gs_comm_t comm, int64_t bytes) {
     return gs_fail(GS_ERR_INVALID_ARGUMENT,
                    "gs_comm_set_fusion_threshold: bytes must be positive, got %lld", (long long)bytes);
   comm->fusion_threshold = bytes;
-  return GS_SUCCESS;
-}
-
-gs_status_t gs_fusion_reserve(gs_comm_t comm, size_t bytes, void **buf) {
-  if (bytes > comm->fusion_bytes) {
-    /* Grow geometrically so a slowly growing workload reallocates rarely. */
-    size_t want = comm->fusion_bytes * 2 > bytes ? comm->fusion_bytes * 2 : bytes;
-    want = (want + 63) & ~(size_t)63;
-    void *p = NULL;
-    if (posix_memalign(&p, 64, want) != 0)
-      return gs_fail(GS_ERR_NO_MEMORY, "fusion buffer: cannot allocate %zu bytes", want);
-    free(comm->fusion);
-    comm->fusion = p;
-    comm->fusion_bytes = want;
-  }
-  *buf = comm->fusion;
   return GS_SUCCESS;
 }
 

@@ -10,7 +10,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "gs_internal.h"
+#include "gs_kernels_internal.h"
 #include "half.h"
 
 #include "simd.h"

@@ -1,5 +1,5 @@
 /* Gradient control kernels (zero, accumulate, all_finite, scale) on host
- * memory: argument checks, the fused work list, threading and dispatch. The
+ * memory: the fused work list, threading and dispatch. The
  * element loops are elementwise and fixed in their arithmetic, so portable,
  * AVX2 and threaded runs all give the same bits. */
 #include <stdlib.h>
@@ -8,7 +8,7 @@
 #include <omp.h>
 #endif
 
-#include "gs_internal.h"
+#include "gs_kernels_internal.h"
 #include "half.h"
 #include "simd.h"
 
@@ -204,8 +204,7 @@ static int threads_for(int64_t total) {
   if (total < PARALLEL_MIN) return 1;
   static int configured = -1;
   if (configured < 0) {
-    const char *s = getenv("GRADSYNC_NUM_THREADS");
-    int v = s ? atoi(s) : 0;
+    int v = gs_env_num_threads();
     configured = v > 0 ? v : omp_get_max_threads();
   }
   return configured;
@@ -215,46 +214,15 @@ static int threads_for(int64_t total) {
 #endif
 }
 
-/* ---- argument checks ------------------------------------------------------------ */
+/* ---- over tensor lists (arguments checked by kernels.c) ---------------------------- */
 
-static gs_status_t check_floats(const char *fn, const char *name, const gs_tensor_t *t, int64_t n) {
-  GS_CHECK(gs_check_tensors(fn, name, t, n));
-  for (int64_t i = 0; i < n; i++)
-    if (!gs_dtype_is_float(t[i].dtype))
-      return gs_fail(GS_ERR_TYPE, "%s: %s[%lld] is %s; this kernel takes float16, bfloat16, "
-                     "float32 or float64", fn, name, (long long)i, gs_dtype_name(t[i].dtype));
-  return GS_SUCCESS;
-}
-
-/* ---- the API ---------------------------------------------------------------------- */
-
-gs_status_t gs_zero(const gs_tensor_t *t, int64_t n) {
-  gs_clear_error();
-  GS_CHECK(gs_check_tensors("gs_zero", "tensors", t, n));
-  if (n && t[0].device.kind == GS_DEVICE_CUDA) return gs_device_zero(t, n);
+void gs_cpu_zero(const gs_tensor_t *t, int64_t n) {
   for (int64_t i = 0; i < n; i++)
     if (t[i].count) memset(t[i].data, 0, (size_t)t[i].count * gs_dtype_size(t[i].dtype));
-  return GS_SUCCESS;
 }
 
-gs_status_t gs_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64_t n,
-                          int overwrite) {
-  static const char fn[] = "gs_accumulate";
-  gs_clear_error();
-  GS_CHECK(check_floats(fn, "acc", acc, n));
-  GS_CHECK(check_floats(fn, "grad", grad, n));
-  for (int64_t i = 0; i < n; i++)
-    if (acc[i].count != grad[i].count)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: acc[%lld] has %lld elements but grad[%lld] "
-                     "has %lld", fn, (long long)i, (long long)acc[i].count, (long long)i,
-                     (long long)grad[i].count);
-  /* acc[i] is written while grad[j] is read, by other threads (or blocks) */
-  GS_CHECK(gs_check_pairs_disjoint(fn, "grad", grad, "acc", acc, n));
-  if (n && (acc[0].device.kind == GS_DEVICE_CUDA) != (grad[0].device.kind == GS_DEVICE_CUDA))
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: acc is in %s memory but grad is in %s memory",
-                   fn, acc[0].device.kind == GS_DEVICE_CUDA ? "CUDA" : "host",
-                   grad[0].device.kind == GS_DEVICE_CUDA ? "CUDA" : "host");
-  if (n && acc[0].device.kind == GS_DEVICE_CUDA) return gs_device_accumulate(acc, grad, n, overwrite);
+gs_status_t gs_cpu_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64_t n,
+                              int overwrite) {
   item_t *it;
   int64_t k, total;
   GS_CHECK(work_list(acc, n, &it, &k, &total));
@@ -270,11 +238,7 @@ gs_status_t gs_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64
   return GS_SUCCESS;
 }
 
-gs_status_t gs_all_finite(const gs_tensor_t *t, int64_t n, int *finite) {
-  gs_clear_error();
-  GS_CHECK(gs_check_tensors("gs_all_finite", "tensors", t, n));
-  if (!finite) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_all_finite: finite is NULL");
-  if (n && t[0].device.kind == GS_DEVICE_CUDA) return gs_device_all_finite(t, n, finite);
+gs_status_t gs_cpu_nonfinite(const gs_tensor_t *t, int64_t n, int *any) {
   item_t *it;
   int64_t k, total;
   GS_CHECK(work_list(t, n, &it, &k, &total));
@@ -288,21 +252,18 @@ gs_status_t gs_all_finite(const gs_tensor_t *t, int64_t n, int *finite) {
              it[j].count);
   }
   free(it);
-  *finite = !bad;
+  *any = bad;
   return GS_SUCCESS;
 }
 
-gs_status_t gs_scale(const gs_tensor_t *t, int64_t n, double factor) {
-  gs_clear_error();
-  GS_CHECK(check_floats("gs_scale", "tensors", t, n));
-  if (n && t[0].device.kind == GS_DEVICE_CUDA) return gs_device_scale(t, n, factor);
+gs_status_t gs_cpu_scale(const gs_tensor_t *t, int64_t n, double factor) {
+  if (factor == 1.0) return GS_SUCCESS; /* times one: nothing to do */
   item_t *it;
   int64_t k, total;
   GS_CHECK(work_list(t, n, &it, &k, &total));
-  scale_fn f = factor == 1.0 ? NULL : pick_scale(); /* times one: nothing to do */
+  scale_fn f = pick_scale();
 #pragma omp parallel for schedule(static) num_threads(threads_for(total)) if (total >= PARALLEL_MIN)
   for (int64_t j = 0; j < k; j++) {
-    if (!f) continue;
     const gs_tensor_t *x = &t[it[j].pair];
     f(x->dtype, (char *)x->data + (size_t)it[j].first * gs_dtype_size(x->dtype), it[j].count,
       factor);

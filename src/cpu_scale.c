@@ -2,7 +2,7 @@
  * average): widen to float32 (float64 for float64), multiply, round once. */
 #include <string.h>
 
-#include "gs_internal.h"
+#include "gs_kernels_internal.h"
 #include "half.h"
 
 #define SCALE_HALF(to_f, from_f)                              \

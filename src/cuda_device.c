@@ -5,8 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "gs_info.h"
 #include "gs_cuda.h"
-#include "gs_internal.h"
 
 #ifndef GS_CUDA_ARCHS
 #define GS_CUDA_ARCHS ""
@@ -56,7 +56,7 @@ gs_status_t gs_cu_fail(int code, const char *what) {
     cudaGetLastError(); /* a non-sticky error: the next call starts clean */
     return gs_fail(GS_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
   }
-  if (gs_current_comm) gs_current_comm->broken = GS_ERR_CUDA;
+  gs_runtime_mark_broken(GS_ERR_CUDA);
   return gs_fail(GS_ERR_CUDA, "%s: %s (%s). This error is sticky: the process's CUDA context "
                  "is lost and every later CUDA call fails; the communicator is no longer "
                  "usable (restart the process)", what, cudaGetErrorString(e),

@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "gs_cuda.h"
-#include "gs_internal.h"
 
 #ifdef GS_HAVE_CUDA
 
@@ -211,7 +210,9 @@ gs_status_t gs_cu_elementwise(gs_cu_mode_t mode, const gs_cu_run_t *runs, int64_
   gs_status_t s = nitems ? table_open(parts_bytes(parts, 2), stream, &t) : GS_SUCCESS;
   if (nitems && s == GS_SUCCESS) {
     s = upload(&t, parts, 2, dev, stream);
-    if (s == GS_SUCCESS) s = gs_cu_launch_elementwise(mode, dev[0], dev[1], nitems, scale, stream);
+    if (s == GS_SUCCESS) s = gs_cu_launched(
+        gs_cu_launch_elementwise(mode, dev[0], dev[1], nitems, scale, stream),
+        "gradsync: elementwise kernel launch");
     gs_status_t c = table_close(&t, stream, 0, NULL);
     if (s == GS_SUCCESS) s = c;
   }
@@ -231,7 +232,8 @@ gs_status_t gs_cu_nonfinite(const gs_tensor_t *tensors, int64_t n, int *bad, voi
   gs_status_t s = nitems ? table_open(parts_bytes(parts, 3), stream, &t) : GS_SUCCESS;
   if (nitems && s == GS_SUCCESS) {
     s = upload(&t, parts, 3, dev, stream);
-    if (s == GS_SUCCESS) s = gs_cu_launch_nonfinite(dev[1], dev[2], nitems, dev[0], stream);
+    if (s == GS_SUCCESS) s = gs_cu_launched(gs_cu_launch_nonfinite(dev[1], dev[2], nitems, dev[0], stream),
+                                            "gradsync: all_finite kernel launch");
     if (s == GS_SUCCESS) s = gs_cu_copy(t.host, dev[0], sizeof(int), stream);
     gs_status_t c = table_close(&t, stream, 1, &ev);
     if (s == GS_SUCCESS) s = c;
@@ -268,8 +270,9 @@ gs_status_t gs_cu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b,
   if (s == GS_SUCCESS) {
     s = upload(&t, parts, 5, dev, stream);
     if (s == GS_SUCCESS)
-      s = gs_cu_launch_dots((int)dtype, a, b, dev[1], dev[2], nitems, dev[3], n, dev[4], dev[0],
-                            stream);
+      s = gs_cu_launched(gs_cu_launch_dots((int)dtype, a, b, dev[1], dev[2], nitems, dev[3], n,
+                                           dev[4], dev[0], stream),
+                         "gradsync: adasum dots kernel launch");
     if (s == GS_SUCCESS) s = gs_cu_copy(t.host, dev[0], parts[0].bytes, stream);
     gs_status_t c = table_close(&t, stream, 1, &ev);
     if (s == GS_SUCCESS) s = c;
@@ -301,7 +304,9 @@ gs_status_t gs_cu_adasum_combine(gs_dtype_t dtype, const void *a, const void *b,
     if (s == GS_SUCCESS) {
       s = upload(&t, parts, 3, dev, stream);
       if (s == GS_SUCCESS)
-        s = gs_cu_launch_combine((int)dtype, a, b, out, dev[0], dev[1], dev[2], nitems, stream);
+        s = gs_cu_launched(
+            gs_cu_launch_combine((int)dtype, a, b, out, dev[0], dev[1], dev[2], nitems, stream),
+            "gradsync: adasum combine kernel launch");
       gs_status_t c = table_close(&t, stream, 0, NULL);
       if (s == GS_SUCCESS) s = c;
     }

@@ -12,7 +12,7 @@
 #include <stdint.h>
 
 #include "cuda_pieces.cuh"
-#include "gs_cuda.h"
+#include "gs_kernels_internal.h"
 
 namespace {
 
@@ -136,75 +136,72 @@ __global__ void order_keys_kernel(int dtype, bool max, bool inverse, const void 
     gs_pieces::order_key(dtype, max, inverse, src, dst, i);
 }
 
-gs_status_t launched(const char *what) {
-  cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? GS_SUCCESS : gs_cu_fail(e, what);
-}
+int launched() { return (int)cudaGetLastError(); }
 
 /* Launches `launch(blocks, first_item)` in chunks of at most 2^31-1 blocks
  * (gridDim.x's limit). */
 template <class Launch>
-gs_status_t over_items(int64_t nitems, Launch launch, const char *what) {
+int over_items(int64_t nitems, Launch launch) {
   const int64_t max_grid = 2147483647;
   for (int64_t off = 0; off < nitems; off += max_grid) {
     int64_t blocks = nitems - off < max_grid ? nitems - off : max_grid;
     launch((unsigned)blocks, off);
-    gs_status_t s = launched(what);
-    if (s != GS_SUCCESS) return s;
+    int e = launched();
+    if (e) return e;
   }
-  return GS_SUCCESS;
+  return 0;
 }
 
 }  // namespace
 
-extern "C" gs_status_t gs_cu_launch_elementwise(int mode, const gs_cu_run_t *runs,
+extern "C" int gs_cu_launch_elementwise(int mode, const gs_cu_run_t *runs,
                                                 const gs_cu_item_t *items, int64_t nitems,
                                                 double scale, void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
   return over_items(nitems, [&](unsigned blocks, int64_t off) {
     elementwise_kernel<<<blocks, kThreads, 0, s>>>(runs, items + off, mode, scale);
-  }, "gradsync: elementwise kernel launch");
+  });
 }
 
-extern "C" gs_status_t gs_cu_launch_nonfinite(const gs_tensor_t *t, const gs_cu_item_t *items,
+extern "C" int gs_cu_launch_nonfinite(const gs_tensor_t *t, const gs_cu_item_t *items,
                                               int64_t nitems, int *flag, void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
   return over_items(nitems, [&](unsigned blocks, int64_t off) {
     nonfinite_kernel<<<blocks, kThreads, 0, s>>>(t, items + off, flag);
-  }, "gradsync: all_finite kernel launch");
+  });
 }
 
-extern "C" gs_status_t gs_cu_launch_dots(int dtype, const void *a, const void *b,
+extern "C" int gs_cu_launch_dots(int dtype, const void *a, const void *b,
                                          const gs_cu_slice_t *slices, const gs_cu_item_t *items,
                                          int64_t nitems, const int64_t *first_item,
                                          int64_t nslices, double *partial, double *d,
                                          void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
-  gs_status_t st = over_items(nitems, [&](unsigned blocks, int64_t off) {
+  int st = over_items(nitems, [&](unsigned blocks, int64_t off) {
     dots_kernel<<<blocks, kThreads, 0, s>>>(dtype, a, b, slices, items + off, partial + 3 * off);
-  }, "gradsync: adasum dots kernel launch");
-  if (st != GS_SUCCESS || nslices == 0) return st;
+  });
+  if (st || nslices == 0) return st;
   unsigned blocks = (unsigned)((nslices + kThreads - 1) / kThreads);
   dots_finish_kernel<<<blocks, kThreads, 0, s>>>(first_item, nslices, partial, d);
-  return launched("gradsync: adasum dots kernel launch");
+  return launched();
 }
 
-extern "C" gs_status_t gs_cu_launch_combine(int dtype, const void *a, const void *b, void *out,
+extern "C" int gs_cu_launch_combine(int dtype, const void *a, const void *b, void *out,
                                             const gs_cu_slice_t *slices, const double *coef,
                                             const gs_cu_item_t *items, int64_t nitems,
                                             void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
   return over_items(nitems, [&](unsigned blocks, int64_t off) {
     combine_kernel<<<blocks, kThreads, 0, s>>>(dtype, a, b, out, slices, coef, items + off);
-  }, "gradsync: adasum combine kernel launch");
+  });
 }
 
-extern "C" gs_status_t gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src,
+extern "C" int gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src,
                                                void *dst, int64_t count, void *stream) {
-  if (count <= 0) return GS_SUCCESS;
+  if (count <= 0) return 0;
   int64_t want = (count + kThreads - 1) / kThreads;
   unsigned blocks = (unsigned)(want < 65535 * 16 ? want : 65535 * 16); /* grid-stride beyond */
   order_keys_kernel<<<blocks, kThreads, 0, (cudaStream_t)stream>>>(dtype, max != 0, inverse != 0,
                                                                     src, dst, count);
-  return launched("gradsync: min/max order-key kernel launch");
+  return launched();
 }

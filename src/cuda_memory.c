@@ -9,7 +9,6 @@
 #include <string.h>
 
 #include "gs_cuda.h"
-#include "gs_internal.h"
 
 #ifdef GS_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -48,8 +47,7 @@ void gs_cu_free_async(void *ptr, void *stream) {
 
 gs_status_t gs_cu_grow(void **buf, size_t *have, size_t need, void *stream) {
   if (need <= *have && *buf) return GS_SUCCESS;
-  size_t want = need > *have && need < 2 * *have ? 2 * *have : need;
-  want = want < 4096 ? 4096 : want;
+  size_t want = gs_grow_size(*have, need);
   void *p;
   GS_CHECK(gs_cu_malloc_async(&p, want, stream, "gradsync: growing a device buffer"));
   gs_cu_free_async(*buf, stream); /* after the work queued on it */
@@ -60,13 +58,13 @@ gs_status_t gs_cu_grow(void **buf, size_t *have, size_t need, void *stream) {
 
 gs_status_t gs_cu_grow_pinned(void **buf, size_t *have, size_t need, void *stream) {
   if (need <= *have && *buf) return GS_SUCCESS;
+  size_t want = gs_grow_size(*have, need);
   if (*buf) {
     GS_CHECK(gs_cu_stream_wait(stream, "gradsync: before growing pinned staging memory"));
     cudaFreeHost(*buf);
     *buf = NULL;
     *have = 0;
   }
-  size_t want = need < 4096 ? 4096 : need;
   cudaError_t e = cudaMallocHost(buf, want);
   if (e != cudaSuccess) {
     *buf = NULL;

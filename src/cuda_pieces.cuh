@@ -15,7 +15,7 @@
 
 #include <stdint.h>
 
-#include "gs_cuda.h"
+#include "gs_kernels_internal.h"
 #include "half.h"
 
 namespace gs_pieces {

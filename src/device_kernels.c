@@ -6,7 +6,6 @@
 #include <stdlib.h>
 
 #include "gs_cuda.h"
-#include "gs_internal.h"
 
 /* Runs `mode` over pairs (a[i], b[i]) (b may be NULL) on a's device. */
 static gs_status_t device_elementwise(gs_cu_mode_t mode, const gs_tensor_t *a,

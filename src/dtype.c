@@ -1,5 +1,5 @@
 /* The dtype and op tables. */
-#include "gs_internal.h"
+#include "gs_base.h"
 
 static const struct {
   const char *name;

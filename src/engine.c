@@ -14,8 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_cuda.h"
-#include "gs_internal.h"
+#include "gs_engine.h"
 
 #ifdef GS_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -42,11 +41,6 @@ gs_status_t gs_check_memory(gs_comm_t c, const char *fn, const gs_tensor_t *a, i
 }
 
 #ifdef GS_HAVE_CUDA
-static int env_nccl_off(void) {
-  const char *s = getenv("GRADSYNC_NCCL");
-  return s && strcmp(s, "0") == 0;
-}
-
 /* Whether every rank has a GPU of its own (collective over c->mpi). */
 static gs_status_t distinct_gpus(gs_comm_t c, int device, int *yes) {
   unsigned char *uuids = malloc(16 * (size_t)c->size);
@@ -69,7 +63,7 @@ static gs_status_t distinct_gpus(gs_comm_t c, int device, int *yes) {
 static gs_status_t choose_path(gs_comm_t c, int device) {
   int want = 0;
   GS_CHECK(distinct_gpus(c, device, &want));
-  want = want && !env_nccl_off() && gs_nccl_loadable();
+  want = want && !gs_env_nccl_off() && gs_nccl_loadable();
   GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_INT, MPI_MIN, c->mpi),
                "gradsync: choosing the device path");
   c->dev_id = device;
@@ -99,7 +93,7 @@ static gs_status_t choose_path(gs_comm_t c, int device) {
  * on the background thread, the work its request was submitted behind;
  * otherwise everything queued so far on the caller's work stream. */
 static gs_status_t order_after_caller(gs_engine_t *e) {
-  if (gs_async_in_worker()) {
+  if (gs_runtime_in_worker()) {
     if (!gs_defer_device || !gs_defer_device->ready) return GS_SUCCESS;
     return gs_cu_stream_wait_event(e->stream, gs_defer_device->ready,
                                    "gradsync: ordering after the caller");
@@ -166,10 +160,9 @@ static const char *device_detail(void *ctx) {
 gs_status_t gs_device_wait(gs_comm_t c, const gs_transport_t *tr, void *event, const char *what) {
   device_wait_t ctx = {c, tr, event};
   gs_wait_t w = {device_poll, device_abort, NULL, device_detail, &ctx, what};
-  gs_comm_t saved = gs_current_comm;
-  gs_current_comm = c; /* a wait that gives up marks this communicator */
+  gs_fate_t *saved = gs_runtime_bind(&c->fate); /* a wait that gives up marks c */
   gs_status_t s = gs_progress_wait(&w);
-  gs_current_comm = saved;
+  gs_runtime_bind(saved);
   return s;
 }
 
@@ -178,14 +171,14 @@ gs_status_t gs_engine_close(gs_engine_t *e, gs_status_t s) {
   gs_comm_t c = e->comm;
   void *ev = NULL;
   gs_status_t w = gs_cu_record(e->stream, &ev, "gradsync: after the call's device work");
-  if (w == GS_SUCCESS && s == GS_SUCCESS && gs_defer_device && gs_async_in_worker()) {
+  if (w == GS_SUCCESS && s == GS_SUCCESS && gs_defer_device && gs_runtime_in_worker()) {
     /* the request waits (or has the caller's stream wait) for it */
     gs_defer_device->event = ev;
     gs_defer_device->comm = c;
     gs_defer_device->transport = e->transport;
     gs_defer_device->device = e->device;
     ev = NULL;
-  } else if (w == GS_SUCCESS && (s == GS_SUCCESS || !c->broken)) {
+  } else if (w == GS_SUCCESS && (s == GS_SUCCESS || !c->fate.broken)) {
     /* after a failure too: the call's tensors may still be in use */
     w = gs_device_wait(c, e->transport, ev, e->call);
   }
@@ -195,7 +188,7 @@ gs_status_t gs_engine_close(gs_engine_t *e, gs_status_t s) {
   return s != GS_SUCCESS ? s : w;
 }
 
-/* ---- copies and buffers in the engine's memory ------------------------------------ */
+/* ---- copies in the engine's memory ------------------------------------ */
 
 gs_status_t gs_scale_copy(const gs_engine_t *e, gs_dtype_t dtype, const void *src, void *dst,
                           int64_t count, double scale) {
@@ -234,33 +227,6 @@ gs_status_t gs_zero_bytes(const gs_engine_t *e, void *dst, size_t bytes) {
   }
   gs_cu_run_t run = {dst, NULL, (int64_t)bytes, GS_UINT8, GS_UINT8};
   return gs_cu_elementwise(GS_CU_ZERO, &run, 1, 1.0, e->stream);
-}
-
-gs_status_t gs_buffer_reserve(const gs_engine_t *e, size_t bytes, void **buf) {
-  gs_comm_t c = e->comm;
-  if (e->device < 0) return gs_fusion_reserve(c, bytes, buf);
-  GS_CHECK(gs_cu_grow(&c->dev_fusion, &c->dev_fusion_bytes, bytes, e->stream));
-  *buf = c->dev_fusion;
-  return GS_SUCCESS;
-}
-
-gs_status_t gs_scratch_reserve(const gs_engine_t *e, size_t bytes, void **buf) {
-  gs_comm_t c = e->comm;
-  if (e->device < 0) {
-    if (bytes > c->adasum_tmp_bytes) {
-      void *p = NULL;
-      if (posix_memalign(&p, 64, bytes ? bytes : 64) != 0)
-        return gs_fail(GS_ERR_NO_MEMORY, "gradsync: cannot allocate %zu bytes of scratch", bytes);
-      free(c->adasum_tmp);
-      c->adasum_tmp = p;
-      c->adasum_tmp_bytes = bytes;
-    }
-    *buf = c->adasum_tmp;
-    return GS_SUCCESS;
-  }
-  GS_CHECK(gs_cu_grow(&c->dev_tmp, &c->dev_tmp_bytes, bytes, e->stream));
-  *buf = c->dev_tmp;
-  return GS_SUCCESS;
 }
 
 void gs_device_path_free(gs_comm_t c) {

@@ -1,9 +1,12 @@
-/* The environment knobs, read in one place. Each reader falls back to its
- * default when the variable is unset or unparsable. */
+/* Every environment knob gradsync reads: this is the only file of src/ that
+ * calls getenv. Each reader falls back to its default when the variable is
+ * unset or unparsable. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_internal.h"
+#include "gs_info.h"
+#include "gs_base.h"
+#include "gs_comm.h"
 
 static int env_int64(const char *name, int64_t *out) {
   const char *s = getenv(name);
@@ -86,3 +89,28 @@ int64_t gs_env_mpi_max_count(void) {
   }
   return cached;
 }
+
+static const char *env_text(const char *name) {
+  const char *s = getenv(name);
+  return s && *s ? s : NULL;
+}
+
+int gs_env_num_threads(void) {
+  int64_t v;
+  return (env_int64("GRADSYNC_NUM_THREADS", &v) && v > 0 && v < (1 << 20)) ? (int)v : 0;
+}
+
+int gs_env_nccl_off(void) {
+  const char *s = env_text("GRADSYNC_NCCL");
+  return s && strcmp(s, "0") == 0;
+}
+
+int gs_env_cuda_aware_mpi(void) {
+  const char *s = env_text("GRADSYNC_CUDA_AWARE_MPI");
+  return s ? strcmp(s, "0") != 0 : -1;
+}
+
+const char *gs_env_nccl_library(void) { return env_text("GRADSYNC_NCCL_LIBRARY"); }
+int gs_env_debug_nccl(void) { return getenv("GRADSYNC_DEBUG_NCCL") != NULL; }
+const char *gs_env_log_level(void) { return env_text("GRADSYNC_LOG_LEVEL"); }
+const char *gs_env_timeline(void) { return env_text("GRADSYNC_TIMELINE"); }

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_internal.h"
+#include "gs_engine.h"
 
 void gs_plan_free(gs_plan_t *plan) {
   if (plan->slots != plan->inline_slots) free(plan->slots);
@@ -60,6 +60,29 @@ gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts,
     }
   }
   return GS_SUCCESS;
+}
+
+/* Plans a list for a call: counts and dtypes straight from the tensors. */
+gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
+                            gs_comm_t comm) {
+  int64_t counts_small[GS_PLAN_INLINE];
+  gs_dtype_t dtypes_small[GS_PLAN_INLINE];
+  int small = n <= GS_PLAN_INLINE;
+  int64_t *counts = small ? counts_small : malloc((size_t)n * sizeof *counts);
+  gs_dtype_t *dtypes = small ? dtypes_small : malloc((size_t)n * sizeof *dtypes);
+  gs_status_t s = GS_SUCCESS;
+  if (!counts || !dtypes) s = gs_fail(GS_ERR_NO_MEMORY, "fusion plan: out of memory");
+  for (int64_t i = 0; s == GS_SUCCESS && i < n; i++) {
+    counts[i] = t[i].count;
+    dtypes[i] = t[i].dtype;
+  }
+  if (s == GS_SUCCESS)
+    s = gs_plan_build(plan, counts, dtypes, n, comm->fusion_threshold, comm->direct_bytes);
+  if (!small) {
+    free(counts);
+    free(dtypes);
+  }
+  return s;
 }
 
 int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m,

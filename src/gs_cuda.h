@@ -1,10 +1,5 @@
-/* gradsync private: the CUDA side of the runtime, callable from C. Not
- * installed.
- *
- * Three layers, bottom up:
- * - the launchers (cuda_kernels.cu; on a machine without a GPU,
- *   tests/emulated_cuda): each queues one kernel on a stream over tables
- *   that already sit in device memory, and returns;
+/* gradsync private, layer 4 (device): the CUDA side of the runtime,
+ * callable from C. Over the launchers (gs_kernels_internal.h), two parts:
  * - the device runtime (cuda_device.c): contexts entered by push and pop,
  *   gradsync's non-blocking communication stream per device, the calling
  *   thread's work stream, events and waits that poll (timeouts, interrupts,
@@ -19,65 +14,12 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gs_status.h"
-#include "gs_types.h"
+#include "gs_device.h"
+#include "gs_runtime.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-gs_status_t gs_fail(gs_status_t status, const char *fmt, ...);
-
-/* ---- the launchers (device tables; no host memory is read) ------------------ */
-
-/* Elementwise jobs over a list of (a, b) runs. */
-typedef enum gs_cu_mode {
-  GS_CU_ZERO = 0,       /* a = +0 (b unused)                                    */
-  GS_CU_COPY_SCALE = 1, /* a = b * scale, gs_cpu_scale_copy's arithmetic          */
-  GS_CU_ACCUMULATE = 2, /* a += b, gs_accumulate's arithmetic (dtypes may differ) */
-  GS_CU_OVERWRITE = 3   /* a = b cast to a's dtype, rounded once                  */
-} gs_cu_mode_t;
-
-typedef struct gs_cu_run {
-  void *a;
-  const void *b;
-  int64_t count;
-  int32_t adtype, bdtype;
-} gs_cu_run_t;
-
-/* A block's work: elements [first, first + count) of run (or slice) `run`. */
-typedef struct gs_cu_item {
-  int64_t run, first, count;
-} gs_cu_item_t;
-
-typedef struct gs_cu_slice {
-  int64_t start, count;
-} gs_cu_slice_t;
-
-gs_status_t gs_cu_launch_elementwise(int mode, const gs_cu_run_t *runs, const gs_cu_item_t *items,
-                                     int64_t nitems, double scale, void *stream);
-/* *flag (device memory, zeroed by the caller) becomes 1 when any element of
- * the tensors (device array of descriptors) is NaN or infinite. */
-gs_status_t gs_cu_launch_nonfinite(const gs_tensor_t *t, const gs_cu_item_t *items, int64_t nitems,
-                                   int *flag, void *stream);
-/* Adasum's dot products: partial[3k..] per item, then d[3j..3j+2] = <a,b>,
- * <a,a>, <b,b> of slice j summed over its items first_item[j] ..
- * first_item[j+1]-1 in order (a fixed order: deterministic). */
-gs_status_t gs_cu_launch_dots(int dtype, const void *a, const void *b,
-                              const gs_cu_slice_t *slices, const gs_cu_item_t *items,
-                              int64_t nitems, const int64_t *first_item, int64_t nslices,
-                              double *partial, double *d, void *stream);
-/* out = coef[2j]*a + coef[2j+1]*b over slice j, gs_cpu_adasum_combine's arithmetic. */
-gs_status_t gs_cu_launch_combine(int dtype, const void *a, const void *b, void *out,
-                                 const gs_cu_slice_t *slices, const double *coef,
-                                 const gs_cu_item_t *items, int64_t nitems, void *stream);
-/* Order keys for NaN-propagating min/max over an integer reduction
- * (cuda_pieces.cuh): forward, floats -> keys (gs_cu_key_dtype wide), or
- * inverse, keys -> floats. */
-gs_status_t gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src, void *dst,
-                                    int64_t count, void *stream);
-/* The unsigned integer dtype keys of `dtype` take: 4 or 8 bytes. */
-static inline int gs_cu_key_bytes(gs_dtype_t dtype) { return dtype == GS_FLOAT64 ? 8 : 4; }
 
 /* ---- the device runtime (cuda_device.c) --------------------------------------- */
 
@@ -137,6 +79,10 @@ gs_status_t gs_cu_copy(void *dst, const void *src, size_t bytes, void *stream);
  * lost: illegal address, launch failure, ...) also marks the current
  * communicator unusable. */
 gs_status_t gs_cu_fail(int cuda_error, const char *what);
+/* A launcher's return (0 or a CUDA error) as a status. */
+static inline gs_status_t gs_cu_launched(int cuda_error, const char *what) {
+  return cuda_error ? gs_cu_fail(cuda_error, what) : GS_SUCCESS;
+}
 
 /* ---- the jobs (cuda_jobs.c): host lists in, one launch each ----------------------- */
 
@@ -154,6 +100,15 @@ gs_status_t gs_cu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b,
 gs_status_t gs_cu_adasum_combine(gs_dtype_t dtype, const void *a, const void *b, void *out,
                                  const int64_t *start, const int64_t *count,
                                  const double *coef, int64_t n, void *stream);
+
+/* ---- the gradient kernels on CUDA memory (device_kernels.c) -------------------
+ * On the calling thread's work stream, no host wait (gs_all_finite reads
+ * its answer, polling). Arguments are checked by kernels.c. */
+gs_status_t gs_device_zero(const gs_tensor_t *t, int64_t n);
+gs_status_t gs_device_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64_t n,
+                                 int overwrite);
+gs_status_t gs_device_all_finite(const gs_tensor_t *t, int64_t n, int *finite);
+gs_status_t gs_device_scale(const gs_tensor_t *t, int64_t n, double factor);
 
 #ifdef __cplusplus
 }

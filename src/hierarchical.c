@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_internal.h"
+#include "gs_transport.h"
 
 /* The message moves in segments this large, pipelined through the three
  * phases (1 and 4 MiB measured alike at 1 Gbit/s, 4 MiB ahead at 10);
@@ -194,7 +194,7 @@ static gs_status_t pipeline(const hier_run_t *h) {
       if (req[ph] != MPI_REQUEST_NULL) s = gs_mpi_wait(&req[ph], phase_names[ph], NULL, NULL);
     if (s == GS_SUCCESS && t < h->nseg) settle(h, t);
   }
-  if (s != GS_SUCCESS && !h->c->broken) h->c->broken = s;
+  if (s != GS_SUCCESS && !h->c->fate.broken) h->c->fate.broken = s;
   return s;
 }
 

@@ -6,11 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_internal.h"
+#include <mpi.h>
+
+#include "gs_base.h"
 
 static int level_from_env(void) {
-  const char *s = getenv("GRADSYNC_LOG_LEVEL");
-  if (!s || !*s) return GS_LOG_WARNING;
+  const char *s = gs_env_log_level();
+  if (!s) return GS_LOG_WARNING;
   static const char *const names[] = {"error", "warning", "info", "debug"};
   for (int k = 0; k < 4; k++)
     if (strcasecmp(s, names[k]) == 0) return k;

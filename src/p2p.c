@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gs_internal.h"
+#include "gs_collective.h"
 
 #define P2P_TAG_BASE 8
 #define P2P_MAGIC 0x67737032u /* "gsp2" */
@@ -172,7 +172,7 @@ static gs_status_t finish_all(p2p_t *p, int wait, int *done) {
   *done = 1;
   for (int64_t i = 0; i < p->n && *done; i++) {
     gs_status_t s = finish_one(p, i, wait, done);
-    if (s == GS_ERR_TIMEOUT || s == GS_ERR_INTERRUPTED || p->comm->broken) {
+    if (s == GS_ERR_TIMEOUT || s == GS_ERR_INTERRUPTED || p->comm->fate.broken) {
       drop_pending(p);
       *done = 1;
       return s;
@@ -195,7 +195,7 @@ static gs_status_t p2p_poll(void *ctx, int wait, int *done) {
   gs_enter_runtime_unordered();
   gs_status_t s = gs_comm_valid(p->comm, p->recv ? "gs_recv" : "gs_send");
   if (s == GS_SUCCESS) {
-    gs_current_comm = p->comm; /* a timeout marks it unusable */
+    gs_runtime_bind(&p->comm->fate); /* a timeout marks it unusable */
     s = finish_all(p, wait, done);
   } else {
     *done = 1;
@@ -260,7 +260,7 @@ static gs_status_t nonblocking(const char *fn, gs_comm_t c, const gs_tensor_t *t
   gs_leave_runtime();
   if (s != GS_SUCCESS) return s;
   gs_job_t job = {NULL, p2p_poll, p2p_free, p};
-  s = gs_async_submit_job(c, &job, NULL, 0, request, fn);
+  s = gs_async_submit_job(&job, NULL, 0, request, fn);
   if (s != GS_SUCCESS) { /* no request: finish here, the messages are out */
     char why[512];
     snprintf(why, sizeof why, "%s", gs_last_error());

@@ -3,7 +3,8 @@
  * runtime lock between polls, checks for interrupts, gives up after
  * GRADSYNC_TIMEOUT_SECONDS, and on giving up leaves the communicator
  * unusable and lets the waiter cancel or abort what it waited for. */
-#include "gs_internal.h"
+#include "gs_comm.h"
+#include "gs_runtime.h"
 
 static gs_interrupt_check_t interrupt_check;
 static const double interrupt_every = 0.1; /* seconds between checks */
@@ -13,7 +14,7 @@ void gs_set_interrupt_check(gs_interrupt_check_t check) { interrupt_check = chec
 /* Gives up: the communicator cannot be trusted afterwards (other ranks, or
  * the device, may still be inside the call). */
 static gs_status_t abandon(const gs_wait_t *w, gs_status_t why, double waited) {
-  if (gs_current_comm) gs_current_comm->broken = why;
+  gs_runtime_mark_broken(why);
   if (w->abandon) w->abandon(w->ctx, why);
   const char *detail = w->detail ? w->detail(w->ctx) : NULL;
   if (why == GS_ERR_TIMEOUT)
@@ -29,7 +30,7 @@ gs_status_t gs_progress_wait(const gs_wait_t *w) {
   double t0 = 0, start = 0, last_check = 0, timeout = gs_env_timeout_seconds();
   /* with a core of its own, a rank spins as MPI's blocking calls do for the
    * first 50 microseconds (the peer is running too), then starts yielding */
-  const double spin_until = gs_current_comm && gs_current_comm->owns_core ? 50e-6 : 0.0;
+  const double spin_until = gs_runtime_owns_core() ? 50e-6 : 0.0;
   for (unsigned long spins = 0;; spins++) {
     gs_status_t err = GS_SUCCESS;
     int done = w->poll(w->ctx, &err);
@@ -48,10 +49,10 @@ gs_status_t gs_progress_wait(const gs_wait_t *w) {
      * cores belong to the computation it overlaps with, and what it waits
      * for is usually the other ranks' backward pass. */
     double t = gs_now();
-    gs_runtime_pause(gs_async_in_worker() ? (start == 0 || t - start < 1e-3 ? 20 : 200) : 0);
+    gs_runtime_pause(gs_runtime_in_worker() ? (start == 0 || t - start < 1e-3 ? 20 : 200) : 0);
     if (start == 0) start = last_check = t;
     if (timeout > 0 && t - start > timeout) return abandon(w, GS_ERR_TIMEOUT, t - start);
-    if (interrupt_check && !gs_async_in_worker() && t - last_check >= interrupt_every) {
+    if (interrupt_check && !gs_runtime_in_worker() && t - last_check >= interrupt_every) {
       last_check = t;
       if (interrupt_check()) return abandon(w, GS_ERR_INTERRUPTED, t - start);
     }

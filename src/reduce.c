@@ -2,7 +2,7 @@
  * inputs are packed, postscale and average's 1/size as the root unpacks),
  * with the result at one rank. Inputs are read only, except the root's in an
  * in-place call. */
-#include "gs_internal.h"
+#include "gs_collective.h"
 
 /* One message. The sending side is the inputs' own memory when it is laid
  * out as the message and needs no prescale, else the fusion buffer's first
@@ -36,44 +36,26 @@ static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
   return gs_unpack(e, plan, m, recv, dst, post);
 }
 
-static gs_status_t reduce_impl(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                               int64_t n, gs_op_t op, double prescale, double postscale,
-                               int root) {
-  static const char fn[] = "gs_reduce";
-  GS_CHECK(gs_comm_enter(c, fn));
-  gs_clear_error();
-  int at_root = root >= 0 && root < c->size && c->rank == root;
-  if (!at_root || out == in) out = NULL; /* read at the root only; in == out: in place */
-  gs_status_t local = gs_check_tensors(fn, "in", in, n);
-  if (local == GS_SUCCESS && (root < 0 || root >= c->size))
-    local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank of a communicator of "
-                    "size %d", fn, root, c->size);
-  if (local == GS_SUCCESS && out) local = gs_check_tensors(fn, "out", out, n);
-  if (local == GS_SUCCESS && out) local = gs_check_outputs(fn, in, out, n);
-  if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale, 0);
-  if (local == GS_SUCCESS) local = gs_check_memory(c, fn, in, n, out, out ? n : 0);
-  gs_call_t call = {GS_CALL_REDUCE, op, root, n, in, NULL, NULL, 0};
-  if (local != GS_SUCCESS) call.n = 0, call.tensors = NULL; /* may be unreadable */
-  GS_CHECK(gs_begin_call(c, &call, local));
-  if (n == 0) return GS_SUCCESS;
+static gs_status_t reduce_check(gs_comm_t c, gs_coll_t *d) {
+  if (d->root < 0 || d->root >= c->size)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank of a communicator of "
+                   "size %d", d->fn, d->root, c->size);
+  return d->out ? gs_check_outputs(d->fn, d->in, d->out, d->n) : GS_SUCCESS;
+}
 
-  gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, in, n, c));
-  gs_engine_t e;
-  gs_status_t s = gs_engine_open(c, in, n, &e);
-  e.call = "reduce";
-  double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
-  for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
-    if (plan.msgs[k].count > 0)
-      s = reduce_message(&e, &plan, &plan.msgs[k], in, out ? out : in, op, prescale, post, root);
-  gs_plan_free(&plan);
-  return gs_engine_close(&e, s);
+static gs_status_t reduce_one(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                              gs_coll_t *d) {
+  return reduce_message(e, plan, m, d->in, d->out ? d->out : d->in, d->op, d->pre, d->post,
+                        d->root);
 }
 
 gs_status_t gs_reduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
                       gs_op_t op, double prescale, double postscale, int root) {
-  gs_enter_runtime();
-  gs_status_t s = reduce_impl(c, in, out, n, op, prescale, postscale, root);
-  gs_leave_runtime();
-  return s;
+  int at_root = c && root >= 0 && gs_comm_valid(c, "gs_reduce") == GS_SUCCESS &&
+                root < c->size && c->rank == root;
+  gs_coll_t d = {.fn = "gs_reduce", .name = "reduce", .kind = GS_CALL_REDUCE, .in = in,
+                 .out = !at_root || out == in ? NULL : out, /* read at the root only */
+                 .n = n, .op = op, .pre = prescale, .post = postscale, .root = root,
+                 .op_checked = 1, .check = reduce_check, .message = reduce_one};
+  return gs_collective(c, &d);
 }

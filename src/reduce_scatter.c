@@ -1,9 +1,8 @@
 /* Fused reduce_scatter: rank r keeps block r of dim 0 of each reduced tensor,
  * with the balanced split rows / size + (r < rows % size). */
 #include <stdlib.h>
-#include <string.h>
 
-#include "gs_internal.h"
+#include "gs_collective.h"
 
 gs_status_t gs_block_range(int64_t rows, int64_t row_elems, int size, int rank,
                            int64_t *first, int64_t *count) {
@@ -23,11 +22,13 @@ static int64_t row_elems_of(const gs_tensor_t *t, const int64_t *rows, int64_t i
   return r ? t[i].count / r : 0;
 }
 
-static gs_status_t scatter_message(const gs_engine_t *e, const gs_plan_t *plan,
-                                   const gs_message_t *m, const gs_tensor_t *in,
-                                   const gs_tensor_t *out, const int64_t *rows, gs_op_t op,
-                                   double pre, double post, int64_t *bcounts) {
+static gs_status_t scatter_blocks(const gs_engine_t *e, const gs_plan_t *plan,
+                                  const gs_message_t *m, const gs_coll_t *d, int64_t *bcounts) {
   gs_comm_t c = e->comm;
+  const gs_tensor_t *in = d->in, *out = d->out;
+  const int64_t *rows = d->counts;
+  gs_op_t op = d->op;
+  double pre = d->pre, post = d->post;
   int p = c->size;
   size_t es = gs_dtype_size(m->dtype);
   int64_t first, cnt;
@@ -76,56 +77,43 @@ static gs_status_t scatter_message(const gs_engine_t *e, const gs_plan_t *plan,
   return s;
 }
 
-static gs_status_t reduce_scatter_impl(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                              int64_t n, const int64_t *rows, gs_op_t op, double prescale,
-                              double postscale) {
-  static const char fn[] = "gs_reduce_scatter";
-  GS_CHECK(gs_comm_enter(c, fn));
-  gs_clear_error();
-  gs_status_t local = gs_check_tensors(fn, "in", in, n);
-  if (local == GS_SUCCESS) local = gs_check_tensors(fn, "out", out, n);
-  if (local == GS_SUCCESS) local = gs_check_op(fn, op, in, n, prescale, postscale, 0);
-  for (int64_t i = 0; local == GS_SUCCESS && i < n; i++) {
-    int64_t r = rows ? rows[i] : in[i].count, first, cnt;
-    if (r < 0 || (r == 0 && in[i].count != 0) || (r > 0 && in[i].count % r != 0)) {
-      local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: in[%lld] has %lld elements, not %lld whole rows",
-                      fn, (long long)i, (long long)in[i].count, (long long)r);
-      break;
-    }
-    gs_block_range(r, row_elems_of(in, rows, i), c->size, c->rank, &first, &cnt);
-    if (out[i].dtype != in[i].dtype)
-      local = gs_fail(GS_ERR_TYPE, "%s: out[%lld] is %s but in[%lld] is %s", fn, (long long)i,
-                      gs_dtype_name(out[i].dtype), (long long)i, gs_dtype_name(in[i].dtype));
-    else if (out[i].count != cnt)
-      local = gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] has %lld elements; this rank's "
-                      "block has %lld", fn, (long long)i, (long long)out[i].count, (long long)cnt);
-  }
-  if (local == GS_SUCCESS) local = gs_check_disjoint(fn, in, out, n);
-  if (local == GS_SUCCESS) local = gs_check_memory(c, fn, in, n, out, n);
-  gs_call_t call = {GS_CALL_REDUCE_SCATTER, op, 0, n, in, rows, "number of rows", 0};
-  GS_CHECK(gs_begin_call(c, &call, local));
-  if (n == 0) return GS_SUCCESS;
-
-  gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, in, n, c));
-  int64_t *bcounts = malloc((size_t)c->size * sizeof *bcounts);
-  gs_status_t s = bcounts ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
-  double post = op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
-  gs_engine_t e;
-  if (s == GS_SUCCESS) s = gs_engine_open(c, in, n, &e);
-  else e.device = -1;
-  e.call = "reduce_scatter";
-  for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
-    if (plan.msgs[k].count > 0)
-      s = scatter_message(&e, &plan, &plan.msgs[k], in, out, rows, op, prescale, post, bcounts);
+static gs_status_t scatter_message(const gs_engine_t *e, const gs_plan_t *plan,
+                                   const gs_message_t *m, gs_coll_t *d) {
+  int64_t *bcounts = malloc((size_t)e->comm->size * sizeof *bcounts);
+  if (!bcounts) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
+  gs_status_t s = scatter_blocks(e, plan, m, d, bcounts);
   free(bcounts);
-  gs_plan_free(&plan);
-  return gs_engine_close(&e, s);
+  return s;
 }
 
-gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n, const int64_t *rows, gs_op_t op, double prescale, double postscale) {
-  gs_enter_runtime();
-  gs_status_t s = reduce_scatter_impl(c, in, out, n, rows, op, prescale, postscale);
-  gs_leave_runtime();
-  return s;
+static gs_status_t reduce_scatter_check(gs_comm_t c, gs_coll_t *d) {
+  const gs_tensor_t *in = d->in, *out = d->out;
+  const int64_t *rows = d->counts;
+  const char *fn = d->fn;
+  for (int64_t i = 0; i < d->n; i++) {
+    int64_t r = rows ? rows[i] : in[i].count, first, cnt;
+    if (r < 0 || (r == 0 && in[i].count != 0) || (r > 0 && in[i].count % r != 0))
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: in[%lld] has %lld elements, not %lld whole "
+                     "rows", fn, (long long)i, (long long)in[i].count, (long long)r);
+    gs_block_range(r, row_elems_of(in, rows, i), c->size, c->rank, &first, &cnt);
+    if (out[i].dtype != in[i].dtype)
+      return gs_fail(GS_ERR_TYPE, "%s: out[%lld] is %s but in[%lld] is %s", fn, (long long)i,
+                     gs_dtype_name(out[i].dtype), (long long)i, gs_dtype_name(in[i].dtype));
+    if (out[i].count != cnt)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] has %lld elements; this rank's "
+                     "block has %lld", fn, (long long)i, (long long)out[i].count, (long long)cnt);
+  }
+  d->call.extra = rows;
+  d->call.extra_name = "number of rows";
+  return gs_check_disjoint(fn, in, out, d->n);
+}
+
+gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
+                              int64_t n, const int64_t *rows, gs_op_t op, double prescale,
+                              double postscale) {
+  gs_coll_t d = {.fn = "gs_reduce_scatter", .name = "reduce_scatter",
+                 .kind = GS_CALL_REDUCE_SCATTER, .in = in, .out = out, .n = n, .op = op,
+                 .pre = prescale, .post = postscale, .counts = rows, .op_checked = 1,
+                 .check = reduce_scatter_check, .message = scatter_message};
+  return gs_collective(c, &d);
 }

@@ -6,7 +6,7 @@
  * the same MPI algorithm from counts they all hold. */
 #include <stdlib.h>
 
-#include "gs_internal.h"
+#include "gs_collective.h"
 
 /* Per tensor: a hash of its column of counts (the validated `extra`), and
  * whether every count and displacement fits one MPI call. */
@@ -82,65 +82,80 @@ static gs_status_t check_rooted(const char *fn, gs_comm_t c, const gs_tensor_t *
   return gs_check_memory(c, fn, mine, n, whole, n);
 }
 
-static gs_status_t rooted_impl(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                               int64_t n, const int64_t *counts, int root, int gather) {
-  const char *fn = gather ? "gs_gatherv" : "gs_scatterv";
-  GS_CHECK(gs_comm_enter(c, fn));
-  gs_clear_error();
-  int p = c->size, native = 1;
-  const gs_tensor_t *mine = gather ? in : out, *whole = gather ? out : in;
-  int64_t *hash = malloc((size_t)(n > 0 ? n : 1) * sizeof *hash);
+/* What a gather or scatter found in its checks. */
+typedef struct rooted {
+  int gather, native;
+  int64_t *hash; /* per tensor: its column of counts */
+} rooted_t;
+
+static void rooted_release(gs_coll_t *d) {
+  rooted_t *r = d->extra;
+  free(r->hash);
+  r->hash = NULL;
+}
+
+/* Rank-dependent: only the root reads the whole list. */
+static gs_status_t rooted_check(gs_comm_t c, gs_coll_t *d) {
+  rooted_t *r = d->extra;
+  if (d->n < 0) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: n is negative", d->fn);
+  r->hash = malloc((size_t)(d->n > 0 ? d->n : 1) * sizeof *r->hash);
+  if (!r->hash) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
+  GS_CHECK(check_rooted(d->fn, c, d->in, d->out, d->n, d->counts, d->root, r->gather, r->hash,
+                        &r->native));
+  d->call.extra = r->hash;
+  d->call.extra_name = "per-rank counts (hash)";
+  d->call.counts_vary = 1;
+  return GS_SUCCESS;
+}
+
+/* Each tensor its own message; the root's counts and displacements. */
+static gs_status_t rooted_run(const gs_engine_t *e, gs_coll_t *d) {
+  const rooted_t *rt = d->extra;
+  gs_comm_t c = e->comm;
+  int p = c->size, me = c->rank == d->root;
+  int64_t n = d->n;
+  const gs_tensor_t *mine = d->in, *whole = d->out;
   int64_t *v = malloc(2 * (size_t)p * sizeof *v);
-  gs_status_t local = hash && v && n >= 0 ? GS_SUCCESS
-                      : n < 0 ? gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: n is negative", fn)
-                              : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
-  if (local == GS_SUCCESS)
-    local = check_rooted(fn, c, mine, whole, n, counts, root, gather, hash, &native);
-  gs_call_t call = {gather ? GS_CALL_GATHERV : GS_CALL_SCATTERV, GS_OP_SUM, root, n, mine,
-                    hash, "per-rank counts (hash)", 1};
-  if (local != GS_SUCCESS) { /* the arguments may not be readable */
-    call.n = 0;
-    call.tensors = NULL;
-    call.extra = NULL;
-  }
-  gs_status_t s = gs_begin_call(c, &call, local);
-  gs_engine_t e = {.device = -1};
-  if (s == GS_SUCCESS && n > 0) s = gs_engine_open(c, mine, n, &e);
-  e.call = gather ? "gather" : "scatter";
+  gs_status_t s = v ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
   for (int64_t i = 0; i < n && s == GS_SUCCESS; i++) {
-    int me = c->rank == root;
-    gs_xfer_t x = {mine[i].dtype, root, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, native};
+    gs_xfer_t x = {mine[i].dtype, d->root, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0, rt->native};
     for (int r = 0; me && r < p; r++) {
-      v[r] = counts[(size_t)r * n + i];
+      v[r] = d->counts[(size_t)r * n + i];
       v[p + r] = r ? v[p + r - 1] + v[r - 1] : 0;
     }
-    if (gather) {
-      x.send = in[i].data, x.scount = in[i].count;
-      if (me) x.recv = out[i].data, x.rcounts = v, x.rdispls = v + p;
-      s = gs_xfer_gatherv(&e, &x);
+    if (rt->gather) {
+      x.send = mine[i].data, x.scount = mine[i].count;
+      if (me) x.recv = whole[i].data, x.rcounts = v, x.rdispls = v + p;
+      s = gs_xfer_gatherv(e, &x);
     } else {
-      x.recv = out[i].data, x.rcount = out[i].count;
-      if (me) x.send = in[i].data, x.scounts = v, x.sdispls = v + p;
-      s = gs_xfer_scatterv(&e, &x);
+      x.recv = mine[i].data, x.rcount = mine[i].count;
+      if (me) x.send = whole[i].data, x.scounts = v, x.sdispls = v + p;
+      s = gs_xfer_scatterv(e, &x);
     }
   }
-  free(hash);
   free(v);
-  return gs_engine_close(&e, s);
+  return s;
+}
+
+/* `mine` is the list every rank holds (gather: in, scatter: out), `whole`
+ * the root's. */
+static gs_status_t rooted(gs_comm_t c, const gs_tensor_t *mine, const gs_tensor_t *whole,
+                          int64_t n, const int64_t *counts, int root, int gather) {
+  rooted_t r = {gather, 1, NULL};
+  gs_coll_t d = {.fn = gather ? "gs_gatherv" : "gs_scatterv", .name = gather ? "gather" : "scatter",
+                 .kind = gather ? GS_CALL_GATHERV : GS_CALL_SCATTERV, .in = mine, .out = whole,
+                 .n = n, .op = GS_OP_SUM, .root = root, .counts = counts, .extra = &r,
+                 .own_checks = 1, .check = rooted_check, .run = rooted_run,
+                 .release = rooted_release};
+  return gs_collective(c, &d);
 }
 
 gs_status_t gs_gatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
                        const int64_t *counts, int root) {
-  gs_enter_runtime();
-  gs_status_t s = rooted_impl(c, in, out, n, counts, root, 1);
-  gs_leave_runtime();
-  return s;
+  return rooted(c, in, out, n, counts, root, 1);
 }
 
 gs_status_t gs_scatterv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
                         const int64_t *counts, int root) {
-  gs_enter_runtime();
-  gs_status_t s = rooted_impl(c, in, out, n, counts, root, 0);
-  gs_leave_runtime();
-  return s;
+  return rooted(c, out, in, n, counts, root, 0);
 }

@@ -5,7 +5,7 @@
 #ifndef GRADSYNC_SIMD_H
 #define GRADSYNC_SIMD_H
 
-#include "gs_internal.h"
+#include "gs_kernels_internal.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
@@ -46,8 +46,5 @@ GS_AVX2 static inline void gs_store8(gs_dtype_t dt, void *p, int64_t i, __m256 v
   }
 }
 #endif
-
-/* Whether the AVX2/F16C kernels run here (CPU support, GRADSYNC_SIMD). */
-int gs_simd_avx2(void);
 
 #endif

@@ -1,9 +1,8 @@
 /* Status strings and the per-thread last-error message. */
-#include <mpi.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "gs_internal.h"
+#include "gs_base.h"
 
 static _Thread_local char last_error[2048];
 
@@ -36,12 +35,4 @@ gs_status_t gs_fail(gs_status_t status, const char *fmt, ...) {
   vsnprintf(last_error, sizeof last_error, fmt, ap);
   va_end(ap);
   return status;
-}
-
-gs_status_t gs_mpi_fail(int mpi_err, const char *what) {
-  char msg[MPI_MAX_ERROR_STRING + 1];
-  int len = 0;
-  if (MPI_Error_string(mpi_err, msg, &len) != MPI_SUCCESS) len = 0;
-  msg[len] = '\0';
-  return gs_fail(GS_ERR_MPI, "%s failed: %s", what, len ? msg : "unknown MPI error");
 }

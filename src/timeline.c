@@ -1,11 +1,12 @@
 /* The Chrome-trace timeline: events kept in memory while recording (rank 0
  * of MPI_COMM_WORLD only) and written as one JSON array at stop or exit. */
+#include <mpi.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_internal.h"
+#include "gs_base.h"
 
 typedef struct tl_event {
   const char *name;  /* static strings only: phase and call names */
@@ -106,6 +107,6 @@ void gs_timeline_from_env(void) {
   static int done;
   if (done) return;
   done = 1;
-  const char *p = getenv("GRADSYNC_TIMELINE");
-  if (p && *p) gs_timeline_start(p);
+  const char *p = gs_env_timeline();
+  if (p) gs_timeline_start(p);
 }

@@ -1,7 +1,7 @@
 /* Where the exchange collectives' data goes, by memory:
  *
  *   host memory        MPI's own collective while counts fit int (x->native),
- *                      else pairwise exchanges in chunks (gs_mpi_exchange)
+ *                      else pairwise exchanges in chunks (the transport's exchange)
  *   CUDA, NCCL path    pairwise NCCL send/recv on gradsync's stream
  *   CUDA-aware MPI     the host algorithm on the device pointers, once the
  *                      stream has drained
@@ -14,14 +14,7 @@
  * empty but the root's. */
 #include <stdlib.h>
 
-#include "gs_cuda.h"
-#include "gs_internal.h"
-
-static gs_status_t aware_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
-                                  int64_t rcount, gs_dtype_t dtype, int peer) {
-  GS_CHECK(gs_cu_stream_wait(c->dev_stream, "gradsync: before CUDA-aware MPI"));
-  return gs_mpi_exchange(c, sbuf, scount, rbuf, rcount, dtype, peer);
-}
+#include "gs_algorithms.h"
 
 static gs_status_t local_copy(const gs_engine_t *e, gs_dtype_t dtype, void *dst, const void *src,
                               int64_t count) {
@@ -129,7 +122,7 @@ static gs_status_t staged_run(const gs_engine_t *e, kind_t kind, const gs_xfer_t
   GS_CHECK(gs_cu_stream_wait(e->stream, "gradsync: staging device memory through the host"));
   gs_engine_t host = {.comm = c, .call = e->call, .device = -1, .stream = NULL,
                       .transport = &gs_mpi_transport};
-  GS_CHECK(host_run(&host, kind, gs_mpi_exchange, &h));
+  GS_CHECK(host_run(&host, kind, gs_mpi_transport.exchange, &h));
   if (received) GS_CHECK(gs_cu_copy(x->recv, h.recv, bytes_at(x, received), e->stream));
   return gs_cu_stream_wait(e->stream, "gradsync: staging device memory through the host");
 }
@@ -139,14 +132,14 @@ static gs_status_t run(const gs_engine_t *e, kind_t kind, const gs_xfer_t *x) {
   double t0 = GS_TL_START();
   gs_status_t s;
   if (!gs_engine_on_device(e)) {
-    s = host_run(e, kind, gs_mpi_exchange, x);
+    s = host_run(e, kind, e->transport->exchange, x);
   } else if (c->dev_path == GS_PATH_NCCL) {
     gs_xfer_t pairwise = *x; /* NCCL has no alltoallv/gatherv/scatterv of its own */
     pairwise.native = 0;
-    s = host_run(e, kind, gs_nccl_exchange, &pairwise);
+    s = host_run(e, kind, e->transport->exchange, &pairwise);
   } else if (c->dev_path == GS_PATH_CUDA_AWARE) {
     s = gs_cu_stream_wait(e->stream, "gradsync: before CUDA-aware MPI");
-    if (s == GS_SUCCESS) s = host_run(e, kind, aware_exchange, x);
+    if (s == GS_SUCCESS) s = host_run(e, kind, e->transport->exchange, x);
   } else {
     s = staged_run(e, kind, x);
   }

@@ -13,7 +13,7 @@ extern "C" {
 #include "emu.h"
 }
 #include "cuda_pieces.cuh"
-#include "gs_cuda.h"
+#include "gs_kernels_internal.h"
 
 extern "C" {
 size_t gs_dtype_size(gs_dtype_t dtype);
@@ -178,13 +178,14 @@ cudaError_t run_keys(void *arg) {
   return cudaSuccess;
 }
 
-gs_status_t queued(cudaError_t e, const char *what) {
-  return e == cudaSuccess ? GS_SUCCESS : gs_cu_fail(e, what);
+int queued(cudaError_t e, const char *what) {
+  (void)what;
+  return (int)e;
 }
 
 }  // namespace
 
-extern "C" gs_status_t gs_cu_launch_elementwise(int mode, const gs_cu_run_t *runs,
+extern "C" int gs_cu_launch_elementwise(int mode, const gs_cu_run_t *runs,
                                                 const gs_cu_item_t *items, int64_t nitems,
                                                 double scale, void *stream) {
   Elementwise k = {mode, runs, items, nitems, scale};
@@ -192,14 +193,14 @@ extern "C" gs_status_t gs_cu_launch_elementwise(int mode, const gs_cu_run_t *run
                 "gradsync: elementwise kernel launch");
 }
 
-extern "C" gs_status_t gs_cu_launch_nonfinite(const gs_tensor_t *t, const gs_cu_item_t *items,
+extern "C" int gs_cu_launch_nonfinite(const gs_tensor_t *t, const gs_cu_item_t *items,
                                               int64_t nitems, int *flag, void *stream) {
   Nonfinite k = {t, items, nitems, flag};
   return queued(emu_enqueue((cudaStream_t)stream, run_nonfinite, &k, sizeof k),
                 "gradsync: all_finite kernel launch");
 }
 
-extern "C" gs_status_t gs_cu_launch_dots(int dtype, const void *a, const void *b,
+extern "C" int gs_cu_launch_dots(int dtype, const void *a, const void *b,
                                          const gs_cu_slice_t *slices, const gs_cu_item_t *items,
                                          int64_t nitems, const int64_t *first_item,
                                          int64_t nslices, double *partial, double *d,
@@ -210,7 +211,7 @@ extern "C" gs_status_t gs_cu_launch_dots(int dtype, const void *a, const void *b
                 "gradsync: adasum dots kernel launch");
 }
 
-extern "C" gs_status_t gs_cu_launch_combine(int dtype, const void *a, const void *b, void *out,
+extern "C" int gs_cu_launch_combine(int dtype, const void *a, const void *b, void *out,
                                             const gs_cu_slice_t *slices, const double *coef,
                                             const gs_cu_item_t *items, int64_t nitems,
                                             void *stream) {
@@ -219,9 +220,9 @@ extern "C" gs_status_t gs_cu_launch_combine(int dtype, const void *a, const void
                 "gradsync: adasum combine kernel launch");
 }
 
-extern "C" gs_status_t gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src,
+extern "C" int gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src,
                                                void *dst, int64_t count, void *stream) {
-  if (count <= 0) return GS_SUCCESS;
+  if (count <= 0) return 0;
   Keys k = {dtype, max, inverse, src, dst, count};
   return queued(emu_enqueue((cudaStream_t)stream, run_keys, &k, sizeof k),
                 "gradsync: min/max order-key kernel launch");

@@ -5,9 +5,7 @@
  * chunk k-1 goes back up and chunk k+1 comes down. */
 #include <stdlib.h>
 
-#include "gs_cuda.h"
-#include "gs_internal.h"
-
+#include "gs_transport.h"
 
 static gs_status_t pinned(gs_comm_t c, size_t bytes, void **buf) {
   GS_CHECK(gs_cu_grow_pinned(&c->pinned, &c->pinned_bytes, bytes, c->dev_stream));
@@ -119,10 +117,9 @@ static gs_status_t staged_reduce_scatter(gs_comm_t c, const void *send, void *re
   return wait_copies(c);
 }
 
-/* Adasum's pairwise exchange, staged: what goes out comes down first. */
-gs_status_t gs_staged_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
-                               int64_t rcount, gs_dtype_t dtype, int peer,
-                               gs_exchange_fn host_exchange) {
+/* A pairwise exchange, staged: what goes out comes down first. */
+static gs_status_t staged_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
+                                   int64_t rcount, gs_dtype_t dtype, int peer) {
   size_t es = gs_dtype_size(dtype);
   char *host;
   GS_CHECK(pinned(c, (size_t)(scount + rcount) * es, (void **)&host));
@@ -131,14 +128,14 @@ gs_status_t gs_staged_exchange(gs_comm_t c, const void *sbuf, int64_t scount, vo
     GS_CHECK(down(c, host, sbuf, (size_t)scount * es));
     GS_CHECK(wait_copies(c));
   }
-  GS_CHECK(host_exchange(c, host, scount, hrecv, rcount, dtype, peer));
+  GS_CHECK(gs_mpi_transport.exchange(c, host, scount, hrecv, rcount, dtype, peer));
   if (rcount) GS_CHECK(up(c, rbuf, hrecv, (size_t)rcount * es));
   return wait_copies(c);
 }
 
 /* The work of a device path that ends on the host side: an event is all
  * there is to poll (the CUDA-aware path shares it). */
-int gs_staged_poll(gs_comm_t c, void *event, gs_status_t *err) {
+static int staged_poll(gs_comm_t c, void *event, gs_status_t *err) {
   (void)c;
   int r = gs_cu_event_poll(event, "gradsync: device work of a staged collective");
   if (r < 0) *err = GS_ERR_CUDA;
@@ -147,5 +144,5 @@ int gs_staged_poll(gs_comm_t c, void *event, gs_status_t *err) {
 
 const gs_transport_t gs_staged_transport = {
     "mpi-staged", staged_allreduce, staged_broadcast, staged_allgatherv, staged_reduce_scatter,
-    gs_staged_poll, NULL, NULL,
+    staged_exchange, staged_poll, NULL, NULL,
 };

@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_cuda.h"
-#include "gs_internal.h"
+#include "gs_info.h"
+#include "gs_transport.h"
 
 #ifndef GS_NCCL_LIBRARY
 #define GS_NCCL_LIBRARY ""
@@ -56,7 +56,7 @@ static void refuse(const char *why) {
 }
 
 static void open_library(void) {
-  const char *env = getenv("GRADSYNC_NCCL_LIBRARY");
+  const char *env = gs_env_nccl_library();
   const char *candidates[] = {env, GS_NCCL_LIBRARY, "libnccl.so.2", "libnccl.so"};
   for (size_t k = 0; k < sizeof candidates / sizeof *candidates && !api.handle; k++)
     if (candidates[k] && *candidates[k]) api.handle = dlopen(candidates[k], RTLD_NOW | RTLD_LOCAL);
@@ -85,7 +85,7 @@ static void open_library(void) {
 
 int gs_nccl_loadable(void) {
   pthread_once(&api_once, open_library);
-  if (!api.handle && (getenv("GRADSYNC_DEBUG_NCCL") || gs_log_level() >= GS_LOG_INFO))
+  if (!api.handle && (gs_env_debug_nccl() || gs_log_level() >= GS_LOG_INFO))
     gs_log(GS_LOG_INFO, "%s", api.error);
   return api.handle != NULL;
 }
@@ -129,7 +129,7 @@ static int settle_poll(void *ctx, gs_status_t *err) {
   if (r == ncclSuccess && state == ncclSuccess) return 1;
   *err = nccl_fail(s->c, r != ncclSuccess ? r : state, s->what);
   abort_comm(s->c, GS_ERR_NCCL);
-  s->c->broken = GS_ERR_NCCL;
+  s->c->fate.broken = GS_ERR_NCCL;
   return -1;
 }
 
@@ -143,7 +143,7 @@ static gs_status_t settle(gs_comm_t c, ncclResult_t r, const char *what) {
   if (r != ncclInProgress) {
     gs_status_t s = nccl_fail(c, r, what);
     abort_comm(c, GS_ERR_NCCL);
-    c->broken = GS_ERR_NCCL;
+    c->fate.broken = GS_ERR_NCCL;
     return s;
   }
   settle_ctx_t ctx = {c, what};
@@ -163,7 +163,7 @@ static int nccl_poll(gs_comm_t c, void *event, gs_status_t *err) {
   if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
     *err = nccl_fail(c, r != ncclSuccess ? r : state, "NCCL reported an asynchronous error");
     abort_comm(c, GS_ERR_NCCL);
-    c->broken = GS_ERR_NCCL;
+    c->fate.broken = GS_ERR_NCCL;
     return -1;
   }
   int done = gs_cu_event_poll(event, "gradsync: NCCL work");
@@ -214,7 +214,7 @@ gs_status_t gs_nccl_comm_init(gs_comm_t c) {
   s = settle(c, r, "ncclCommInitRankConfig"); /* polls the initialization */
   if (s != GS_SUCCESS) {
     abort_comm(c, s);
-    c->broken = GS_SUCCESS; /* the ranks agree on a fallback in choose_path */
+    c->fate.broken = GS_SUCCESS; /* the ranks agree on a fallback in choose_path */
   }
   return s;
 }
@@ -270,8 +270,9 @@ static gs_status_t key_scratch(gs_comm_t c, int64_t elements, gs_dtype_t dtype, 
 
 static gs_status_t to_keys(gs_comm_t c, gs_dtype_t dtype, gs_op_t op, const void *src, void *keys,
                            int64_t n, int inverse) {
-  return gs_cu_launch_order_keys((int)dtype, op == GS_OP_MAX, inverse, src, keys, n,
-                                 c->dev_stream);
+  return gs_cu_launched(gs_cu_launch_order_keys((int)dtype, op == GS_OP_MAX, inverse, src, keys,
+                                                n, c->dev_stream),
+                        "gradsync: min/max order-key kernel launch");
 }
 
 static gs_status_t nccl_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
@@ -369,8 +370,8 @@ static gs_status_t nccl_reduce_scatter(gs_comm_t c, const void *send, void *recv
   return to_keys(c, dtype, op, keys + (size_t)total * kb, recv, mine, 1);
 }
 
-gs_status_t gs_nccl_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
-                             int64_t rcount, gs_dtype_t dtype, int peer) {
+static gs_status_t nccl_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
+                                 int64_t rcount, gs_dtype_t dtype, int peer) {
   NCCL_CALL(c, api.ncclGroupStart(), "ncclGroupStart");
   ncclResult_t r = ncclSuccess;
   if (scount) r = api.ncclSend(sbuf, (size_t)scount, nccl_type(dtype), peer, COMM(c), STREAM(c));
@@ -384,43 +385,18 @@ gs_status_t gs_nccl_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void
 
 const gs_transport_t gs_nccl_transport = {
     "nccl", nccl_allreduce, nccl_broadcast, nccl_allgatherv, nccl_reduce_scatter,
-    nccl_poll, abort_comm, detail,
+    nccl_exchange, nccl_poll, abort_comm, detail,
 };
 
 #else /* no NCCL header at build time */
 
-static gs_status_t no_nccl(void) {
-  return gs_fail(GS_ERR_UNSUPPORTED, "gradsync was built without NCCL");
-}
 int gs_nccl_loadable(void) { return 0; }
 int gs_nccl_version(void) { return 0; }
-gs_status_t gs_nccl_comm_init(gs_comm_t c) { (void)c; return no_nccl(); }
+gs_status_t gs_nccl_comm_init(gs_comm_t c) {
+  (void)c;
+  return gs_fail(GS_ERR_UNSUPPORTED, "gradsync was built without NCCL");
+}
 void gs_nccl_comm_free(gs_comm_t c) { c->nccl = NULL; }
-gs_status_t gs_nccl_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
-                             int64_t rcount, gs_dtype_t dtype, int peer) {
-  (void)c; (void)sbuf; (void)scount; (void)rbuf; (void)rcount; (void)dtype; (void)peer;
-  return no_nccl();
-}
-static gs_status_t no_allreduce(gs_comm_t c, const void *s, void *r, int64_t n, gs_dtype_t d,
-                                gs_op_t o) {
-  (void)c; (void)s; (void)r; (void)n; (void)d; (void)o;
-  return no_nccl();
-}
-static gs_status_t no_broadcast(gs_comm_t c, void *b, int64_t n, gs_dtype_t d, int root) {
-  (void)c; (void)b; (void)n; (void)d; (void)root;
-  return no_nccl();
-}
-static gs_status_t no_allgatherv(gs_comm_t c, void *r, const int64_t *n, const int64_t *o,
-                                 gs_dtype_t d) {
-  (void)c; (void)r; (void)n; (void)o; (void)d;
-  return no_nccl();
-}
-static gs_status_t no_reduce_scatter(gs_comm_t c, const void *s, void *r, const int64_t *n,
-                                     gs_dtype_t d, gs_op_t o) {
-  (void)c; (void)s; (void)r; (void)n; (void)d; (void)o;
-  return no_nccl();
-}
-const gs_transport_t gs_nccl_transport = {
-    "nccl", no_allreduce, no_broadcast, no_allgatherv, no_reduce_scatter, NULL, NULL, NULL,
-};
+/* Never chosen: the engine takes NCCL only where gs_nccl_loadable() says so. */
+const gs_transport_t gs_nccl_transport = {.name = "nccl"};
 #endif

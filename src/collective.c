@@ -1,0 +1,65 @@
+/* The skeleton every public collective runs through. */
+#include "gs_collective.h"
+
+double gs_postscale(gs_comm_t c, gs_op_t op, double postscale) {
+  return op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;
+}
+
+/* The checks every collective shares, then its own; then where its memory
+ * lives. A rank that fails them still takes part in validation. */
+static gs_status_t check(gs_comm_t c, gs_coll_t *d) {
+  if (d->own_checks) return d->check(c, d);
+  gs_status_t s = gs_check_tensors(d->fn, d->in_name ? d->in_name : "in", d->in, d->n);
+  if (s == GS_SUCCESS && d->out) s = gs_check_tensors(d->fn, "out", d->out, d->n);
+  if (s == GS_SUCCESS && d->op_checked)
+    s = gs_check_op(d->fn, d->op, d->in, d->n, d->pre, d->post, d->allow_adasum);
+  if (s == GS_SUCCESS && d->check) s = d->check(c, d);
+  if (s == GS_SUCCESS && d->memory)
+    s = gs_check_memory(c, d->fn, d->in, d->n, d->out, d->out ? d->n : 0);
+  return s;
+}
+
+static gs_status_t messages(const gs_engine_t *e, gs_coll_t *d) {
+  gs_plan_t plan;
+  GS_CHECK(gs_plan_tensors(&plan, d->plan_on, d->n, e->comm));
+  gs_status_t s = GS_SUCCESS;
+  for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
+    if (plan.msgs[k].count > 0) s = d->message(e, &plan, &plan.msgs[k], d);
+  gs_plan_free(&plan);
+  return s;
+}
+
+static gs_status_t run(gs_comm_t c, gs_coll_t *d) {
+  GS_CHECK(gs_comm_enter(c, d->fn));
+  gs_clear_error();
+  d->comm = c;
+  d->call = (gs_call_t){d->kind, d->op, d->root, d->n, d->in, NULL, NULL, 0};
+  d->plan_on = d->memory = d->in;
+  gs_status_t local = check(c, d);
+  if (local != GS_SUCCESS) { /* the tensors may be unreadable: validate the call alone */
+    d->call.n = 0;
+    d->call.tensors = NULL;
+  }
+  int taken = 0;
+  if (local == GS_SUCCESS && d->shortcut) {
+    gs_status_t s = d->shortcut(c, d, &taken);
+    if (taken) return s;
+  }
+  GS_CHECK(d->validate ? d->validate(c, d, local) : gs_begin_call(c, &d->call, local));
+  if (d->n == 0) return GS_SUCCESS;
+  d->post = gs_postscale(c, d->op, d->post);
+  if (!d->memory) return d->run(NULL, d);
+  gs_engine_t e;
+  GS_CHECK(gs_engine_open(c, d->memory, d->n, &e));
+  e.call = d->name;
+  gs_status_t s = d->message ? messages(&e, d) : d->run(&e, d);
+  return gs_engine_close(&e, s);
+}
+
+gs_status_t gs_collective(gs_comm_t c, gs_coll_t *d) {
+  gs_enter_runtime();
+  gs_status_t s = run(c, d);
+  if (d->release) d->release(d);
+  gs_leave_runtime();
+  return s;
+}

@@ -1,0 +1,31 @@
+/* gradsync private, layer 9 (algorithms): Adasum over the transport and
+ * kernel entries (adasum.c), and where the exchange collectives' data goes
+ * (xfer.c). */
+#ifndef GRADSYNC_ALGORITHMS_H
+#define GRADSYNC_ALGORITHMS_H
+
+#include "gs_queue.h"
+
+/* ---- Adasum (adasum.c) --------------------------------------------------- */
+
+/* Adasum over one message held contiguously in `x` (the message's elements,
+ * tensor boundaries from the plan's slots). The result replaces x on every
+ * rank. */
+gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
+                              const gs_message_t *m, void *x, int sum_levels);
+/* Hierarchical Adasum's group size for this communicator, or an argument
+ * error naming the unmet condition (checked before the ranks meet). */
+gs_status_t gs_adasum_group_size(gs_comm_t comm, const char *fn, int *size);
+/* Frees the per-level communicators Adasum caches on a communicator. */
+void gs_adasum_free(gs_comm_t comm);
+
+/* ---- the exchange collectives' data movement (xfer.c) -------------------- */
+
+gs_status_t gs_xfer_alltoallv(const gs_engine_t *e, const gs_xfer_t *x);
+gs_status_t gs_xfer_gatherv(const gs_engine_t *e, const gs_xfer_t *x);
+gs_status_t gs_xfer_scatterv(const gs_engine_t *e, const gs_xfer_t *x);
+/* recv (root only) = op over ranks of send; send == recv at the root: in place. */
+gs_status_t gs_xfer_reduce(const gs_engine_t *e, const void *send, void *recv, int64_t count,
+                           gs_dtype_t dtype, gs_op_t op, int root);
+
+#endif

@@ -1,0 +1,60 @@
+/* gradsync private, layer 5 (mpi): a communicator's state. Every layer
+ * from here up reads its fields; comm.c owns its lifetime, and each field's
+ * comment names the file that owns it. */
+#ifndef GRADSYNC_COMM_STATE_H
+#define GRADSYNC_COMM_STATE_H
+
+#include <mpi.h>
+
+#include "gs_comm.h"
+#include "gs_cuda.h"
+
+struct gs_comm {
+  uint32_t magic;          /* GS_COMM_MAGIC while alive: catches stale handles */
+  MPI_Comm mpi;            /* our duplicate: all collectives go here */
+  MPI_Comm notice;         /* second duplicate: stall notices, point to point */
+  int rank, size, local_rank, local_size;
+  int64_t fusion_threshold;
+  int64_t direct_bytes;    /* tensors of at least this many bytes go alone */
+  int check;
+  double stall_seconds;
+  uint64_t seq;            /* checked calls made so far: names a call in notices */
+  gs_comm_stats_t stats;
+  MPI_Comm *adasum_levels; /* level k: blocks of 2^(k+1) ranks; cached */
+  int adasum_nlevels;
+  void *adasum_tmp;        /* received halves, grows on demand */
+  size_t adasum_tmp_bytes;
+  void *fusion;            /* persistent fusion buffer, grows on demand */
+  size_t fusion_bytes;
+  /* CUDA memory (engine.c): the path is chosen at the first such call */
+  int dev_path;            /* GS_PATH_* */
+  int dev_id;              /* the CUDA device this communicator serves */
+  void *dev_stream;
+  void *nccl;              /* ncclComm_t on GS_PATH_NCCL */
+  void *dev_fusion;        /* device fusion buffer */
+  size_t dev_fusion_bytes;
+  void *dev_tmp;           /* device scratch: Adasum's received halves */
+  size_t dev_tmp_bytes;
+  void *dev_keys;          /* device scratch: NCCL min/max order keys */
+  size_t dev_keys_bytes;
+  void *pinned;            /* pinned host staging for GS_PATH_STAGED */
+  size_t pinned_bytes;
+  gs_fate_t fate;          /* unusable once a wait gave up; whether ranks own cores */
+  /* hosts, agreed by all ranks at creation (hierarchical.c) */
+  int host_min, host_max;  /* fewest and most ranks on one host */
+  int hosts_consecutive;   /* every host's ranks are consecutive ranks */
+  int hier_mode;           /* GRADSYNC_HIERARCHICAL: -1 auto, 0 off, 1 on */
+  MPI_Comm hier_node;      /* this host's ranks; made on first use */
+  MPI_Comm hier_cross;     /* the ranks of my local rank on every host */
+  int hier_group;          /* ranks per host they were made for (< 0: MPI's hosts) */
+};
+enum { GS_PATH_NONE = 0, GS_PATH_NCCL = 1, GS_PATH_STAGED = 2, GS_PATH_CUDA_AWARE = 3 };
+#define GS_COMM_MAGIC 0x67736331u /* "gsc1" */
+
+/* One message's worth of statistics (gs_comm_get_stats). */
+static inline void gs_count_message(gs_comm_t c, int64_t count, gs_dtype_t dtype) {
+  c->stats.messages++;
+  c->stats.bytes += (uint64_t)count * gs_dtype_size(dtype);
+}
+
+#endif

@@ -1,0 +1,78 @@
+/* gradsync private, layer 2 (runtime): the runtime lock, what a thread knows
+ * of the communicator it is working on (its fate), and the one loop behind
+ * every wait on every transport (progress.c). */
+#ifndef GRADSYNC_RUNTIME_H
+#define GRADSYNC_RUNTIME_H
+
+#include "gs_base.h"
+#include "gs_kernels_internal.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- the runtime lock (runtime.c) ------------------------------------------
+ * Keeps gradsync's MPI calls one at a time across threads
+ * (MPI_THREAD_SERIALIZED). Waits release it between polls
+ * (gs_runtime_pause), so threads driving different communicators all
+ * progress. Nested holds are counted. The queue (queue.c) takes it through
+ * gs_enter_runtime, which first lets queued asynchronous work finish. */
+void gs_runtime_lock(void);
+void gs_runtime_unlock(void);
+/* Lets other threads in while this one waits (sleeping nap_us microseconds,
+ * or just yielding for 0); returns with the lock again. */
+void gs_runtime_pause(int nap_us);
+/* Whether the calling thread holds the lock. */
+int gs_runtime_held(void);
+/* Counts the calling thread as an application thread (once). */
+void gs_runtime_register_thread(void);
+/* More than one application thread has entered the runtime: blocking MPI
+ * calls (which would hold the lock while waiting) are then avoided. */
+int gs_runtime_shared(void);
+/* Whether the calling thread is gradsync's background thread (queue.c sets
+ * it at the thread's start). */
+int gs_runtime_in_worker(void);
+void gs_runtime_set_worker(void);
+
+/* ---- a communicator's fate (runtime.c) --------------------------------------
+ * What the waits need of the communicator a thread works on: where a wait
+ * that gives up (timeout, interrupt, a lost device context) records why,
+ * which leaves the communicator unusable, and whether its ranks each own a
+ * core (short spins are then cheap). Communicators embed one and bind it
+ * for the length of a call. */
+typedef struct gs_fate {
+  gs_status_t broken; /* GS_SUCCESS while usable */
+  int owns_core;      /* ranks on this node <= its cores */
+} gs_fate_t;
+/* Binds `fate` to the calling thread; returns the one bound before. The
+ * binding ends with gs_runtime_unlock's outermost release. */
+gs_fate_t *gs_runtime_bind(gs_fate_t *fate);
+/* Marks the bound communicator unusable (no-op when none is bound). */
+void gs_runtime_mark_broken(gs_status_t why);
+/* Whether the bound communicator's ranks own their cores. */
+int gs_runtime_owns_core(void);
+
+/* ---- waiting (progress.c): every wait on every transport ------------------- */
+
+/* What a wait polls. poll: 1 done, 0 not yet, -1 failed (*err set, message
+ * recorded). abandon (may be NULL): called when the wait gives up (timeout,
+ * interrupt) to cancel or abort what is pending. tick (may be NULL): about
+ * every 128 polls with the seconds waited. detail (may be NULL): more words
+ * for the timeout message (NCCL's last error). */
+typedef struct gs_wait {
+  int (*poll)(void *ctx, gs_status_t *err);
+  void (*abandon)(void *ctx, gs_status_t why);
+  void (*tick)(void *ctx, double waited);
+  const char *(*detail)(void *ctx);
+  void *ctx;
+  const char *what;
+} gs_wait_t;
+/* Polls until done, yielding the core and releasing the runtime lock between
+ * polls; GRADSYNC_TIMEOUT_SECONDS and interrupts end it with GS_ERR_TIMEOUT
+ * or GS_ERR_INTERRUPTED and leave the bound communicator unusable. */
+gs_status_t gs_progress_wait(const gs_wait_t *w);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,101 @@
+/* gradsync private, layer 6 (transports): one gs_transport_t per way of
+ * moving data, each in its own file (transport_mpi.c, transport_cuda_aware.c,
+ * transport_staged.c, transport_nccl.c), so a new transport (UCC, Gloo)
+ * touches one file; the hosts' topology and the hierarchical allreduce
+ * (hierarchical.c); MPI's own exchange collectives (mpi_xfer.c). Every call
+ * takes 64-bit counts. `op` is a reduction (sum, min, max, prod): average
+ * and the scales are the engine's. */
+#ifndef GRADSYNC_TRANSPORT_H
+#define GRADSYNC_TRANSPORT_H
+
+#include "gs_mpi.h"
+
+typedef gs_status_t (*gs_exchange_fn)(gs_comm_t, const void *send, int64_t scount, void *recv,
+                                      int64_t rcount, gs_dtype_t, int peer);
+
+typedef struct gs_transport {
+  const char *name;
+  /* send == NULL: in place on recv. */
+  gs_status_t (*allreduce)(gs_comm_t, const void *send, void *recv, int64_t count, gs_dtype_t,
+                           gs_op_t);
+  gs_status_t (*broadcast)(gs_comm_t, void *buf, int64_t count, gs_dtype_t, int root);
+  /* recv holds size blocks: block r has counts[r] elements at displs[r].
+   * This rank's block is already in place in recv. */
+  gs_status_t (*allgatherv)(gs_comm_t, void *recv, const int64_t *counts, const int64_t *displs,
+                            gs_dtype_t);
+  /* send holds size blocks (counts[r] elements each, back to back); recv
+   * gets this rank's block reduced. */
+  gs_status_t (*reduce_scatter)(gs_comm_t, const void *send, void *recv, const int64_t *counts,
+                                gs_dtype_t, gs_op_t);
+  /* Sends scount elements to `peer` and receives rcount from it (either may
+   * be 0): Adasum's halving and the exchange collectives' pairwise rounds. */
+  gs_exchange_fn exchange;
+  /* Device transports (NULL for host memory): whether the work queued on the
+   * communicator's stream up to `event` has finished (1), not yet (0), or
+   * failed (-1, *err set, message recorded); abort (may be NULL): what to do
+   * when a wait gives up on it; detail (may be NULL): the transport's own
+   * words on its last error, for messages. */
+  int (*poll)(gs_comm_t, void *event, gs_status_t *err);
+  void (*abort)(gs_comm_t, gs_status_t why);
+  const char *(*detail)(gs_comm_t);
+} gs_transport_t;
+
+/* Host memory through MPI (transport_mpi.c). */
+extern const gs_transport_t gs_mpi_transport;
+/* MPI's own allreduce, chunked, never touching the data: device pointers
+ * may go in when MPI is CUDA-aware and the op is MPI's. */
+gs_status_t gs_mpi_native_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                                    gs_dtype_t dtype, gs_op_t op);
+/* Device buffers straight to a CUDA-aware MPI (transport_cuda_aware.c):
+ * detected with MPIX_GPU_query_support, or GRADSYNC_CUDA_AWARE_MPI=0/1. */
+extern const gs_transport_t gs_cuda_aware_transport;
+int gs_mpi_cuda_aware(void);
+/* MPI over pinned host staging for device buffers (transport_staged.c). */
+extern const gs_transport_t gs_staged_transport;
+/* NCCL (transport_nccl.c): opened at run time; these fail cleanly when it
+ * is absent. */
+extern const gs_transport_t gs_nccl_transport;
+int gs_nccl_loadable(void);
+gs_status_t gs_nccl_comm_init(gs_comm_t c); /* collective over c->mpi */
+void gs_nccl_comm_free(gs_comm_t c);
+
+/* ---- hosts and the hierarchical allreduce (hierarchical.c) -------------- */
+
+/* Collective over c->mpi, after local_rank/local_size are set: the ranks
+ * agree on the hosts' sizes and read GRADSYNC_HIERARCHICAL. */
+gs_status_t gs_topology_init(gs_comm_t c);
+/* Ranks per host for the hierarchical algorithms (GRADSYNC_HIERARCHY_SIZE
+ * if set), or 0 when the hosts hold unequal numbers of ranks. Every rank
+ * gets the same answer. */
+int gs_host_group(gs_comm_t c);
+/* Whether an allreduce of `bytes` takes the hierarchical path (the same
+ * answer on every rank). */
+int gs_hier_wanted(gs_comm_t c, int64_t bytes);
+/* reduce-scatter in the host, allreduce across hosts, allgather in the
+ * host; send == NULL: in place on recv. */
+gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                              gs_dtype_t dtype, gs_op_t op);
+void gs_hier_free(gs_comm_t c);
+
+/* ---- MPI's exchange collectives on host memory (mpi_xfer.c) -------------- */
+
+/* One tensor's movement. Per-rank arrays have comm->size entries. */
+typedef struct gs_xfer {
+  gs_dtype_t dtype;
+  int root;                         /* gatherv, scatterv */
+  const void *send;
+  void *recv;
+  const int64_t *scounts, *sdispls; /* alltoallv; scatterv at the root */
+  const int64_t *rcounts, *rdispls; /* alltoallv; gatherv at the root */
+  int64_t scount, rcount;           /* gatherv's send, scatterv's receive */
+  int native;                       /* MPI's own collective (all counts fit int) */
+} gs_xfer_t;
+
+/* MPI's own collectives (counts must fit int). */
+gs_status_t gs_mpi_alltoallv(gs_comm_t c, const gs_xfer_t *x);
+gs_status_t gs_mpi_gatherv(gs_comm_t c, const gs_xfer_t *x);
+gs_status_t gs_mpi_scatterv(gs_comm_t c, const gs_xfer_t *x);
+gs_status_t gs_mpi_reduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                          gs_dtype_t dtype, gs_op_t op, int root);
+
+#endif

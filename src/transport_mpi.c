@@ -1,0 +1,220 @@
+/* The MPI transport: host memory, 64-bit counts split into chunks MPI's
+ * int counts can carry, small allreduces by recursive doubling, large ones
+ * across hosts by the hierarchical algorithm. */
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gs_transport.h"
+
+/* Elements per MPI call. A power of two well below INT_MAX keeps every chunk
+ * and byte offset of 8-byte types inside int. */
+#define GS_MPI_CHUNK ((int64_t)1 << 30)
+#define XCHG_TAG 0x7867
+
+/* One transport call is one fused message, however many chunks MPI needs. */
+#define RD_TAG 0x6772
+#define RD_MAX_BYTES GS_BLOCKING_MAX_BYTES
+
+typedef struct small {
+  gs_comm_t c;
+  int bytes;
+  int64_t count;
+  gs_dtype_t dtype;
+  gs_op_t op;
+} small_t;
+
+static gs_status_t small_swap(void *ctx, const void *send, void *recv, int peer) {
+  small_t *a = ctx;
+  MPI_Request r = MPI_REQUEST_NULL, s = MPI_REQUEST_NULL;
+  if (recv)
+    GS_MPI_CHECK(MPI_Irecv(recv, a->bytes, MPI_BYTE, peer, RD_TAG, a->c->mpi, &r), "MPI_Irecv");
+  if (send)
+    GS_MPI_CHECK(MPI_Isend(send, a->bytes, MPI_BYTE, peer, RD_TAG, a->c->mpi, &s), "MPI_Isend");
+  if (recv) GS_CHECK(gs_mpi_wait(&r, "allreduce receive", NULL, NULL));
+  if (send) GS_CHECK(gs_mpi_wait(&s, "allreduce send", NULL, NULL));
+  return GS_SUCCESS;
+}
+
+/* gs_cpu_reduce reduces into its second argument: the upper one. */
+static gs_status_t small_combine(void *ctx, const void *lower, const void *upper, void *out) {
+  small_t *a = ctx;
+  gs_cpu_reduce(a->dtype, a->op, lower, (void *)upper, a->count);
+  if (out != upper) memcpy(out, upper, (size_t)a->bytes);
+  return GS_SUCCESS;
+}
+
+/* Small allreduces by recursive doubling (rdouble.c): as fast as a blocking
+ * MPI_Allreduce (MPICH's MPI_Iallreduce costs about twice as much at 4-64
+ * KiB), while it can time out, be interrupted and let other threads in. */
+static gs_status_t rd_allreduce(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
+                                gs_op_t op) {
+  static _Thread_local unsigned char other[RD_MAX_BYTES] __attribute__((aligned(64)));
+  small_t a = {c, (int)(count * (int64_t)gs_dtype_size(dtype)), count, dtype, op};
+  gs_rd_t rd = {c->rank, c->size, small_swap, small_combine, NULL, &a};
+  return gs_rdouble(&rd, buf, other);
+}
+
+static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv,
+                                 int64_t count, gs_dtype_t dtype, gs_op_t op) {
+  gs_count_message(c, count, dtype);
+  if (gs_hier_wanted(c, count * (int64_t)gs_dtype_size(dtype)))
+    return gs_hier_allreduce(c, send, recv, count, dtype, op);
+  if (count * (int64_t)gs_dtype_size(dtype) <= RD_MAX_BYTES &&
+      !gs_use_blocking(c, count * (int64_t)gs_dtype_size(dtype))) {
+    if (send) memcpy(recv, send, (size_t)count * gs_dtype_size(dtype));
+    return rd_allreduce(c, recv, count, dtype, op);
+  }
+  return gs_mpi_native_allreduce(c, send, recv, count, dtype, op);
+}
+
+gs_status_t gs_mpi_native_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                                    gs_dtype_t dtype, gs_op_t op) {
+  MPI_Datatype dt = MPI_DATATYPE_NULL;
+  MPI_Op mop = MPI_OP_NULL;
+  GS_CHECK(gs_mpi_datatype(dtype, &dt));
+  GS_CHECK(gs_mpi_op(dtype, op, &mop));
+  size_t es = gs_dtype_size(dtype);
+  for (int64_t off = 0; off < count; off += GS_MPI_CHUNK) {
+    int n = (int)(count - off < GS_MPI_CHUNK ? count - off : GS_MPI_CHUNK);
+    char *r = (char *)recv + (size_t)off * es;
+    const void *s = send ? (const char *)send + (size_t)off * es : MPI_IN_PLACE;
+    MPI_Request req;
+    if (gs_use_blocking(c, (int64_t)n * (int64_t)es))
+      GS_CHECK(gs_mpi_finish(MPI_Allreduce(s, r, n, dt, mop, c->mpi), NULL, "MPI_Allreduce"));
+    else
+      GS_CHECK(gs_mpi_finish(MPI_Iallreduce(s, r, n, dt, mop, c->mpi, &req), &req, "MPI_Iallreduce"));
+  }
+  return GS_SUCCESS;
+}
+
+static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
+                                 int root);
+
+static gs_status_t mpi_broadcast(gs_comm_t c, void *buf, int64_t count,
+                                 gs_dtype_t dtype, int root) {
+  gs_count_message(c, count, dtype);
+  return chunked_bcast(c, buf, count, dtype, root);
+}
+
+static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
+                                 int root) {
+  MPI_Datatype dt = MPI_DATATYPE_NULL;
+  GS_CHECK(gs_mpi_datatype(dtype, &dt));
+  size_t es = gs_dtype_size(dtype);
+  for (int64_t off = 0; off < count; off += GS_MPI_CHUNK) {
+    int n = (int)(count - off < GS_MPI_CHUNK ? count - off : GS_MPI_CHUNK);
+    MPI_Request req;
+    char *p = (char *)buf + (size_t)off * es;
+    if (gs_use_blocking(c, (int64_t)n * (int64_t)es))
+      GS_CHECK(gs_mpi_finish(MPI_Bcast(p, n, dt, root, c->mpi), NULL, "MPI_Bcast"));
+    else
+      GS_CHECK(gs_mpi_finish(MPI_Ibcast(p, n, dt, root, c->mpi, &req), &req, "MPI_Ibcast"));
+  }
+  return GS_SUCCESS;
+}
+
+static int fits_int(const int64_t *v, int n) {
+  for (int i = 0; i < n; i++)
+    if (v[i] > INT_MAX) return 0;
+  return 1;
+}
+
+static gs_status_t mpi_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
+                                  const int64_t *displs, gs_dtype_t dtype) {
+  MPI_Datatype dt = MPI_DATATYPE_NULL;
+  GS_CHECK(gs_mpi_datatype(dtype, &dt));
+  size_t es = gs_dtype_size(dtype);
+  int p = c->size;
+  gs_count_message(c, displs[p - 1] + counts[p - 1], dtype);
+  if (fits_int(counts, p) && fits_int(displs, p)) {
+    int *ic = malloc(2 * (size_t)p * sizeof(int));
+    if (!ic) return gs_fail(GS_ERR_NO_MEMORY, "allgather: out of memory");
+    for (int r = 0; r < p; r++) { ic[r] = (int)counts[r]; ic[p + r] = (int)displs[r]; }
+    MPI_Request req;
+    gs_status_t s;
+    if (gs_use_blocking(c, (displs[p - 1] + counts[p - 1]) * (int64_t)es))
+      s = gs_mpi_finish(MPI_Allgatherv(MPI_IN_PLACE, 0, dt, recv, ic, ic + p, dt, c->mpi), NULL,
+                 "MPI_Allgatherv");
+    else
+      s = gs_mpi_finish(MPI_Iallgatherv(MPI_IN_PLACE, 0, dt, recv, ic, ic + p, dt, c->mpi, &req), &req,
+                 "MPI_Iallgatherv");
+    free(ic); /* only after completion: MPI reads the counts until then */
+    return s;
+  }
+  /* Too large for int displacements: every rank broadcasts its own block. */
+  for (int r = 0; r < p; r++)
+    GS_CHECK(chunked_bcast(c, (char *)recv + (size_t)displs[r] * es, counts[r], dtype, r));
+  return GS_SUCCESS;
+}
+
+static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
+                                      const int64_t *counts, gs_dtype_t dtype, gs_op_t op) {
+  MPI_Datatype dt = MPI_DATATYPE_NULL;
+  MPI_Op mop = MPI_OP_NULL;
+  GS_CHECK(gs_mpi_datatype(dtype, &dt));
+  GS_CHECK(gs_mpi_op(dtype, op, &mop));
+  size_t es = gs_dtype_size(dtype);
+  int p = c->size;
+  int64_t total = 0;
+  for (int r = 0; r < p; r++) total += counts[r];
+  gs_count_message(c, total, dtype);
+  if (fits_int(counts, p) && total <= INT_MAX) {
+    int *ic = malloc((size_t)p * sizeof(int));
+    if (!ic) return gs_fail(GS_ERR_NO_MEMORY, "reduce_scatter: out of memory");
+    for (int r = 0; r < p; r++) ic[r] = (int)counts[r];
+    MPI_Request req;
+    gs_status_t s;
+    if (gs_use_blocking(c, total * (int64_t)es))
+      s = gs_mpi_finish(MPI_Reduce_scatter(send, recv, ic, dt, mop, c->mpi), NULL, "MPI_Reduce_scatter");
+    else
+      s = gs_mpi_finish(MPI_Ireduce_scatter(send, recv, ic, dt, mop, c->mpi, &req), &req,
+                 "MPI_Ireduce_scatter");
+    free(ic);
+    return s;
+  }
+  /* Large: reduce each rank's block to that rank, chunk by chunk. */
+  int64_t displ = 0;
+  for (int r = 0; r < p; r++) {
+    for (int64_t off = 0; off < counts[r]; off += GS_MPI_CHUNK) {
+      int n = (int)(counts[r] - off < GS_MPI_CHUNK ? counts[r] - off : GS_MPI_CHUNK);
+      const char *s = (const char *)send + (size_t)(displ + off) * es;
+      void *d = r == c->rank ? (char *)recv + (size_t)off * es : NULL;
+      MPI_Request req;
+      GS_CHECK(gs_mpi_finish(MPI_Ireduce(s, d, n, dt, mop, r, c->mpi, &req), &req, "MPI_Ireduce"));
+    }
+    displ += counts[r];
+  }
+  return GS_SUCCESS;
+}
+
+
+/* Either side may be empty; chunks of GRADSYNC_MPI_MAX_COUNT elements. */
+static gs_status_t mpi_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
+                            int64_t rcount, gs_dtype_t dtype, int peer) {
+  MPI_Datatype dt;
+  GS_CHECK(gs_mpi_datatype(dtype, &dt));
+  size_t es = gs_dtype_size(dtype);
+  int64_t chunk = gs_env_mpi_max_count();
+  if (scount) gs_count_message(c, scount, dtype);
+  for (int64_t off = 0; off < scount || off < rcount; off += chunk) {
+    int sn = (int)(scount - off > chunk ? chunk : (scount > off ? scount - off : 0));
+    int rn = (int)(rcount - off > chunk ? chunk : (rcount > off ? rcount - off : 0));
+    MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    if (rn)
+      GS_MPI_CHECK(MPI_Irecv((char *)rbuf + (size_t)off * es, rn, dt, peer, XCHG_TAG, c->mpi,
+                             &req[0]), "exchange: MPI_Irecv");
+    if (sn)
+      GS_MPI_CHECK(MPI_Isend((const char *)sbuf + (size_t)off * es, sn, dt, peer, XCHG_TAG,
+                             c->mpi, &req[1]), "exchange: MPI_Isend");
+    for (int k = 0; k < 2; k++)
+      if (req[k] != MPI_REQUEST_NULL)
+        GS_CHECK(gs_mpi_wait(&req[k], k ? "exchange: send" : "exchange: receive", NULL, NULL));
+  }
+  return GS_SUCCESS;
+}
+
+const gs_transport_t gs_mpi_transport = {
+    "mpi", mpi_allreduce, mpi_broadcast, mpi_allgatherv, mpi_reduce_scatter, mpi_exchange,
+    NULL, NULL, NULL,
+};
