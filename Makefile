@@ -20,7 +20,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: all deps build test check-bindings c-tests py-tests test-emulated gpu-test demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
+.PHONY: all deps build test check-bindings check-layers c-tests py-tests test-emulated gpu-test demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
 
 all: build
 
@@ -152,7 +152,13 @@ test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1; \
 	done
 
-test: check-bindings c-tests py-tests test-emulated cluster-smoke
+test: check-bindings check-layers c-tests py-tests test-emulated cluster-smoke
+
+# src/'s layering from the compiler's call graph (scripts/check_layers.py,
+# docs/ARCHITECTURE.md): every call and include goes down a layer or stays,
+# no cycles, files under 500 lines and functions under 60.
+check-layers: deps
+	$(PYTHON) scripts/check_layers.py --quiet --cc $(MPICC_RESOLVED)
 
 # Simulated hosts (scripts/simcluster, docs/CLUSTER.md): network namespaces
 # joined by veth links shaped with tc, one MPI job across them. Needs root

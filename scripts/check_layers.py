@@ -36,33 +36,40 @@ MAX_FUNCTION_LINES = 60
 # layer or lower ones; headers likewise include their own layer or lower.
 LAYERS = [
     ("base", "status and last error, logging, every environment knob, dtypes, the clock, "
-     "the timeline recorder",
-     ["gs_base.h", "status.c", "log.c", "env.c", "dtype.c", "clock.c", "timeline.c",
-      "half.h", "simd.h"]),
-    ("runtime", "the runtime lock and the current communicator's fate, the wait loop, "
-     "the job queue and its worker thread",
-     ["gs_runtime.h", "runtime.c", "progress.c", "queue.c"]),
-    ("kernels", "host kernels; CUDA kernels and their launchers",
-     ["gs_kernels_internal.h", "cpu_kernels.c", "cpu_reduce.c", "cpu_scale.c", "cpu_adasum.c",
-      "cuda_pieces.cuh", "cuda_kernels.cu", "gs_cuda.h"]),
+     "hashes, the timeline recorder",
+     ["gs_base.h", "status.c", "log.c", "env.c", "dtype.c", "clock.c", "hash.c", "timeline.c",
+      "half.h"]),
+    ("kernels", "host kernels; CUDA kernels and their launchers (pure computation)",
+     ["gs_kernels_internal.h", "simd.h", "cpu_simd.c", "cpu_kernels.c", "cpu_reduce.c",
+      "cpu_scale.c", "cpu_adasum.c", "cuda_pieces.cuh", "cuda_kernels.cu"]),
+    ("runtime", "the runtime lock, a communicator's fate, the one wait loop",
+     ["gs_runtime.h", "runtime.c", "progress.c"]),
     ("device", "CUDA contexts, streams, events, memory, kernel tables, the kernels on "
      "CUDA memory",
-     ["cuda_device.c", "cuda_memory.c", "cuda_jobs.c", "cuda_absent.c", "device_kernels.c"]),
-    ("mpi", "MPI types and ops, the MPI wait, point-to-point helpers, recursive doubling",
-     ["gs_mpi.h", "mpi_types.c", "mpi_wait.c", "rdouble.c"]),
-    ("transports", "one gs_transport_t per way of moving data",
+     ["gs_cuda.h", "cuda_device.c", "cuda_memory.c", "cuda_jobs.c", "cuda_absent.c",
+      "device_kernels.c"]),
+    ("mpi", "the communicator's state, MPI types and ops, the MPI wait, recursive doubling",
+     ["gs_comm_state.h", "gs_mpi.h", "mpi_types.c", "mpi_wait.c", "rdouble.c"]),
+    ("transports", "one gs_transport_t per way of moving data; hosts and the hierarchical "
+     "allreduce; MPI's exchange collectives",
      ["gs_transport.h", "transport_mpi.c", "transport_cuda_aware.c", "transport_staged.c",
-      "transport_nccl.c", "hierarchical.c", "xfer.c"]),
-    ("engine", "where a call's data lives, its buffers, the fusion plan, pack and unpack",
+      "transport_nccl.c", "hierarchical.c", "mpi_xfer.c"]),
+    ("engine", "where a call's data lives and which path moves it, its buffers, the fusion "
+     "plan, pack and unpack",
      ["gs_engine.h", "engine.c", "buffers.c", "fusion.c"]),
-    ("algorithms", "Adasum, over the transport and kernel entries",
-     ["gs_adasum.h", "adasum.c"]),
+    ("queue", "the background thread, requests, entering the runtime",
+     ["gs_queue.h", "queue.c"]),
+    ("algorithms", "Adasum, and the exchange collectives' data movement, over the "
+     "transport and kernel entries",
+     ["gs_algorithms.h", "adasum.c", "xfer.c"]),
     ("communicator", "communicators, argument checks, cross-rank validation",
-     ["gs_comm_internal.h", "comm.c", "args.c", "check.c"]),
+     ["gs_comm_internal.h", "comm.c", "args.c", "check.c", "check_explain.c",
+      "check_stall.c"]),
     ("collectives", "the call skeleton and the public collectives, kernels and info",
      ["gs_collective.h", "collective.c", "allreduce.c", "broadcast.c", "allgather.c",
-      "reduce_scatter.c", "shard.c", "exchange.c", "p2p.c", "kernels.c", "info.c"]),
-    ("async", "asynchronous entry points over the queue",
+      "reduce_scatter.c", "shard.c", "alltoall.c", "rooted.c", "reduce.c", "p2p.c",
+      "kernels.c", "info.c"]),
+    ("async", "the asynchronous entry points, over the queue",
      ["async.c"]),
 ]
 
@@ -79,8 +86,10 @@ def layer_of():
 
 
 def call_graph(cc, files, flags):
-    """{function: file} of definitions and [(caller file, callee)] edges."""
-    defined, edges = {}, []
+    """{function: file} of definitions, {(file, function)} of every file's own
+    definitions (a static name resolves to its own file first), and
+    [(caller file, callee, caller function)] edges."""
+    defined, local, edges = {}, set(), []
     with tempfile.TemporaryDirectory() as tmp:
         for f in files:
             compiler = shlex_split(cc)
@@ -99,9 +108,10 @@ def call_graph(cc, files, flags):
             for title, _, where, _ in DEF.findall(text):
                 if os.path.basename(where) == base and "shape" not in title:
                     defined.setdefault(title.split(":")[-1], base)
+                    local.add((base, title.split(":")[-1]))
             for src, dst in EDGE.findall(text):
                 edges.append((base, dst.split(":")[-1], src.split(":")[-1]))
-    return defined, edges
+    return defined, local, edges
 
 
 def shlex_split(s):
@@ -200,11 +210,11 @@ def main():
              "-I" + SRC]
     if os.path.exists(os.path.join(cuda_inc, "cuda_runtime_api.h")):
         flags += ["-DGS_HAVE_CUDA", "-I" + cuda_inc]
-    defined, edges = call_graph(args.cc, files, flags)
+    defined, local, edges = call_graph(args.cc, files, flags)
     file_edges = set()
     up = {}
     for caller, callee, fn in edges:
-        target = defined.get(callee)
+        target = caller if (caller, callee) in local else defined.get(callee)
         if not target or target == caller:
             continue
         file_edges.add((caller, target))

@@ -1,11 +1,50 @@
-/* Explaining a validation mismatch: the ranks gather full records and every
- * rank builds the same message naming what differs and on which ranks. */
+/* Describing calls: their names, signature hashes and sizes; and explaining
+ * a validation mismatch, where the ranks gather full records and every rank
+ * builds the same message naming what differs and on which ranks. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "gs_comm_internal.h"
 
+
+const char *gs_call_name(gs_call_kind_t kind) {
+  switch (kind) {
+    case GS_CALL_BARRIER: return "barrier";
+    case GS_CALL_ALLREDUCE: return "allreduce";
+    case GS_CALL_BROADCAST: return "broadcast";
+    case GS_CALL_ALLGATHER_COUNTS: return "allgather";
+    case GS_CALL_ALLGATHERV: return "allgatherv";
+    case GS_CALL_REDUCE_SCATTER: return "reduce_scatter";
+    case GS_CALL_ALLGATHER_SHARDS: return "allgather_shards";
+    case GS_CALL_REDUCE_SCATTER_SHARDS: return "reduce_scatter_shards";
+    case GS_CALL_ALLTOALL_COUNTS: return "alltoall_counts";
+    case GS_CALL_ALLTOALLV: return "alltoallv";
+    case GS_CALL_GATHERV: return "gather";
+    case GS_CALL_SCATTERV: return "scatter";
+    case GS_CALL_REDUCE: return "reduce";
+  }
+  return "unknown";
+}
+
+uint64_t gs_check_hash(const gs_call_t *call) {
+  uint64_t h = 0x6772616473796e63ull;
+  /* host or CUDA memory: ranks must agree (the paths differ) */
+  if (call->n) h = gs_hash_mix(h, call->tensors[0].device.kind == GS_DEVICE_CUDA ? 2u : 1u);
+  for (int64_t i = 0; i < call->n; i++) {
+    h = gs_hash_mix(h, (uint64_t)call->tensors[i].dtype);
+    if (!call->counts_vary) h = gs_hash_mix(h, (uint64_t)call->tensors[i].count);
+    if (call->extra) h = gs_hash_mix(h, (uint64_t)call->extra[i]);
+  }
+  return h & 0x3fffffffffffffffull; /* keep it positive: its negation is sent too */
+}
+
+int64_t gs_call_bytes(const gs_call_t *call) {
+  int64_t b = 0;
+  for (int64_t i = 0; i < call->n; i++)
+    b += call->tensors[i].count * (int64_t)gs_dtype_size(call->tensors[i].dtype);
+  return b;
+}
 
 typedef struct record {
   int64_t f[NFIELDS];
