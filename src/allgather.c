@@ -148,7 +148,7 @@ gs_status_t gs_allgather_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n,
 
 gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
                           const int64_t *counts) {
-  gs_coll_t d = {.fn = "gs_allgatherv", .name = "allgather", .kind = GS_CALL_ALLGATHERV, .in = in,
+  gs_coll_t d = {.fn = "gs_allgatherv", .name = "allgather", .kind = GS_CALL_ALLGATHERV, .out_required = 1, .in = in,
                  .out = out, .n = n, .op = GS_OP_SUM, .counts = counts,
                  .check = allgatherv_check, .message = gather_message};
   return gs_collective(c, &d);

@@ -188,7 +188,7 @@ gs_status_t gs_alltoall_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n,
 gs_status_t gs_alltoallv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
                          const int64_t *send_counts, const int64_t *recv_counts) {
   int native = 1;
-  gs_coll_t d = {.fn = "gs_alltoallv", .name = "alltoallv", .kind = GS_CALL_ALLTOALLV, .in = in,
+  gs_coll_t d = {.fn = "gs_alltoallv", .name = "alltoallv", .kind = GS_CALL_ALLTOALLV, .out_required = 1, .in = in,
                  .out = out, .n = n, .op = GS_OP_SUM, .counts = send_counts,
                  .counts2 = recv_counts, .extra = &native, .check = alltoallv_check,
                  .validate = agree, .run = alltoallv_run};

@@ -10,7 +10,8 @@ double gs_postscale(gs_comm_t c, gs_op_t op, double postscale) {
 static gs_status_t check(gs_comm_t c, gs_coll_t *d) {
   if (d->own_checks) return d->check(c, d);
   gs_status_t s = gs_check_tensors(d->fn, d->in_name ? d->in_name : "in", d->in, d->n);
-  if (s == GS_SUCCESS && d->out) s = gs_check_tensors(d->fn, "out", d->out, d->n);
+  if (s == GS_SUCCESS && (d->out || d->out_required))
+    s = gs_check_tensors(d->fn, "out", d->out, d->n);
   if (s == GS_SUCCESS && d->op_checked)
     s = gs_check_op(d->fn, d->op, d->in, d->n, d->pre, d->post, d->allow_adasum);
   if (s == GS_SUCCESS && d->check) s = d->check(c, d);

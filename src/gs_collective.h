@@ -28,9 +28,10 @@ struct gs_coll {
   /* Its own argument checks after the common ones (in, out, op). May set
    * `call` fields and `plan_on`/`memory`. */
   gs_status_t (*check)(gs_comm_t c, gs_coll_t *d);
-  /* op_checked: the op and scales are checked (allow_adasum: Adasum too);
+  /* out_required: out is an argument (NULL is an error, not "in place");
+   * op_checked: the op and scales are checked (allow_adasum: Adasum too);
    * own_checks: `check` does every check (rank-dependent arguments). */
-  int op_checked, allow_adasum, own_checks;
+  int out_required, op_checked, allow_adasum, own_checks;
   /* Replaces the usual validation (gs_begin_call), e.g. to carry more in
    * the validation message (alltoallv's count balance). */
   gs_status_t (*validate)(gs_comm_t c, gs_coll_t *d, gs_status_t local);

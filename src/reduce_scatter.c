@@ -112,7 +112,7 @@ gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tenso
                               int64_t n, const int64_t *rows, gs_op_t op, double prescale,
                               double postscale) {
   gs_coll_t d = {.fn = "gs_reduce_scatter", .name = "reduce_scatter",
-                 .kind = GS_CALL_REDUCE_SCATTER, .in = in, .out = out, .n = n, .op = op,
+                 .kind = GS_CALL_REDUCE_SCATTER, .out_required = 1, .in = in, .out = out, .n = n, .op = op,
                  .pre = prescale, .post = postscale, .counts = rows, .op_checked = 1,
                  .check = reduce_scatter_check, .message = scatter_message};
   return gs_collective(c, &d);
