@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import torch.optim as optim
 import torch.utils.data.distributed
 
-import gradsync.horovod.torch as hvd  # was: import horovod.torch as hvd
+import gradsync.horovod.torch as hvd   # was: import horovod.torch as hvd
 
 parser = argparse.ArgumentParser(description="PyTorch MNIST Example (synthetic data)")
 parser.add_argument("--batch-size", type=int, default=64, help="input batch size for training")

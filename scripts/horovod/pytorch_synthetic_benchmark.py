@@ -16,7 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 import torch.optim as optim
 
-import gradsync.horovod.torch as hvd  # was: import horovod.torch as hvd
+import gradsync.horovod.torch as hvd   # was: import horovod.torch as hvd
 
 parser = argparse.ArgumentParser(description="PyTorch Synthetic Benchmark",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
