@@ -8,8 +8,9 @@ Run inside scripts/simcluster (the data link's counters are read from
         python scripts/bench_cluster.py --json cluster.json
 
 Cases (--cases): ResNet-50's gradient list (161 float32 tensors, 97.5 MiB)
-and one 64 MiB float32 tensor by default; any size for one tensor. Variants, on the same buffers, interleaved in every
-repeat so outside load hits them alike:
+and one 64 MiB float32 tensor by default; any size for one tensor. Variants,
+on the same buffers, interleaved in every repeat so outside load hits them
+alike:
 
     gs flat     gradsync with GRADSYNC_HIERARCHICAL=0
     gs hier     gradsync with GRADSYNC_HIERARCHICAL=1

@@ -44,9 +44,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from gpu_summary import print_bench  # noqa: E402
+
 import gradsync as gs  # noqa: E402
 from gradsync.bench.data import load_shapes  # noqa: E402
-from gpu_summary import print_bench  # noqa: E402
 
 SECTIONS = ("accumulate", "bert", "allreduce", "train")
 
@@ -367,8 +368,9 @@ def section(name, args, comm, world, dev, clock, dist, log):
                                f"{torch.cuda.device_count()} GPU(s)"}
         group = dist.new_group(backend="nccl") if dev.type == "cuda" else None
         return bench_allreduce(comm, dev, shapes, clock, dist, group)
-    import gradsync.torch as gst
     from bench_gpu_train import bench_training
+
+    import gradsync.torch as gst
     return bench_training(comm, world, dev, args, dist, gst, log)
 
 

@@ -100,7 +100,8 @@ def main():
     row("scale_ f32", median_time(lambda: gs.scale_(acc, 0.5), r),
         median_time(lambda: np.multiply(acc, np.float32(0.5), out=acc), r), "np.multiply(out=)")
     info = gs.build_info()
-    print(f"# simd {info['simd']}, threads {os.environ.get('GRADSYNC_NUM_THREADS') or os.cpu_count()}"
+    threads = os.environ.get("GRADSYNC_NUM_THREADS") or os.cpu_count()
+    print(f"# simd {info['simd']}, threads {threads}"
           f", median of {r}, load average {os.getloadavg()[0]:.2f}")
     if args.json:
         with open(args.json, "w") as f:

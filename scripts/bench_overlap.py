@@ -231,9 +231,8 @@ def main():
               % (size, args.width, format(n_params, ","), 4 * n_params / 2**20,
                  len(list(m_a.parameters())), args.batch, args.image, args.image,
                  os.cpu_count(), torch.__version__, info["mpi_library"]))
-        print("DistributedOptimizer: %d buckets of <= %.1f MiB; async collectives: %s"
-              % (len(o_a.bucket_names()), args.bucket_mib,
-                 "yes" if gst.optimizer._has_async(comm) else "no (blocking stand-in)"))
+        print("DistributedOptimizer: %d buckets of <= %.1f MiB"
+              % (len(o_a.bucket_names()), args.bucket_mib))
         print("median of %d rounds (slowest rank per round), ms:" % len(times["compute"]))
         print("%-17s %9s %17s   %s" % ("mode", "median", "quartiles", "what"))
         for name, what, _ in modes:

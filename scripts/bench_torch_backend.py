@@ -144,7 +144,7 @@ def model_rows(kind, groups, steps, batch):
         opts[name].step()
 
     times = {k: [] for k in list(models) + [f"{g}_collective" for g in groups]}
-    for r in range(steps + 2):  # two warm-up rounds
+    for _ in range(steps + 2):  # two warm-up rounds
         for name in models:
             times[name].append(timed(lambda: step(name), groups["gradsync"]))
         for name, g in groups.items():

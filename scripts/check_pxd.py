@@ -153,7 +153,8 @@ def struct_checks(struct, fields, where):
         else:
             out.append(
                 f"_Static_assert(offsetof({struct}, {name}) == GS_ALIGN_UP(offsetof({struct}, "
-                f"{prev}) + sizeof({field_type(struct, prev)}), _Alignof({field_type(struct, name)})), "
+                f"{prev}) + sizeof({field_type(struct, prev)}), "
+                f"_Alignof({field_type(struct, name)})), "
                 f'"{where}: {struct}: a field the header has between {prev} and {name} is '
                 f'missing, or the order differs");')
         prev = name

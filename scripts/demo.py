@@ -45,10 +45,9 @@ import sys
 import time
 import traceback
 
+import demo_model as dm
 import numpy as np
 from mpi4py import MPI
-
-import demo_model as dm
 
 try:
     import gradsync as gs

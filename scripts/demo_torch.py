@@ -19,12 +19,12 @@ bytes) and the time spent waiting in synchronize().
 import hashlib
 import time
 
+import demo as base
+import demo_model as dm
 import numpy as np
 import torch
 from mpi4py import MPI
 
-import demo as base
-import demo_model as dm
 import gradsync as gs
 import gradsync.torch as gst
 

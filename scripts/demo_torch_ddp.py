@@ -16,15 +16,15 @@ holds bitwise-identical weights and that the held-out loss fell.
 import hashlib
 import time
 
+import demo as base
+import demo_model as dm
+import demo_torch
 import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import demo as base
-import demo_model as dm
-import demo_torch
 import gradsync as gs
 import gradsync.torch.distributed  # noqa: F401  (registers the "gradsync" backend)
 

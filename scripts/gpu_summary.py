@@ -159,7 +159,7 @@ def summary(state, out=sys.stdout):
               f"   torch's NCCL: {nccl.group(1) if nccl else '?'}", file=out)
     print(f"{'step':<12} {'status':<8} {'secs':>5}  counts", file=out)
     empty = []
-    for name, (status, secs, rc) in steps.items():
+    for name, (status, secs, _rc) in steps.items():
         log = os.path.join(state, "logs", name + ".log")
         text = ""
         if os.path.exists(log):

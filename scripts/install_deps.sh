@@ -41,6 +41,15 @@ if [ "${GRADSYNC_CUDA:-}" != "0" ] && [ -z "${NCCL_HOME:-}" ] &&
   }
 fi
 
+# `make lint`: ruff, cython-lint and clang-format (the PyPI wheel, so every
+# machine checks with the same clang-format as .clang-format was tuned with).
+if [ "${1:-}" = "lint" ]; then
+  "$PY" -m ruff --version >/dev/null 2>&1 || pip_install "ruff>=0.5"
+  "$PY" -c "import cython_lint" 2>/dev/null || pip_install cython-lint
+  "$PY" -c "import clang_format" 2>/dev/null || pip_install "clang-format>=18"
+  exit 0
+fi
+
 # torch's own distributed tests (tests/torch/test_torch_upstream.py) import
 # torch.testing._internal, which needs expecttest; only where torch is installed.
 if "$PY" -c "import torch" 2>/dev/null; then

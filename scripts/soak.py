@@ -19,7 +19,8 @@ Three phases, every result checked (the run fails on the first wrong one):
    fusion threshold, used and closed -- on lists of random dtypes and sizes
    (0 to 2**20 elements, log-uniform).
 3. memory: resident set size (VmRSS) after the warm-up (every kind of call at
-   the largest sizes, twice, and two ResNet-50 lists), sampled during the mixed phase, and at the end;
+   the largest sizes, twice, and two ResNet-50 lists), sampled during the
+   mixed phase, and at the end;
    the run fails if the end is more than ``--rss-bound-mb`` above the
    warm-up figure on any rank.
 

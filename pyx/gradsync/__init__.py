@@ -7,7 +7,8 @@ layer that takes NumPy arrays and anything that speaks DLPack::
     comm = gs.Communicator()
     comm.allreduce_(grads, op="average")     # one fused message for the list
 """
-from gradsync._mpi import check_same_mpi as _check_same_mpi, import_mpi as _import_mpi
+from gradsync._mpi import check_same_mpi as _check_same_mpi
+from gradsync._mpi import import_mpi as _import_mpi
 
 MPI = _import_mpi()
 
@@ -85,8 +86,9 @@ def _nccl_version(v):
 
 
 __all__ = [
-    "AllSumReduce", "Arena", "ArgumentError", "ClosedError", "Communicator", "DeviceArray", "DtypeError",
-    "Error", "MismatchError", "Op", "Request", "Partition", "ShardLayout", "TimeoutError", "UnsupportedError", "accumulate_",
-    "accumulate_v2_", "all_finite", "bfloat16", "build_info", "scale_", "set_timeout", "start_timeline", "stop_timeline", "to_device", "zero_",
+    "AllSumReduce", "Arena", "ArgumentError", "ClosedError", "Communicator", "DeviceArray",
+    "DtypeError", "Error", "MismatchError", "Op", "Request", "Partition", "ShardLayout",
+    "TimeoutError", "UnsupportedError", "accumulate_", "accumulate_v2_", "all_finite", "bfloat16",
+    "build_info", "scale_", "set_timeout", "start_timeline", "stop_timeline", "to_device", "zero_",
     "zero_volume_array",
 ]

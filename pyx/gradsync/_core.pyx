@@ -32,9 +32,8 @@ include "_async.pxi"
 
 gs_set_interrupt_check(check_signals)
 
-OPS = {"sum": GS_OP_SUM, "average": GS_OP_AVERAGE, "min": GS_OP_MIN,
-       "max": GS_OP_MAX, "prod": GS_OP_PROD, "adasum": GS_OP_ADASUM,
-       "adasum_hierarchical": GS_OP_ADASUM_HIERARCHICAL}
+# Op names and codes from the C table (gs_op_name); gradsync.ops builds Op on it.
+OPS = {gs_op_name(<gs_op_t>code).decode(): code for code in range(GS_NUM_OPS)}
 _OP_CODES = dict(OPS)
 _OP_CODES.update({v: v for v in OPS.values()})
 
@@ -51,7 +50,7 @@ cdef gs_op_t parse_op(op) except *:
 
 
 cdef gs_op_t adasum_mode(gs_op_t op, object mode) except *:
-    """op="adasum" with adasum="flat" or "hierarchical" (DESIGN section 4)."""
+    """op="adasum" with adasum="flat" or "hierarchical" (docs/GUIDE.md, "Adasum")."""
     if mode is None or mode == "flat":
         return op
     if mode != "hierarchical":
@@ -120,16 +119,6 @@ def build_info_c():
     }
 
 
-cdef object result_array(object like, tuple shape, bint host_dlpack):
-    """new_array, except that host results are 64-byte aligned DeviceArrays
-    when host_dlpack is set: DLPack consumers that want aligned memory (XLA
-    on the CPU: JAX) then take them without a copy, bfloat16 included."""
-    if host_dlpack and not (isinstance(like, _TensorRef)
-                            and (<_TensorRef>like).dev.kind == GS_DEVICE_CUDA):
-        return DeviceArray(shape, like.dtype, "cpu")
-    return new_array(like, shape)
-
-
 def shard_layout(numels, int size):
     """(total, padded, rank_count, offsets, owners) of ONNX Runtime's layout."""
     cdef Py_ssize_t i, n = len(numels)
@@ -157,9 +146,13 @@ cdef class Comm:
     cdef gs_comm_t handle
     cdef public object mpi_comm
     cdef public object adasum  # default Adasum mode: None/"flat" or "hierarchical"
+    cdef object converting     # an _Abandoning
 
     def __cinit__(self):
         self.handle = NULL
+        guard = _Abandoning.__new__(_Abandoning)
+        (<_Abandoning>guard).comm = <PyObject *>self
+        self.converting = guard
 
     def __dealloc__(self):
         # gs_comm_free only frees the MPI communicator while MPI is alive;
@@ -242,60 +235,25 @@ cdef class Comm:
         gs_comm_abandon(self.handle, status_of(exc), reason)
         return 0
 
-    cdef TensorList tensors(self, list objs, str name, bint indexed, bint writable,
-                            str call=None):
-        cdef TensorList tl = TensorList()
-        try:
-            tl.load(objs, name, indexed, writable, call)
-        except BaseException as exc:
-            self.abandon(exc)
-            raise
-        return tl
+    # Each collective converts its arguments inside `with self.converting`:
+    # a failure there meets the other ranks' check (abandon), so they raise
+    # MismatchError instead of waiting, and the exception goes on up here.
+    # Arguments are one array or a list/tuple of arrays (see arguments()).
 
-    def allreduce(self, tensors, list outputs, op="sum", double prescale=1.0,
+    def allreduce(self, tensors, outputs, op="sum", double prescale=1.0,
                   double postscale=1.0, adasum=None):
-        """tensors: one array or a list/tuple; outputs None: in place."""
+        """outputs None: in place."""
         cdef gs_comm_t h = self.live()
         cdef gs_op_t cop
         cdef TensorList tin, tout = None
-        cdef bint indexed = type(tensors) is list or type(tensors) is tuple
-        cdef list inputs = (tensors if type(tensors) is list else list(tensors)) if indexed \
-            else [tensors]
-        cdef str name = "tensors" if indexed else "tensor"
-        try:
+        with self.converting:
             cop = adasum_mode(parse_op(op), self.adasum if adasum is None else adasum)
-        except BaseException as exc:
-            self.abandon(exc)
-            raise
-        tin = self.tensors(inputs, name, indexed, outputs is None, "comm.allreduce_")
-        if outputs is not None:
-            tout = self.tensors(outputs, "out", indexed, True)
+            tin = arguments(tensors, "tensors", outputs is None, "comm.allreduce_")
+            if outputs is not None:
+                tout = arguments(outputs, "out", True)
         cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
         with nogil:
             CHKERR(gs_allreduce(h, tin.t, po, tin.n, cop, prescale, postscale))
-
-    def new_like(self, list objs, bint copy, str name, bint indexed, bint host_dlpack=False):
-        """Arrays for an out-of-place call's results, one per object: its shape
-        and dtype in its kind of memory (numpy.ndarray for host memory, a
-        DeviceArray on the same CUDA device), holding its values with copy.
-        host_dlpack: host results are DeviceArrays too (result_array)."""
-        cdef TensorList tl = self.tensors(objs, name, indexed, False)
-        cdef Py_ssize_t i
-        outs = []
-        try:
-            for i in range(tl.n):
-                a = tl.arrays[i]
-                if type(a) is np.ndarray and not host_dlpack:
-                    outs.append(np.array(a, copy=True) if copy else np.empty_like(a))
-                    continue
-                out = result_array(a, a.shape, host_dlpack)
-                if copy:
-                    copy_memory(out, &tl.t[i])
-                outs.append(out)
-        except BaseException as exc:
-            self.abandon(exc)
-            raise
-        return outs
 
     def allreduce_inplace(self, tensors, op="sum", double prescale=1.0,
                           double postscale=1.0, adasum=None):
@@ -304,12 +262,12 @@ cdef class Comm:
         latency bound."""
         cdef gs_comm_t h = self.live()
         cdef gs_tensor_t t
-        cdef gs_op_t cop
+        cdef gs_op_t cop = GS_OP_SUM  # set inside `with`; gcc cannot tell it always is
         cdef bint device_array = type(tensors) is DeviceArray
         if type(tensors) is not np.ndarray and not device_array:
             self.allreduce(tensors, None, op, prescale, postscale, adasum)
             return tensors
-        try:
+        with self.converting:
             cop = parse_op(op)
             if cop == GS_OP_ADASUM:
                 cop = adasum_mode(cop, self.adasum if adasum is None else adasum)
@@ -317,44 +275,41 @@ cdef class Comm:
                 fill_ref(&t, <_TensorRef>tensors, "tensor", 0, False, True, "comm.allreduce_")
             else:
                 fill_tensor(&t, tensors, "tensor", 0, False, True, "comm.allreduce_")
-        except BaseException as exc:
-            self.abandon(exc)
-            raise
         with nogil:
             CHKERR(gs_allreduce(h, &t, NULL, 1, cop, prescale, postscale))
         return tensors
 
-    def broadcast(self, list tensors, int root, str name, bint indexed):
+    def broadcast(self, tensors, int root):
         cdef gs_comm_t h = self.live()
-        cdef TensorList tl = self.tensors(tensors, name, indexed, True, "comm.broadcast_")
+        cdef TensorList tl
+        with self.converting:
+            tl = arguments(tensors, "tensors", True, "comm.broadcast_")
         with nogil:
             CHKERR(gs_broadcast(h, tl.t, tl.n, root))
 
-    def allgather(self, list inputs, str name, bint indexed, bint host_dlpack=False):
-        """New arrays: each input concatenated over ranks along dim 0
-        (host_dlpack: see result_array)."""
+    def allgather_counts(self, tensors):
+        """(shapes, counts): each tensor's shape once gathered over the ranks
+        along dim 0, and gs_allgatherv's element counts (counts[r * n + i])."""
         cdef gs_comm_t h = self.live()
-        cdef TensorList tin = self.tensors(inputs, name, indexed, False)
-        cdef Py_ssize_t i, r, n = tin.n
+        cdef TensorList tin
+        cdef Py_ssize_t i, r, n
         cdef int size = self.info()[1]
-        cdef int64_t[::1] rows_elems = np.ones(max(n, 1), dtype=np.int64)
-        cdef int64_t[::1] counts = np.zeros(max(n * size, 1), dtype=np.int64)
+        cdef int64_t[::1] rows_elems, counts
         zero_width = []
-        try:
+        with self.converting:
+            tin = arguments(tensors, "tensors", False)
+            n = tin.n
+            rows_elems = np.ones(max(n, 1), dtype=np.int64)
+            counts = np.zeros(max(n * size, 1), dtype=np.int64)
             for i in range(n):
                 a = tin.arrays[i]
                 if a.ndim == 0:
-                    raise ArgumentError(f"{name}[{i}] is 0-d; allgather concatenates along "
-                                        "dim 0 and needs at least one dimension"
-                                        if indexed else f"{name} is 0-d; allgather "
-                                        "concatenates along dim 0 and needs at least one "
-                                        "dimension", GS_ERR_INVALID_ARGUMENT)
+                    raise ArgumentError(f"{tin.label(i)} is 0-d; allgather concatenates along "
+                                        "dim 0 and needs at least one dimension",
+                                        GS_ERR_INVALID_ARGUMENT)
                 rows_elems[i] = max(1, int(np.prod(a.shape[1:], dtype=np.int64)))
                 if a.ndim > 1 and 0 in a.shape[1:]:
                     zero_width.append(i)
-        except BaseException as exc:
-            self.abandon(exc)
-            raise
         # Rows of zero elements: their element counts say nothing about dim 0,
         # so the ranks exchange row counts for them (descriptors whose count is
         # dim 0; the exchange reads no data), and gather zero elements.
@@ -362,7 +317,7 @@ cdef class Comm:
         cdef TensorList rows_only = None
         if zero_width:
             rows_only = TensorList()
-            rows_only.load([np.empty(0, np.int8)] * n, name, indexed, False)
+            rows_only.load([np.empty(0, np.int8)] * n, "tensors", True, False)
             for i in range(n):
                 rows_only.t[i] = tin.t[i]
             for i in zero_width:
@@ -371,73 +326,27 @@ cdef class Comm:
             desc = rows_only.t
         with nogil:
             CHKERR(gs_allgather_counts(h, desc, n, &rows_elems[0], &counts[0]))
-        outs = []
-        try:
-            for i in range(n):
-                a = tin.arrays[i]
-                total = 0
-                for r in range(size):
-                    total += counts[r * n + i]
-                outs.append(result_array(a, (total // rows_elems[i],) + a.shape[1:],
-                                         host_dlpack))
-            for i in zero_width:
-                for r in range(size):
-                    counts[r * n + i] = 0  # the gathered tensor holds no elements
-        except BaseException as exc:
-            self.abandon(exc)
-            raise
-        cdef TensorList tout = self.tensors(outs, "out", True, True)
-        with nogil:
-            CHKERR(gs_allgatherv(h, tin.t, tout.t, n, &counts[0]))
-        return outs
-
-    def reduce_scatter(self, list inputs, op, double prescale, double postscale,
-                       str name, bint indexed, bint host_dlpack=False):
-        """New arrays: this rank's block of dim 0 of each reduced input
-        (host_dlpack: see result_array)."""
-        cdef gs_comm_t h = self.live()
-        cdef gs_op_t cop
-        cdef int rank, size
-        cdef Py_ssize_t i, n
-        cdef TensorList tin = self.tensors(inputs, name, indexed, False)
-        n = tin.n
-        cdef int64_t[::1] rows = np.zeros(max(n, 1), dtype=np.int64)
-        rank, size = self.info()[:2]
-        outs = []
-        try:
-            cop = parse_op(op)
-            for i in range(n):
-                a = tin.arrays[i]
-                if a.ndim == 0:
-                    raise ArgumentError(f"{name} is 0-d; reduce_scatter splits dim 0 and "
-                                        "needs at least one dimension", GS_ERR_INVALID_ARGUMENT)
-                rows[i] = a.shape[0]
-                first, nrows = block_range(a.shape[0], size, rank)
-                outs.append(result_array(a, (nrows,) + a.shape[1:], host_dlpack))
-        except BaseException as exc:
-            self.abandon(exc)
-            raise
-        cdef TensorList tout = self.tensors(outs, "out", True, True)
-        with nogil:
-            CHKERR(gs_reduce_scatter(h, tin.t, tout.t, n, &rows[0], cop, prescale, postscale))
-        return outs
+        shapes = []
+        for i in range(n):
+            total = 0
+            for r in range(size):
+                total += counts[r * n + i]
+            shapes.append((total // rows_elems[i],) + tin.arrays[i].shape[1:])
+        for i in zero_width:
+            for r in range(size):
+                counts[r * n + i] = 0  # the gathered tensor holds no elements
+        return shapes, np.asarray(counts)
 
     # ---- asynchronous, in place: a Request; errors surface at wait() ----------
     cdef Request async_request(self, tensors, str call):
-        """A Request holding the arrays of an in-place asynchronous call (one
-        array or a list/tuple), converted and checked; the caller submits it."""
-        cdef bint indexed = type(tensors) is list or type(tensors) is tuple
-        cdef list objs = list(tensors) if indexed else [tensors]
-        cdef TensorList tl = self.tensors(objs, "tensors" if indexed else "tensor", indexed, True,
-                                          call)
-        return new_request(tl, tensors)
+        """A Request holding the arrays of an in-place asynchronous call,
+        converted and checked; the caller submits it."""
+        with self.converting:
+            return new_request(arguments(tensors, "tensors", True, call), tensors)
 
     cdef gs_op_t async_op(self, op, adasum) except *:
-        try:
+        with self.converting:
             return adasum_mode(parse_op(op), self.adasum if adasum is None else adasum)
-        except BaseException as exc:
-            self.abandon(exc)
-            raise
 
     def allreduce_async(self, tensors, op, double prescale, double postscale, adasum):
         cdef gs_comm_t h = self.live()
@@ -466,25 +375,39 @@ cdef class Comm:
                                               &r.req))
         return r
 
-    def allgather_shards(self, list tensors, str name, bint indexed):
+    def allgather_shards(self, tensors):
         cdef gs_comm_t h = self.live()
-        cdef TensorList tl = self.tensors(tensors, name, indexed, True, "comm.allgather_shards_")
+        cdef TensorList tl
+        with self.converting:
+            tl = arguments(tensors, "tensors", True, "comm.allgather_shards_")
         with nogil:
             CHKERR(gs_allgather_shards(h, tl.t, tl.n))
 
-    def reduce_scatter_shards(self, list tensors, op, double prescale, double postscale,
-                              str name, bint indexed):
+    def reduce_scatter_shards(self, tensors, op, double prescale, double postscale):
         cdef gs_comm_t h = self.live()
         cdef gs_op_t cop
-        try:
+        cdef TensorList tl
+        with self.converting:
             cop = parse_op(op)
-        except BaseException as exc:
-            self.abandon(exc)
-            raise
-        cdef TensorList tl = self.tensors(tensors, name, indexed, True,
-                                          "comm.reduce_scatter_shards_")
+            tl = arguments(tensors, "tensors", True, "comm.reduce_scatter_shards_")
         with nogil:
             CHKERR(gs_reduce_scatter_shards(h, tl.t, tl.n, cop, prescale, postscale))
+
+
+cdef class _Abandoning:
+    """The context manager behind Comm.converting: an exception inside it
+    abandons the collective on the communicator's behalf and goes on up.
+    Its Comm owns it and is alive whenever it is used: a borrowed pointer
+    (a reference would be a cycle that only the garbage collector frees)."""
+    cdef PyObject *comm
+
+    def __enter__(self):
+        return None
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc is not None:
+            (<Comm>self.comm).abandon(exc)
+        return False
 
 
 include "_exchange.pxi"

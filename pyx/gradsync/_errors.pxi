@@ -8,6 +8,7 @@ cdef extern from "Python.h":
     # set for the collective's caller to raise, not be caught here
     int run_signal_handlers "PyErr_CheckSignals"()
 
+
 class Error(Exception):
     """Base class of gradsync's errors; ``status`` holds the C status code."""
 

@@ -3,8 +3,9 @@
 # Comm). Module functions taking the Comm: they convert and check arguments
 # and call C with the GIL released; gradsync.communicator composes them.
 # Counts arrive in elements, rank-major (counts[r * n + i]), as C takes them.
-# A collective whose arguments fail to convert on one rank meets the others'
-# check (Comm.abandon), so they fail too instead of waiting; a point-to-point
+# Array arguments are one array or a list/tuple (arguments()). A collective
+# whose arguments fail to convert on one rank meets the others' check
+# (Comm.converting), so they fail too instead of waiting; a point-to-point
 # call has nobody to meet.
 
 cdef int comm_size(Comm c) except -1:
@@ -29,17 +30,8 @@ cdef object as_counts(object counts, Py_ssize_t want, str name):
     return a if want else np.zeros(1, dtype=np.int64)
 
 
-cdef object converted(Comm c, object counts, Py_ssize_t want, str name):
-    """as_counts inside a collective: a failure meets the other ranks' check."""
-    try:
-        return as_counts(counts, want, name)
-    except BaseException as exc:
-        c.abandon(exc)
-        raise
-
-
-cdef TensorList optional_tensors(Comm c, object objs, str name, bint indexed, bint writable):
-    return None if objs is None else c.tensors(objs, name, indexed, writable)
+cdef TensorList optional_arguments(object objs, str name, bint writable):
+    return None if objs is None else arguments(objs, name, writable)
 
 
 cdef Request pending(TensorList a, TensorList b, object result):
@@ -48,33 +40,39 @@ cdef Request pending(TensorList a, TensorList b, object result):
     return r
 
 
-def alltoall_counts(Comm c, list inputs, object row_elems, object send_counts, bint indexed):
+def alltoall_counts(Comm c, inputs, object row_elems, object send_counts):
     """Every rank's send counts for this rank: recv[s * n + i]."""
     cdef gs_comm_t h = c.live()
-    cdef TensorList tin = c.tensors(inputs, "tensors", indexed, False)
-    cdef Py_ssize_t n = tin.n, size = comm_size(c)
-    cdef int64_t[::1] send = converted(c, send_counts, n * size, "send_counts")
-    cdef int64_t[::1] rows
+    cdef TensorList tin
+    cdef Py_ssize_t n = 0, size = comm_size(c)
+    cdef int64_t[::1] send, rows, rv
     cdef const int64_t *prows = NULL
-    if row_elems is not None:
-        rows = converted(c, row_elems, n, "row_elems")
-        prows = &rows[0]
+    with c.converting:
+        tin = arguments(inputs, "tensors", False)
+        n = tin.n
+        send = as_counts(send_counts, n * size, "send_counts")
+        if row_elems is not None:
+            rows = as_counts(row_elems, n, "row_elems")
+            prows = &rows[0]
     recv = np.zeros(max(n * size, 1), dtype=np.int64)
-    cdef int64_t[::1] rv = recv
+    rv = recv
     with nogil:
         CHKERR(gs_alltoall_counts(h, tin.t, n, prows, &send[0], &rv[0]))
     return recv[:n * size]
 
 
-def alltoallv(Comm c, list inputs, list outputs, object send_counts, object recv_counts,
-              bint indexed, bint run_async, object result=None):
+def alltoallv(Comm c, inputs, outputs, object send_counts, object recv_counts, bint run_async,
+              object result=None):
     cdef gs_comm_t h = c.live()
-    cdef TensorList tin = c.tensors(inputs, "tensors", indexed, False)
-    cdef TensorList tout = c.tensors(outputs, "out", indexed, True)
+    cdef TensorList tin, tout
     cdef Py_ssize_t size = comm_size(c)
-    cdef int64_t[::1] s = converted(c, send_counts, tin.n * size, "send_counts")
-    cdef int64_t[::1] r = converted(c, recv_counts, tin.n * size, "recv_counts")
+    cdef int64_t[::1] s, r
     cdef Request req
+    with c.converting:
+        tin = arguments(inputs, "tensors", False)
+        tout = arguments(outputs, "out", True)
+        s = as_counts(send_counts, tin.n * size, "send_counts")
+        r = as_counts(recv_counts, tin.n * size, "recv_counts")
     if run_async:
         req = pending(tin, tout, result)
         CHKERR(gs_alltoallv_async(h, tin.t, tout.t, tin.n, &s[0], &r[0], &req.req))
@@ -84,15 +82,18 @@ def alltoallv(Comm c, list inputs, list outputs, object send_counts, object recv
     return result
 
 
-def gatherv(Comm c, list inputs, object outputs, object counts, int root, bint indexed,
-            bint run_async, object result=None):
+def gatherv(Comm c, inputs, object outputs, object counts, int root, bint run_async,
+            object result=None):
     """outputs: the root's arrays (None elsewhere)."""
     cdef gs_comm_t h = c.live()
-    cdef TensorList tin = c.tensors(inputs, "tensors", indexed, False)
-    cdef TensorList tout = optional_tensors(c, outputs, "out", indexed, True)
-    cdef int64_t[::1] k = converted(c, counts, tin.n * comm_size(c), "counts")
-    cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
+    cdef TensorList tin, tout
+    cdef int64_t[::1] k
     cdef Request req
+    with c.converting:
+        tin = arguments(inputs, "tensors", False)
+        tout = optional_arguments(outputs, "out", True)
+        k = as_counts(counts, tin.n * comm_size(c), "counts")
+    cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
     if run_async:
         req = pending(tin, tout, result)
         CHKERR(gs_gatherv_async(h, tin.t, po, tin.n, &k[0], root, &req.req))
@@ -102,15 +103,18 @@ def gatherv(Comm c, list inputs, object outputs, object counts, int root, bint i
     return result
 
 
-def scatterv(Comm c, object inputs, list outputs, object counts, int root, bint indexed,
-             bint run_async, object result=None):
+def scatterv(Comm c, object inputs, outputs, object counts, int root, bint run_async,
+             object result=None):
     """inputs: the root's arrays (None elsewhere)."""
     cdef gs_comm_t h = c.live()
-    cdef TensorList tin = optional_tensors(c, inputs, "tensors", indexed, False)
-    cdef TensorList tout = c.tensors(outputs, "out", indexed, True)
-    cdef int64_t[::1] k = converted(c, counts, tout.n * comm_size(c), "counts")
-    cdef const gs_tensor_t *pi = tin.t if tin is not None else NULL
+    cdef TensorList tin, tout
+    cdef int64_t[::1] k
     cdef Request req
+    with c.converting:
+        tin = optional_arguments(inputs, "tensors", False)
+        tout = arguments(outputs, "out", True)
+        k = as_counts(counts, tout.n * comm_size(c), "counts")
+    cdef const gs_tensor_t *pi = tin.t if tin is not None else NULL
     if run_async:
         req = pending(tout, tin, result)
         CHKERR(gs_scatterv_async(h, pi, tout.t, tout.n, &k[0], root, &req.req))
@@ -120,21 +124,18 @@ def scatterv(Comm c, object inputs, list outputs, object counts, int root, bint 
     return result
 
 
-def reduce(Comm c, list inputs, object outputs, op, double prescale, double postscale,
-           int root, bint indexed, bint run_async, object result=None):
+def reduce(Comm c, inputs, object outputs, op, double prescale, double postscale, int root,
+           bint run_async, object result=None):
     """outputs None: in place at the root (its inputs are written)."""
     cdef gs_comm_t h = c.live()
     cdef gs_op_t cop
-    try:
-        cop = parse_op(op)
-    except BaseException as exc:
-        c.abandon(exc)
-        raise
-    cdef bint writes_inputs = outputs is None and comm_rank(c) == root
-    cdef TensorList tin = c.tensors(inputs, "tensors", indexed, writes_inputs)
-    cdef TensorList tout = optional_tensors(c, outputs, "out", indexed, True)
-    cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
+    cdef TensorList tin, tout
     cdef Request req
+    with c.converting:
+        cop = parse_op(op)
+        tin = arguments(inputs, "tensors", outputs is None and comm_rank(c) == root)
+        tout = optional_arguments(outputs, "out", True)
+    cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
     if run_async:
         req = pending(tin, tout, result)
         CHKERR(gs_reduce_async(h, tin.t, po, tin.n, cop, prescale, postscale, root, &req.req))
@@ -144,14 +145,16 @@ def reduce(Comm c, list inputs, object outputs, op, double prescale, double post
     return result
 
 
-def allgatherv(Comm c, list inputs, list outputs, object counts, bint indexed, bint run_async,
-               object result=None):
+def allgatherv(Comm c, inputs, outputs, object counts, bint run_async, object result=None):
     """Allgather into given outputs; counts[r * n + i]: rank r's elements of tensor i."""
     cdef gs_comm_t h = c.live()
-    cdef TensorList tin = c.tensors(inputs, "tensors", indexed, False)
-    cdef TensorList tout = c.tensors(outputs, "out", indexed, True)
-    cdef int64_t[::1] k = converted(c, counts, tin.n * comm_size(c), "counts")
+    cdef TensorList tin, tout
+    cdef int64_t[::1] k
     cdef Request req
+    with c.converting:
+        tin = arguments(inputs, "tensors", False)
+        tout = arguments(outputs, "out", True)
+        k = as_counts(counts, tin.n * comm_size(c), "counts")
     if run_async:
         req = pending(tin, tout, result)
         CHKERR(gs_allgatherv_async(h, tin.t, tout.t, tin.n, &k[0], &req.req))
@@ -161,20 +164,19 @@ def allgatherv(Comm c, list inputs, list outputs, object counts, bint indexed, b
     return result
 
 
-def reduce_scatter_into(Comm c, list inputs, list outputs, object rows, op, double prescale,
-                        double postscale, bint indexed, bint run_async, object result=None):
+def reduce_scatter_into(Comm c, inputs, outputs, object rows, op, double prescale,
+                        double postscale, bint run_async, object result=None):
     """Reduce_scatter into given outputs; rows[i]: dim 0 of inputs[i]."""
     cdef gs_comm_t h = c.live()
     cdef gs_op_t cop
-    try:
-        cop = parse_op(op)
-    except BaseException as exc:
-        c.abandon(exc)
-        raise
-    cdef TensorList tin = c.tensors(inputs, "tensors", indexed, False)
-    cdef TensorList tout = c.tensors(outputs, "out", indexed, True)
-    cdef int64_t[::1] k = converted(c, rows, tin.n, "rows")
+    cdef TensorList tin, tout
+    cdef int64_t[::1] k
     cdef Request req
+    with c.converting:
+        cop = parse_op(op)
+        tin = arguments(inputs, "tensors", False)
+        tout = arguments(outputs, "out", True)
+        k = as_counts(rows, tin.n, "rows")
     if run_async:
         req = pending(tin, tout, result)
         CHKERR(gs_reduce_scatter_async(h, tin.t, tout.t, tin.n, &k[0], cop, prescale,
@@ -191,11 +193,10 @@ def p2p_max_tag(Comm c):
     return tag
 
 
-def send(Comm c, list tensors, int dest, int tag, bint indexed, bint run_async,
+def send(Comm c, tensors, int dest, int tag, bint run_async,
          object result=None):
     cdef gs_comm_t h = c.live()
-    cdef TensorList tl = TensorList()
-    tl.load(tensors, "tensors" if indexed else "tensor", indexed, False)
+    cdef TensorList tl = arguments(tensors, "tensors", False)
     cdef Request req
     if run_async:
         req = new_request(tl, result)
@@ -206,11 +207,10 @@ def send(Comm c, list tensors, int dest, int tag, bint indexed, bint run_async,
     return result
 
 
-def recv(Comm c, list tensors, int source, int tag, bint indexed, bint run_async,
+def recv(Comm c, tensors, int source, int tag, bint run_async,
          object result=None):
     cdef gs_comm_t h = c.live()
-    cdef TensorList tl = TensorList()
-    tl.load(tensors, "tensors" if indexed else "tensor", indexed, True)
+    cdef TensorList tl = arguments(tensors, "tensors", True)
     cdef Request req
     if run_async:
         req = new_request(tl, result)
@@ -227,17 +227,32 @@ def abandon(Comm c, exc):
     c.abandon(exc)
 
 
-def describe(list objs, str name, bint indexed):
-    """(shape, numpy dtype) of each array as gradsync reads it (checks the
-    dtype and layout; borrows, never copies)."""
-    cdef TensorList tl = TensorList()
-    tl.load(objs, name, indexed, False)
-    return [(tuple(a.shape), a.dtype) for a in tl.arrays]
+def views(tensors):
+    """Each array as gradsync reads it, read once: a numpy.ndarray for host
+    memory or a view of its memory (shape, dtype, ndim, size; it keeps the
+    memory alive) that every gradsync call takes without reading the producer
+    again. Checks dtype and layout; borrows, never copies."""
+    return list(arguments(tensors, "tensors", False).arrays)
+
+
+def describe(tensors):
+    """(shape, numpy dtype) of each array as gradsync reads it (views())."""
+    return [(tuple(a.shape), a.dtype) for a in views(tensors)]
 
 
 def empty_like(obj, tuple shape):
     """A new array of obj's dtype in obj's kind of memory (host: numpy.ndarray,
     CUDA: a DeviceArray on obj's device)."""
-    cdef TensorList tl = TensorList()
-    tl.load([obj], "tensor", False, False)
-    return new_array(tl.arrays[0], shape)
+    return new_array(arguments(obj, "tensors", False).arrays[0], shape)
+
+
+def copy_(dst, src):
+    """dst takes src's bytes (gs_memcpy; any memory to any memory, equal
+    sizes); returns dst."""
+    cdef TensorList tsrc = arguments(src, "src", False)
+    cdef TensorList tdst = arguments(dst, "dst", True)
+    if tdst.t[0].count != tsrc.t[0].count or tdst.t[0].dtype != tsrc.t[0].dtype:
+        raise ArgumentError(f"dst holds {tdst.t[0].count} x {tdst.arrays[0].dtype}, src "
+                            f"{tsrc.t[0].count} x {tsrc.arrays[0].dtype}", GS_ERR_INVALID_ARGUMENT)
+    copy_memory(tdst.arrays[0], &tsrc.t[0])
+    return dst

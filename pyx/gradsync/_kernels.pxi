@@ -1,15 +1,9 @@
 # Gradient control kernels (included by _core.pyx): convert, check, call C.
-
-cdef TensorList host_tensors(tensors, str name, bint writable, str call=None):
-    cdef bint indexed = type(tensors) is list or type(tensors) is tuple
-    cdef TensorList tl = TensorList()
-    tl.load(list(tensors) if indexed else [tensors], name, indexed, writable, call)
-    return tl
-
+# The kernels name one array "tensors" in errors, as a list's (arguments(one=)).
 
 def zero_(tensors):
     """Sets every element's bits to 0."""
-    cdef TensorList tl = host_tensors(tensors, "tensors", True, "gs.zero_")
+    cdef TensorList tl = arguments(tensors, "tensors", True, "gs.zero_", "tensors")
     with nogil:
         CHKERR(gs_zero(tl.t, tl.n))
 
@@ -23,8 +17,8 @@ def accumulate_(acc, grad, bint overwrite, bint run=True):
     if acc_list and len(acc) != len(grad):
         raise ArgumentError(f"acc has {len(acc)} tensors but grad has {len(grad)}",
                             GS_ERR_INVALID_ARGUMENT)
-    cdef TensorList ta = host_tensors(acc, "acc", True, "gs.accumulate_")
-    cdef TensorList tg = host_tensors(grad, "grad", False)
+    cdef TensorList ta = arguments(acc, "acc", True, "gs.accumulate_")
+    cdef TensorList tg = arguments(grad, "grad", False)
     if not run:
         return
     with nogil:
@@ -34,7 +28,7 @@ def accumulate_(acc, grad, bint overwrite, bint run=True):
 def all_finite(tensors):
     """True when no element is NaN or infinite."""
     cdef int finite = 1
-    cdef TensorList tl = host_tensors(tensors, "tensors", False)
+    cdef TensorList tl = arguments(tensors, "tensors", False, None, "tensors")
     with nogil:
         CHKERR(gs_all_finite(tl.t, tl.n, &finite))
     return bool(finite)
@@ -42,6 +36,6 @@ def all_finite(tensors):
 
 def scale_(tensors, double factor):
     """x *= factor, rounded once."""
-    cdef TensorList tl = host_tensors(tensors, "tensors", True, "gs.scale_")
+    cdef TensorList tl = arguments(tensors, "tensors", True, "gs.scale_", "tensors")
     with nogil:
         CHKERR(gs_scale(tl.t, tl.n, factor))

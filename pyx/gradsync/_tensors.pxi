@@ -26,7 +26,7 @@
 # tensors), a read-only __cuda_array_interface__, or a JAX array (immutable:
 # its buffer may back other arrays and cached constants).
 # The refusal happens here, while the arguments are read, before any rank
-# communicates or writes (DESIGN section 9).
+# communicates or writes (docs/GUIDE.md section 2.1).
 #
 # The work stream (gs_cuda_set_stream) is where the gradient kernels run on
 # CUDA memory, like the producer's own ops, and what collectives are ordered
@@ -40,19 +40,13 @@ from cpython.tuple cimport PyTuple_New, PyTuple_SET_ITEM
 
 bfloat16 = ml_dtypes.bfloat16
 
-_DTYPES = {
-    np.dtype(np.float16): GS_FLOAT16,
-    np.dtype(bfloat16): GS_BFLOAT16,
-    np.dtype(np.float32): GS_FLOAT32,
-    np.dtype(np.float64): GS_FLOAT64,
-    np.dtype(np.int8): GS_INT8,
-    np.dtype(np.uint8): GS_UINT8,
-    np.dtype(np.int32): GS_INT32,
-    np.dtype(np.int64): GS_INT64,
-}
-_NP_DTYPES = [dt for dt, code in sorted(_DTYPES.items(), key=lambda kv: kv[1])]  # by gs_dtype_t
-_DTYPE_NAMES = ", ".join(["float16", "bfloat16", "float32", "float64",
-                          "int8", "uint8", "int32", "int64"])
+# Names and codes from the C tables (gs_dtype_name); numpy's dtype of each
+# name, bfloat16 being ml_dtypes'.
+DTYPE_NAMES = tuple(gs_dtype_name(<gs_dtype_t>code).decode() for code in range(GS_NUM_DTYPES))
+_NP_DTYPES = [np.dtype(bfloat16) if name == "bfloat16" else np.dtype(name)
+              for name in DTYPE_NAMES]  # by gs_dtype_t
+_DTYPES = {dt: code for code, dt in enumerate(_NP_DTYPES)}
+_DTYPE_NAMES = ", ".join(DTYPE_NAMES)
 
 # DLPack (type code, bits) -> gs_dtype_t
 _DL_DTYPES = {
@@ -92,10 +86,8 @@ _CAI_DTYPES = {
 }
 _CAI_BF16_DESCR = [("bfloat16", "<V2")]
 
-_DLPACK_CPU = kDLCPU
-_DLPACK_CUDA = kDLCUDA
-_DLPACK_CUDA_HOST = kDLCUDAHost
-
+# DLPack's device codes (__dlpack_device__()[0]), for the Python layers
+DLPACK_CPU, DLPACK_CUDA, DLPACK_CUDA_HOST = kDLCPU, kDLCUDA, kDLCUDAHost
 
 cdef class TensorList  # defined at the end
 
@@ -427,8 +419,9 @@ cdef int set_read_only(_TensorRef ref, str why) except -1:
 cdef enum:
     _UNKNOWN_PRODUCER = 0
     _WRITABLE_PRODUCER = 1   # torch: no tensor is read-only (torch < 2.9 exports legacy capsules)
-    _IMMUTABLE_PRODUCER = 2  # JAX: every array is (0.10 exports legacy capsules, a later
-                             # release may export 1.x ones without the READ_ONLY flag)
+    # JAX: every array is (0.10 exports legacy capsules, a later release may
+    # export 1.x ones without the READ_ONLY flag)
+    _IMMUTABLE_PRODUCER = 2
 _PRODUCER_KINDS = {}  # type -> one of the above, looked up once per type
 _JAX_WHY = ("it is a JAX array; JAX arrays are immutable, and writing into one can change "
             "other arrays and cached constants that share its buffer")
@@ -552,6 +545,8 @@ cdef class TensorList:
     cdef gs_tensor_t *t
     cdef Py_ssize_t n
     cdef list arrays  # per tensor: the ndarray or _TensorRef its gs_tensor_t views
+    cdef str name     # the argument's name, for errors
+    cdef bint indexed
     # the producer (C exchange API) and device whose current stream was last
     # read in this call
     cdef const DLPackExchangeAPI *ordered_api
@@ -570,6 +565,10 @@ cdef class TensorList:
     def __dealloc__(self):
         PyMem_Free(self.t)
 
+    cdef str label(self, Py_ssize_t i):
+        """How errors name tensor i: "tensors[i]", or "tensor" alone."""
+        return label(self.name, i, self.indexed)
+
     cdef int load(self, list objs, str name, bint indexed, bint writable,
                   str call=None) except -1:
         """Reads objs; writable: the call writes into them (``call`` names it
@@ -581,6 +580,8 @@ cdef class TensorList:
             raise MemoryError()
         self.n = n
         self.arrays = objs
+        self.name = name
+        self.indexed = indexed
         for i in range(n):
             obj = objs[i]
             if type(obj) is not np.ndarray:
@@ -605,5 +606,22 @@ cdef class TensorList:
             gs_cuda_set_stream(self.work_stream)  # this thread's, for the call that follows
         return 0
 
-    cdef bint on_cuda(self):
-        return self.n > 0 and self.t[0].device.kind == GS_DEVICE_CUDA
+
+# What one array, not a list, is called in errors, by the argument's name.
+_SINGULAR = {"tensors": "tensor"}
+
+
+cdef TensorList arguments(object tensors, str name, bint writable, str call=None,
+                          str one=None):
+    """The binding's reading of an array argument: one array or a list/tuple
+    of them (named ``name[i]`` in errors; one array ``one``, by default
+    ``_SINGULAR[name]``); writable: the call writes into them (``call`` names
+    it in the error for a read-only one)."""
+    cdef TensorList tl = TensorList()
+    if type(tensors) is list:
+        tl.load(<list>tensors, name, True, writable, call)
+    elif type(tensors) is tuple:
+        tl.load(list(tensors), name, True, writable, call)
+    else:
+        tl.load([tensors], one or _SINGULAR.get(name, name), False, writable, call)
+    return tl

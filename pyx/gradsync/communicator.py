@@ -2,6 +2,7 @@
 import numpy as np
 
 from gradsync import _core
+from gradsync._args import _answer, _as_list, _label, _row_shape
 from gradsync.exchange import ExchangeCollectives
 
 _ALL = object()
@@ -20,17 +21,6 @@ def default_communicator(comm=None):
     return _default
 
 
-def _as_list(tensors):
-    """(list, was_a_sequence): one array or a sequence of arrays."""
-    if isinstance(tensors, (list, tuple)):
-        return list(tensors), True
-    return [tensors], False
-
-
-def _answer(results, was_list):
-    return results if was_list else results[0]
-
-
 class Communicator(ExchangeCollectives):
     """A group of ranks that run collectives together.
 
@@ -41,7 +31,8 @@ class Communicator(ExchangeCollectives):
     (default: GRADSYNC_STALL_SECONDS, else 60; 0 turns the warning off).
     ``adasum`` ("flat" or "hierarchical") is how op="adasum" runs by default:
     hierarchical averages inside each node and runs Adasum across nodes
-    (DESIGN section 4); any call can say otherwise with its own ``adasum=``.
+    (docs/GUIDE.md section 5, "Adasum guidance"); any call can say otherwise
+    with its own ``adasum=``.
     Close it with ``close()`` or a ``with`` block; closing twice is harmless.
     """
 
@@ -67,10 +58,6 @@ class Communicator(ExchangeCollectives):
         self.handle.adasum = adasum
         (self.rank, self.size, self.local_rank, self.local_size, _,
          self.check) = self.handle.info()
-        self._allreduce = self.handle.allreduce
-        # The hot path: the binding's method itself, so a call costs no
-        # Python frame (same signature and result as the method below).
-        self.allreduce_ = self.handle.allreduce_inplace
 
     # ---- life cycle -------------------------------------------------------
     def close(self):
@@ -134,12 +121,8 @@ class Communicator(ExchangeCollectives):
     def allreduce(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
         """Reduces over ranks into new arrays; the inputs are not changed."""
         arrays, was_list = _as_list(tensors)
-        outs = [np.empty_like(np.asarray(a)) if isinstance(a, np.ndarray) else None
-                for a in arrays]
-        if any(o is None for o in outs):  # host or CUDA memory like each input
-            outs = self.handle.new_like(arrays, False, "tensors", was_list)
-        self._allreduce(arrays if was_list else arrays[0], outs, op, prescale, postscale,
-                        adasum)
+        outs = self._checked(lambda: _new_like(arrays, was_list, copy=False))
+        self.handle.allreduce(tensors, _answer(outs, was_list), op, prescale, postscale, adasum)
         return _answer(outs, was_list)
 
     # ---- asynchronous (in place): return a gs.Request --------------------------
@@ -166,43 +149,71 @@ class Communicator(ExchangeCollectives):
 
     def broadcast_(self, tensors, root=0):
         """Every rank's tensors take root's values, in place."""
-        arrays, was_list = _as_list(tensors)
-        self.handle.broadcast(arrays, int(root), "tensors", was_list)
+        self.handle.broadcast(tensors, int(root))
         return tensors
 
     def broadcast(self, tensors, root=0):
         """New arrays holding root's values (inputs unchanged)."""
         arrays, was_list = _as_list(tensors)
-        if all(isinstance(a, np.ndarray) for a in arrays):
-            outs = [np.array(a, copy=True) for a in arrays]
-        else:  # host or CUDA memory like each input
-            outs = self.handle.new_like(arrays, True, "tensors", was_list)
-        self.handle.broadcast(outs, int(root), "tensors", was_list)
+        outs = self._checked(lambda: _new_like(arrays, was_list, copy=True))
+        self.handle.broadcast(_answer(outs, was_list), int(root))
         return _answer(outs, was_list)
 
     def allgather(self, tensors):
         """Concatenation over ranks along dim 0 (dim 0 may differ by rank);
         each array of a list is gathered on its own."""
+        return self._allgather(tensors, _core.empty_like)
+
+    def _allgather(self, tensors, alloc):
+        """allgather with outputs from ``alloc(input, shape)``."""
         arrays, was_list = _as_list(tensors)
-        return _answer(self.handle.allgather(arrays, "tensors", was_list), was_list)
+        shapes, counts = self.handle.allgather_counts(tensors)
+        outs = self._checked(lambda: [alloc(a, s) for a, s in zip(arrays, shapes)])
+        _core.allgatherv(self.handle, tensors, _answer(outs, was_list), counts, False)
+        return _answer(outs, was_list)
 
     def reduce_scatter(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
         """Block `rank` of dim 0 of the reduction, with the balanced split
         n // size + (rank < n % size) rows."""
+        return self._reduce_scatter(tensors, op, prescale, postscale, _core.empty_like)
+
+    def _reduce_scatter(self, tensors, op, prescale, postscale, alloc):
+        """reduce_scatter with outputs from ``alloc(input, shape)``."""
         arrays, was_list = _as_list(tensors)
-        outs = self.handle.reduce_scatter(arrays, op, prescale, postscale, "tensors", was_list)
+
+        def prepare():
+            rows, outs = [], []
+            for i, (a, (shape, _)) in enumerate(zip(arrays, _core.describe(tensors))):
+                where = _label("tensors", i, True) if was_list else "tensor"
+                rows.append(_row_shape(shape, where, "reduce_scatter")[0])
+                nrows = _core.block_range(shape[0], self.size, self.rank)[1]
+                outs.append(alloc(a, (nrows,) + shape[1:]))
+            return rows, outs
+        rows, outs = self._checked(prepare)
+        _core.reduce_scatter_into(self.handle, tensors, _answer(outs, was_list), rows, op,
+                                  float(prescale), float(postscale), False)
         return _answer(outs, was_list)
 
     def allgather_shards_(self, tensors):
         """ZeRO allgather: every tensor takes its owner's values (ShardLayout)."""
-        arrays, was_list = _as_list(tensors)
-        self.handle.allgather_shards(arrays, "tensors", was_list)
+        self.handle.allgather_shards(tensors)
         return tensors
 
     def reduce_scatter_shards_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
         """ZeRO reduce_scatter: tensors this rank owns become the reduction;
         the others are left exactly as they were."""
-        arrays, was_list = _as_list(tensors)
-        self.handle.reduce_scatter_shards(arrays, op, prescale, postscale, "tensors", was_list)
+        self.handle.reduce_scatter_shards(tensors, op, prescale, postscale)
         return tensors
 
+
+def _new_like(arrays, was_list, copy):
+    """New arrays shaped and typed like ``arrays``, each in its kind of memory
+    (numpy.ndarray for host memory, a DeviceArray on the same CUDA device),
+    holding their values with ``copy``."""
+    if all(type(a) is np.ndarray for a in arrays):
+        return [np.array(a, copy=True) if copy else np.empty_like(a) for a in arrays]
+    outs = []
+    for view in _core.views(_answer(arrays, was_list)):  # each producer read once
+        out = _core.empty_like(view, view.shape)
+        outs.append(_core.copy_(out, view) if copy else out)
+    return outs

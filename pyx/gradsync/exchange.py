@@ -1,5 +1,5 @@
 """All-to-all, gather, scatter, reduce and point-to-point messages: the
-Communicator methods beyond DESIGN section 3 (mixed into Communicator).
+Communicator methods beyond docs/GUIDE.md section 2.3 (mixed into Communicator).
 
 Counts here are rows along dim 0, one per rank; the C runtime takes elements
 (rows times the elements per row). Like the other collectives, every method
@@ -11,30 +11,14 @@ gs.Request whose ``wait()`` returns those outputs.
 import numpy as np
 
 from gradsync import _core
+from gradsync._args import _answer, _as_list, _label, _row_shape
 
 _DTYPES = _core._NP_DTYPES  # gs_dtype_t code -> numpy dtype
 
 
-def _as_list(tensors):
-    if isinstance(tensors, (list, tuple)):
-        return list(tensors), True
-    return [tensors], False
-
-
-def _answer(results, was_list):
-    return results if was_list else results[0]
-
-
-def _label(name, i, was_list):
-    return f"{name}[{i}]" if was_list else name
-
-
-def _row_shape(shape, where, what):
-    """(rows, elements per row) of an array split or joined along dim 0."""
-    if len(shape) == 0:
-        raise _core.ArgumentError(f"{where} is 0-d; {what} works along dim 0 and needs at "
-                                  "least one dimension")
-    return shape[0], int(np.prod(shape[1:], dtype=np.int64))
+def _given(arrays, was_list):
+    """A list of arrays in the form the call was given (None stays None)."""
+    return None if arrays is None else _answer(arrays, was_list)
 
 
 def _per_tensor(counts, n, was_list, name):
@@ -94,11 +78,11 @@ class ExchangeCollectives:
         ``send_counts[self.rank]`` (any unit). Collective."""
         send = self._checked(lambda: _rank_counts(send_counts, self.size, "alltoall_counts",
                                                   "send_counts"))
-        got = _core.alltoall_counts(self.handle, [np.empty(0, np.int64)], None, send, False)
+        got = _core.alltoall_counts(self.handle, [np.empty(0, np.int64)], None, send)
         return np.asarray(got, dtype=np.int64)
 
     def _alltoall_plan(self, arrays, was_list, send_counts, recv_counts, outs):
-        shapes = _core.describe(arrays, "tensors", was_list)
+        shapes = _core.describe(_answer(arrays, was_list))
         sends, recvs, row_elems = [], [], []
         for i, ((shape, _), sc, rc) in enumerate(zip(
                 shapes, _per_tensor(send_counts, len(arrays), was_list, "send_counts"),
@@ -111,7 +95,7 @@ class ExchangeCollectives:
                 raise _core.ArgumentError(f"send_counts for {where} add up to {sum(sc)} rows, "
                                           f"but it has {rows}")
             if rc is None and outs is not None:  # equal split of the given output
-                out_rows = _row_shape(_core.describe([outs[i]], "out", False)[0][0],
+                out_rows = _row_shape(_core.describe(outs[i])[0][0],
                                       _label("out", i, was_list), "alltoall")[0]
                 rc = _equal_split(out_rows, self.size, _label("out", i, was_list),
                                   "recv_counts")
@@ -134,17 +118,16 @@ class ExchangeCollectives:
         shapes, sends, recvs, row_elems = self._checked(
             lambda: self._alltoall_plan(arrays, was_list, send_counts, recv_counts, None))
         if any(rc is None for rc in recvs):
-            got = _core.alltoall_counts(self.handle, arrays, row_elems,
-                                        np.asarray(sends, dtype=np.int64).T.reshape(-1),
-                                        was_list).reshape(self.size, len(arrays))
+            got = _core.alltoall_counts(self.handle, _given(arrays, was_list), row_elems,
+                                        np.asarray(sends, dtype=np.int64).T.reshape(-1)
+                                        ).reshape(self.size, len(arrays))
             recvs = [[int(v) for v in got[:, i]] for i in range(len(arrays))]
         if outs is None:
             outs = self._checked(lambda: [
                 _core.empty_like(a, (sum(recvs[i]),) + shapes[i][0][1:])
                 for i, a in enumerate(arrays)])
-        _core.alltoallv(self.handle, arrays, outs,
-                        _elements(sends, row_elems), _elements(recvs, row_elems), was_list,
-                        False)
+        _core.alltoallv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+                        _elements(sends, row_elems), _elements(recvs, row_elems), False)
         return _answer(outs, was_list)
 
     def alltoall_async(self, tensor, out, send_counts=None, recv_counts=None):
@@ -155,13 +138,14 @@ class ExchangeCollectives:
         outs = _as_list(out)[0]
         _, sends, recvs, row_elems = self._checked(
             lambda: self._alltoall_plan(arrays, was_list, send_counts, recv_counts, outs))
-        return _core.alltoallv(self.handle, arrays, outs, _elements(sends, row_elems),
-                               _elements(recvs, row_elems), was_list, True, out)
+        return _core.alltoallv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+                               _elements(sends, row_elems), _elements(recvs, row_elems), True,
+                               out)
 
     # ---- gather and scatter --------------------------------------------------
     def _gather_rows(self, arrays, was_list, counts):
         """Every rank's rows of every tensor: from `counts`, else exchanged."""
-        shapes = _core.describe(arrays, "tensors", was_list)
+        shapes = _core.describe(_answer(arrays, was_list))
         per = [_row_shape(s, _label("tensor", i, was_list), "gather")
                for i, (s, _) in enumerate(shapes)]
         given = _per_tensor(counts, len(arrays), was_list, "counts")
@@ -183,9 +167,9 @@ class ExchangeCollectives:
         shapes, per, rows = self._checked(lambda: self._gather_rows(arrays, was_list, counts))
         if any(r is None for r in rows):
             send = np.repeat(np.array([[p[0] for p in per]], dtype=np.int64), self.size, 0)
-            got = _core.alltoall_counts(self.handle, arrays, [p[1] for p in per],
-                                        send.reshape(-1), was_list).reshape(self.size,
-                                                                             len(arrays))
+            got = _core.alltoall_counts(self.handle, _given(arrays, was_list),
+                                        [p[1] for p in per], send.reshape(-1)
+                                        ).reshape(self.size, len(arrays))
             rows = [[int(v) for v in got[:, i]] for i in range(len(arrays))]
         root = int(root)
         outs = None
@@ -193,8 +177,8 @@ class ExchangeCollectives:
             outs = _as_list(out)[0] if out is not None else self._checked(lambda: [
                 _core.empty_like(a, (sum(rows[i]),) + shapes[i][0][1:])
                 for i, a in enumerate(arrays)])
-        _core.gatherv(self.handle, arrays, outs, _elements(rows, [p[1] for p in per]), root,
-                      was_list, False)
+        _core.gatherv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+                      _elements(rows, [p[1] for p in per]), root, False)
         return None if outs is None else _answer(outs, was_list)
 
     def gather_async(self, tensor, out=None, root=0, counts=None):
@@ -204,14 +188,14 @@ class ExchangeCollectives:
         shapes, per, rows = self._checked(lambda: self._gather_rows(arrays, was_list, counts))
         rows = [[p[0]] * self.size if r is None else r for r, p in zip(rows, per)]
         outs = None if out is None else _as_list(out)[0]
-        return _core.gatherv(self.handle, arrays, outs, _elements(rows, [p[1] for p in per]),
-                             int(root), was_list, True, out)
+        return _core.gatherv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+                             _elements(rows, [p[1] for p in per]), int(root), True, out)
 
     def _scatter_meta(self, tensor, root, counts):
         """The root's description of a scatter as int64s: tensors, then per
         tensor dtype code, device kind, ndim, 9 trailing dims, rows per rank."""
         arrays, was_list = _as_list(tensor)
-        shapes = _core.describe(arrays, "tensor", was_list)
+        shapes = _core.describe(_answer(arrays, was_list))
         given = _per_tensor(counts, len(arrays), was_list, "counts")
         meta = [len(arrays), int(was_list)]
         for i, ((shape, dtype), c) in enumerate(zip(shapes, given)):
@@ -227,7 +211,7 @@ class ExchangeCollectives:
                                           f"it has {rows}")
             on_cuda = hasattr(arrays[i], "__cuda_array_interface__") or (
                 hasattr(arrays[i], "__dlpack_device__")
-                and int(arrays[i].__dlpack_device__()[0]) == 2)
+                and int(arrays[i].__dlpack_device__()[0]) == _core.DLPACK_CUDA)
             meta += [_DTYPES.index(np.dtype(dtype)), 2 if on_cuda else 1, len(shape)]
             meta += list(shape[1:]) + [0] * (10 - len(shape)) + rc
         return arrays, np.array(meta, dtype=np.int64)
@@ -261,8 +245,8 @@ class ExchangeCollectives:
         if out is not None:
             outs = _as_list(out)[0]
         row_elems = [int(np.prod(t, dtype=np.int64)) for t in trailing]
-        _core.scatterv(self.handle, arrays, outs, _elements(rows, row_elems), root, was_list,
-                       False)
+        _core.scatterv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+                       _elements(rows, row_elems), root, False)
         return _answer(outs, was_list)
 
     def scatter_async(self, tensor, out, root=0, counts=None):
@@ -270,14 +254,14 @@ class ExchangeCollectives:
         ``out``; ``counts`` (rows per rank) default to every rank receiving
         this rank's rows of ``out``."""
         outs, was_list = _as_list(out)
-        shapes = self._checked(lambda: _core.describe(outs, "out", was_list))
+        shapes = self._checked(lambda: _core.describe(_answer(outs, was_list)))
         per = [_row_shape(s, _label("out", i, was_list), "scatter") for i, (s, _) in
                enumerate(shapes)]
         given = _per_tensor(counts, len(outs), was_list, "counts")
         rows = [[p[0]] * self.size if c is None else list(c) for c, p in zip(given, per)]
         arrays = _as_list(tensor)[0] if self.rank == int(root) else None
-        return _core.scatterv(self.handle, arrays, outs, _elements(rows, [p[1] for p in per]),
-                              int(root), was_list, True, out)
+        return _core.scatterv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+                              _elements(rows, [p[1] for p in per]), int(root), True, out)
 
     # ---- reduce -------------------------------------------------------------
     def reduce(self, tensors, op="sum", root=0, *, prescale=1.0, postscale=1.0):
@@ -288,35 +272,32 @@ class ExchangeCollectives:
         outs = None
         if self.rank == root:
             outs = self._checked(lambda: [_core.empty_like(a, s) for a, (s, _) in zip(
-                arrays, _core.describe(arrays, "tensors", was_list))])
-        _core.reduce(self.handle, arrays, outs, op, float(prescale), float(postscale), root,
-                     was_list, False)
+                arrays, _core.describe(_answer(arrays, was_list)))])
+        _core.reduce(self.handle, tensors, _given(outs, was_list), op, float(prescale),
+                     float(postscale), root, False)
         return None if outs is None else _answer(outs, was_list)
 
     def reduce_(self, tensors, op="sum", root=0, *, prescale=1.0, postscale=1.0):
         """Reduces into root's tensors in place (the others' are only read);
         returns ``tensors``."""
-        arrays, was_list = _as_list(tensors)
-        _core.reduce(self.handle, arrays, None, op, float(prescale), float(postscale),
-                     int(root), was_list, False)
+        _core.reduce(self.handle, tensors, None, op, float(prescale), float(postscale),
+                     int(root), False)
         return tensors
 
     def reduce_async_(self, tensors, op="sum", root=0, *, prescale=1.0, postscale=1.0):
         """Starts reduce_; returns a Request."""
-        arrays, was_list = _as_list(tensors)
-        return _core.reduce(self.handle, arrays, None, op, float(prescale), float(postscale),
-                            int(root), was_list, True, tensors)
+        return _core.reduce(self.handle, tensors, None, op, float(prescale), float(postscale),
+                            int(root), True, tensors)
 
     # ---- allgather and reduce_scatter into given outputs --------------------
     def allgather_async(self, tensor, out, counts=None):
         """Starts an allgather into ``out`` (dim 0: every rank's rows);
         ``counts`` (rows per rank) default to an equal split of ``out``."""
         arrays, was_list = _as_list(tensor)
-        outs = _as_list(out)[0]
 
         def prepare():
-            shapes = _core.describe(arrays, "tensors", was_list)
-            oshapes = _core.describe(outs, "out", was_list)
+            shapes = _core.describe(tensor)
+            oshapes = _core.describe(out)
             per = [_row_shape(s, _label("tensor", i, was_list), "allgather")[1]
                    for i, (s, _) in enumerate(shapes)]
             given = _per_tensor(counts, len(arrays), was_list, "counts")
@@ -325,18 +306,16 @@ class ExchangeCollectives:
                                                    "counts")
                     for i, (c, o) in enumerate(zip(given, oshapes))]
             return _elements(rows, per)
-        return _core.allgatherv(self.handle, arrays, outs, self._checked(prepare), was_list,
-                                True, out)
+        return _core.allgatherv(self.handle, tensor, out, self._checked(prepare), True, out)
 
     def reduce_scatter_async(self, tensor, out, op="sum", *, prescale=1.0, postscale=1.0):
         """Starts a reduce_scatter into ``out`` (this rank's balanced block)."""
-        arrays, was_list = _as_list(tensor)
-        outs = _as_list(out)[0]
+        was_list = isinstance(tensor, (list, tuple))
         rows = self._checked(lambda: [
             _row_shape(s, _label("tensor", i, was_list), "reduce_scatter")[0]
-            for i, (s, _) in enumerate(_core.describe(arrays, "tensors", was_list))])
-        return _core.reduce_scatter_into(self.handle, arrays, outs, rows, op, float(prescale),
-                                         float(postscale), was_list, True, out)
+            for i, (s, _) in enumerate(_core.describe(tensor))])
+        return _core.reduce_scatter_into(self.handle, tensor, out, rows, op, float(prescale),
+                                         float(postscale), True, out)
 
     # ---- point to point -----------------------------------------------------
     @property
@@ -347,23 +326,19 @@ class ExchangeCollectives:
     def send(self, tensor, dest, tag=0):
         """Sends to rank ``dest``; returns once ``tensor`` may be reused. A
         list is sent as that many messages, in order. Not collective."""
-        arrays, was_list = _as_list(tensor)
-        return _core.send(self.handle, arrays, int(dest), int(tag), was_list, False, tensor)
+        return _core.send(self.handle, tensor, int(dest), int(tag), False, tensor)
 
     def recv_(self, tensor, source, tag=0):
         """Receives rank ``source``'s oldest unreceived message with ``tag``
         into ``tensor`` (same dtype and size as sent, else MismatchError here);
         returns ``tensor``. Waits like a collective (gs.set_timeout)."""
-        arrays, was_list = _as_list(tensor)
-        return _core.recv(self.handle, arrays, int(source), int(tag), was_list, False, tensor)
+        return _core.recv(self.handle, tensor, int(source), int(tag), False, tensor)
 
     def send_async(self, tensor, dest, tag=0):
         """Posts the send now; returns a Request (wait() returns ``tensor``).
         Point-to-point requests do not queue behind collectives."""
-        arrays, was_list = _as_list(tensor)
-        return _core.send(self.handle, arrays, int(dest), int(tag), was_list, True, tensor)
+        return _core.send(self.handle, tensor, int(dest), int(tag), True, tensor)
 
     def recv_async_(self, tensor, source, tag=0):
         """Posts the receive now; returns a Request (wait() returns ``tensor``)."""
-        arrays, was_list = _as_list(tensor)
-        return _core.recv(self.handle, arrays, int(source), int(tag), was_list, True, tensor)
+        return _core.recv(self.handle, tensor, int(source), int(tag), True, tensor)

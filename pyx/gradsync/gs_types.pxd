@@ -11,6 +11,7 @@ cdef extern from "gs_types.h" nogil:
         GS_UINT8
         GS_INT32
         GS_INT64
+    enum: GS_NUM_DTYPES
 
     ctypedef enum gs_op_t:
         GS_OP_SUM
@@ -20,6 +21,7 @@ cdef extern from "gs_types.h" nogil:
         GS_OP_PROD
         GS_OP_ADASUM
         GS_OP_ADASUM_HIERARCHICAL
+    enum: GS_NUM_OPS
 
     ctypedef enum gs_device_kind_t:
         GS_DEVICE_CPU

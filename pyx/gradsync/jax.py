@@ -9,6 +9,7 @@ a pytree of arrays (one array, a list, a dict of parameters...) and returns
 the same structure; a pytree is one fused call::
 
     import gradsync as gs
+from gradsync import _core
     import gradsync.jax as gsj
 
     comm = gs.Communicator()
@@ -30,12 +31,11 @@ every rank calls it, with the same pytree structure, in the same order.
 import jax
 
 import gradsync as gs
+from gradsync import _core
 from gradsync.communicator import default_communicator
 
 __all__ = ["adasum", "accumulate", "all_finite", "allgather", "allreduce", "broadcast",
            "reduce_scatter", "scale"]
-
-_DLPACK_CUDA = 2
 
 
 # ---------------------------------------------------------------- plumbing
@@ -44,7 +44,7 @@ def _leaves(tree, what):
     """(leaves, treedef, paths) of a pytree of JAX arrays; tracers refused."""
     pairs, treedef = jax.tree_util.tree_flatten_with_path(tree)
     leaves, paths = [], []
-    for i, (path, leaf) in enumerate(pairs):
+    for path, leaf in pairs:
         where = f"{what}{jax.tree_util.keystr(path)}"
         if isinstance(leaf, jax.core.Tracer):
             raise TypeError(
@@ -81,14 +81,35 @@ def _answer(treedef, outs):
     return jax.tree_util.tree_unflatten(treedef, [_to_jax(o) for o in outs])
 
 
+def _device(leaf):
+    """The DeviceArray device of a leaf's memory: its CUDA device, else host."""
+    kind, ordinal = leaf.__dlpack_device__()
+    return (int(kind), int(ordinal)) if int(kind) == _core.DLPACK_CUDA else "cpu"
+
+
+def _empty_like(leaf, shape):
+    """gradsync-owned memory for a result: 64-byte aligned host memory or the
+    leaf's CUDA device, which JAX takes through DLPack without a copy."""
+    return gs.DeviceArray(shape, leaf.dtype, _device(leaf))
+
+
+def _new_like(leaves, paths, copy=False):
+    """_empty_like of each leaf's shape (checked by gradsync first, so errors
+    name the leaf), holding its values with ``copy``."""
+    views = _named(paths, _core.views, leaves)  # each leaf read once
+    outs = [_empty_like(leaf, view.shape) for leaf, view in zip(leaves, views)]
+    if copy:
+        for out, view in zip(outs, views):
+            _core.copy_(out, view)
+    return outs
+
+
 def _copies(leaves, paths):
     """gradsync-owned copies of the leaves, each on its leaf's device."""
     outs = []
     for leaf, where in zip(leaves, paths):
-        kind, ordinal = leaf.__dlpack_device__()
-        device = (int(kind), int(ordinal)) if int(kind) == _DLPACK_CUDA else "cpu"
         try:
-            outs.append(gs.DeviceArray.from_numpy(leaf, device=device))
+            outs.append(gs.DeviceArray.from_numpy(leaf, device=_device(leaf)))
         except Exception as exc:
             exc.add_note(f"(arr is {where})")
             raise
@@ -104,15 +125,15 @@ def allreduce(x, comm=None, op="sum", *, prescale=1.0, postscale=1.0, adasum=Non
     in ``Communicator.allreduce``."""
     comm = default_communicator(comm)
     leaves, treedef, paths = _leaves(x, "x")
-    h = comm.handle
-    outs = _named(paths, h.new_like, leaves, False, "tensors", True, True)
-    _named(paths, h.allreduce, leaves, outs, op, float(prescale), float(postscale), adasum)
+    outs = _new_like(leaves, paths)
+    _named(paths, comm.handle.allreduce, leaves, outs, op, float(prescale), float(postscale),
+           adasum)
     return _answer(treedef, outs)
 
 
 def adasum(x, comm=None, *, prescale=1.0, postscale=1.0, hierarchical=False):
-    """Adasum over ranks of every array of ``x`` (per array, DESIGN section
-    4): ``allreduce(x, comm, op="adasum")``; ``hierarchical`` averages inside
+    """Adasum over ranks of every array of ``x`` (per array: docs/GUIDE.md
+    section 5): ``allreduce(x, comm, op="adasum")``; ``hierarchical`` averages inside
     each node first (GPUs)."""
     return allreduce(x, comm, "adasum", prescale=prescale, postscale=postscale,
                      adasum="hierarchical" if hierarchical else "flat")
@@ -123,9 +144,8 @@ def broadcast(x, comm=None, root=0):
     rank's shapes and dtypes, which must match root's)."""
     comm = default_communicator(comm)
     leaves, treedef, paths = _leaves(x, "x")
-    h = comm.handle
-    outs = _named(paths, h.new_like, leaves, True, "tensors", True, True)
-    _named(paths, h.broadcast, outs, int(root), "tensors", True)
+    outs = _new_like(leaves, paths, copy=True)
+    _named(paths, comm.handle.broadcast, outs, int(root))
     return _answer(treedef, outs)
 
 
@@ -134,7 +154,7 @@ def allgather(x, comm=None):
     differ by rank)."""
     comm = default_communicator(comm)
     leaves, treedef, paths = _leaves(x, "x")
-    outs = _named(paths, comm.handle.allgather, leaves, "tensors", True, True)
+    outs = _named(paths, comm._allgather, leaves, _empty_like)
     return _answer(treedef, outs)
 
 
@@ -143,8 +163,8 @@ def reduce_scatter(x, comm=None, op="sum", *, prescale=1.0, postscale=1.0):
     (r < n % size)`` rows."""
     comm = default_communicator(comm)
     leaves, treedef, paths = _leaves(x, "x")
-    outs = _named(paths, comm.handle.reduce_scatter, leaves, op, float(prescale),
-                  float(postscale), "tensors", True, True)
+    outs = _named(paths, comm._reduce_scatter, leaves, op, float(prescale), float(postscale),
+                  _empty_like)
     return _answer(treedef, outs)
 
 

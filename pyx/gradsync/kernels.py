@@ -1,5 +1,5 @@
 """Gradient control kernels: the host-side work around the collectives of a
-training step (DESIGN section 5). Each takes one array or a list (lists of
+training step (docs/GUIDE.md section 2.8). Each takes one array or a list (lists of
 pairs for the accumulators) and runs as one fused pass in C."""
 from gradsync import _core
 

@@ -1,14 +1,10 @@
-"""Reduction ops."""
+"""Reduction ops: ``Op`` is built from the C library's table (gs_op_name
+through gradsync._core.OPS), so names and codes have one source."""
 import enum
 
+from gradsync import _core
 
-class Op(enum.IntEnum):
-    """Reduction ops; the string names ("sum", ...) are accepted everywhere too."""
-
-    SUM = 0
-    AVERAGE = 1
-    MIN = 2
-    MAX = 3
-    PROD = 4
-    ADASUM = 5
-    ADASUM_HIERARCHICAL = 6  # also op="adasum" with adasum="hierarchical"
+Op = enum.IntEnum("Op", {name.upper(): code for name, code in _core.OPS.items()},
+                  module=__name__)
+Op.__doc__ = ("Reduction ops; the string names (\"sum\", ...) are accepted everywhere too. "
+              "ADASUM_HIERARCHICAL is also op=\"adasum\" with adasum=\"hierarchical\".")

@@ -19,9 +19,11 @@ import itertools
 
 import numpy as np
 
+from gradsync import _core
+
 __all__ = ["AllSumReduce", "Partition", "zero_volume_array"]
 
-_DL_HOST_DEVICES = (1, 3)  # kDLCPU, kDLCUDAHost
+_DL_HOST_DEVICES = (_core.DLPACK_CPU, _core.DLPACK_CUDA_HOST)
 
 
 def zero_volume_array(dtype=np.float64):

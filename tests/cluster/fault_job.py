@@ -23,9 +23,9 @@ import threading
 import time
 
 import numpy as np
+from mpi4py import MPI
 
 import gradsync as gs
-from mpi4py import MPI
 
 WORLD = MPI.COMM_WORLD
 
@@ -67,7 +67,7 @@ def stream(comm, out, seconds, bad):
         for name, a in (("big", big), ("mid", mid), ("tiny", tiny)):
             if not np.all(a == want):
                 bad.append("call %d %s: %r != %r" % (i, name, a[:2].tolist(), want))
-        for k, g in enumerate(grads):
+        for g in grads:
             g.fill(1.0)
         comm.allreduce_(grads, "average")
         if not all(np.all(g == 1.0) for g in grads):

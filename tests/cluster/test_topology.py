@@ -8,11 +8,10 @@ import socket
 
 import numpy as np
 import pytest
-
-import gradsync as gs
+from adasum_reference import adasum_vectors
 from mpi4py import MPI
 
-from adasum_reference import adasum_vectors
+import gradsync as gs
 from gsutil import bits, collective_assert, collectively, seed_for
 
 pytestmark = [pytest.mark.mpi, pytest.mark.skipif(
@@ -122,7 +121,8 @@ def test_hierarchical_allreduce_crosses_each_link_as_planned():
     finally:
         c.close()
     ref = WORLD.allreduce(x.astype(np.float64))
-    tol = (WORLD.size + 2) * np.finfo(np.float32).eps * WORLD.allreduce(np.abs(x.astype(np.float64)))
+    tol = ((WORLD.size + 2) * np.finfo(np.float32).eps
+           * WORLD.allreduce(np.abs(x.astype(np.float64))))
     with collectively():
         assert hier == 2, hier
         assert first.tobytes() == again.tobytes()

@@ -21,9 +21,9 @@ import os
 import sys
 
 import pytest
+from mpi4py import MPI
 
 import gradsync as gs
-from mpi4py import MPI
 
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(TESTS, "python"))
@@ -50,7 +50,7 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def device(comm):
+def device(comm):  # noqa: F811 (the fixture imported above)
     """Where this rank's arrays live: a CUDA ordinal, or 'cpu' with
     GRADSYNC_GPU_TESTS_ON_HOST=1."""
     if ON_HOST:

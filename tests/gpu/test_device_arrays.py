@@ -11,15 +11,23 @@ rank makes the same calls; bodies sit in collectively() blocks."""
 
 import os
 
+import kernel_reference as kr
 import numpy as np
 import pytest
-
-import gradsync as gs
 from mpi4py import MPI
 
-import kernel_reference as kr
-from gsutil import (ALL_DTYPES, BF16, FLOAT_DTYPES, INT_DTYPES, check_result,
-                    collectively, is_int, reduce_reference, reduce_tolerance)
+import gradsync as gs
+from gsutil import (
+    ALL_DTYPES,
+    BF16,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    check_result,
+    collectively,
+    is_int,
+    reduce_reference,
+    reduce_tolerance,
+)
 
 pytestmark = [pytest.mark.mpi, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
 
@@ -160,7 +168,7 @@ def backend(request, device):
 
 def on_device(out, device):
     """An out-of-place result must be a DeviceArray where the inputs were
-    (host inputs: a NumPy array, as DESIGN.md section 2 says)."""
+    (host inputs: a NumPy array, as docs/GUIDE.md section 2.1 says)."""
     if device == "cpu":
         assert isinstance(out, np.ndarray), type(out)
         return

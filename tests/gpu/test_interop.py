@@ -23,10 +23,10 @@ need torch or CuPy built with CUDA; elsewhere they skip.
 """
 import numpy as np
 import pytest
+from gpu_util import spin_cupy, spin_torch
 from mpi4py import MPI
 
 import gradsync as gs
-from gpu_util import spin_cupy, spin_torch
 from gsutil import BF16, collectively
 
 pytestmark = pytest.mark.mpi

@@ -20,10 +20,10 @@ import os
 
 import numpy as np
 import pytest
+from gpu_util import requires_gpus
 from mpi4py import MPI
 
 import gradsync as gs
-from gpu_util import requires_gpus
 from gsutil import BF16, collectively, run_child
 
 pytestmark = pytest.mark.mpi

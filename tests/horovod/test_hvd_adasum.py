@@ -5,7 +5,6 @@ also runs other counts, where the fold-in pairs make a different, still
 scale-equivariant, combination)."""
 import numpy as np
 import pytest
-
 from hvdtest import Checks, hvd, torch
 
 pytestmark = pytest.mark.mpi

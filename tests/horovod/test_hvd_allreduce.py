@@ -5,9 +5,20 @@ import itertools
 
 import numpy as np
 import pytest
-
-from hvdtest import (DIMS, FLOATS, INTS, REDUCE_DTYPES, Checks, as_float, even_odd_sets, hvd,
-                     random_tensor, remove_sets, threshold, torch)
+from hvdtest import (
+    DIMS,
+    FLOATS,
+    INTS,
+    REDUCE_DTYPES,
+    Checks,
+    as_float,
+    even_odd_sets,
+    hvd,
+    random_tensor,
+    remove_sets,
+    threshold,
+    torch,
+)
 
 # average= is Horovod's deprecated spelling, which its tests (and these) still use
 pytestmark = [pytest.mark.mpi, pytest.mark.filterwarnings("ignore::DeprecationWarning")]

@@ -5,7 +5,6 @@ import itertools
 
 import numpy as np
 import pytest
-
 from hvdtest import DIMS, MOVE_DTYPES, Checks, as_float, even_odd_sets, hvd, remove_sets, torch
 
 pytestmark = pytest.mark.mpi

@@ -6,7 +6,6 @@ import importlib.util
 import os
 
 import pytest
-
 from hvdtest import Checks, hvd, torch
 
 pytestmark = pytest.mark.mpi

@@ -5,9 +5,21 @@ import itertools
 
 import numpy as np
 import pytest
-
-from hvdtest import (DIMS, FLOATS, INTS, MOVE_DTYPES, REDUCE_DTYPES, Checks, as_float,
-                     even_odd_sets, hvd, random_tensor, remove_sets, threshold, torch)
+from hvdtest import (
+    DIMS,
+    FLOATS,
+    INTS,
+    MOVE_DTYPES,
+    REDUCE_DTYPES,
+    Checks,
+    as_float,
+    even_odd_sets,
+    hvd,
+    random_tensor,
+    remove_sets,
+    threshold,
+    torch,
+)
 
 pytestmark = pytest.mark.mpi
 needs_two = pytest.mark.skipif(hvd.size() == 1, reason="needs two ranks")

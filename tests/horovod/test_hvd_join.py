@@ -4,10 +4,8 @@ exists for: a DistributedOptimizer loop over uneven numbers of batches."""
 import itertools
 
 import pytest
-
-from hvdtest import INTS, Checks, hvd, random_tensor, threshold, torch
-
 import torch.nn.functional as F  # noqa: E402
+from hvdtest import INTS, Checks, hvd, random_tensor, threshold, torch
 
 pytestmark = pytest.mark.mpi
 needs_two = pytest.mark.skipif(hvd.size() == 1, reason="needs two ranks")

@@ -11,10 +11,8 @@ import warnings
 
 import numpy as np
 import pytest
-
-from hvdtest import Checks, hvd, torch
-
 import torch.nn.functional as F  # noqa: E402
+from hvdtest import Checks, hvd, torch
 
 pytestmark = pytest.mark.mpi
 needs_two = pytest.mark.skipif(hvd.size() == 1, reason="needs two ranks")

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from hvdtest import Checks, hvd
 
 from gradsync.horovod import run  # noqa: E402
@@ -66,7 +65,6 @@ def test_shutdown_init_and_knobs(monkeypatch):
     communicator at init(); knobs gradsync has no use for are accepted; after
     shutdown() calls raise Horovod's error and init() starts again."""
     import gradsync as gs
-
     from gradsync.horovod import state
 
     c = Checks()

@@ -4,13 +4,19 @@ zero-copy results, and a data-parallel training loop that must match one
 process training on the concatenated batch."""
 import numpy as np
 import pytest
-
-import gradsync as gs
+from adasum_reference import adasum_reference, relative_l2_error
 from mpi4py import MPI
 
-from adasum_reference import adasum_reference, relative_l2_error
-from gsutil import (BF16, check_result, collectively, random_array, reduce_reference,
-                    reduce_tolerance, seed_for)
+import gradsync as gs
+from gsutil import (
+    BF16,
+    check_result,
+    collectively,
+    random_array,
+    reduce_reference,
+    reduce_tolerance,
+    seed_for,
+)
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -195,7 +201,7 @@ def test_inputs_are_read_where_they_are(comm):
 # ------------------------------------------------------------------ kernels
 
 def test_accumulate_rounds_once(comm):
-    """DESIGN section 5's numbers: float16 acc 1.0 plus float32 grad
+    """docs/GUIDE.md section 2.8's numbers: float16 acc 1.0 plus float32 grad
     2**-11 + 2**-22 is 1.0009765625 (a cast first would give 1.0)."""
     with collectively():
         acc = {"w": jnp.ones((4,), jnp.float16), "b": jnp.full((2, 2), 3.0, BF16)}

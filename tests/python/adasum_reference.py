@@ -1,4 +1,4 @@
-"""Float64 NumPy reference for gradsync's Adasum (DESIGN.md section 4).
+"""Float64 NumPy reference for gradsync's Adasum (docs/GUIDE.md section 5).
 
 Written from the contract only, independently of the C runtime:
 

@@ -15,19 +15,35 @@ import os
 import sys
 
 import pytest
+from mpi4py import MPI
 
 import gradsync as gs  # noqa: F401  (first: it initializes MPI at the level it needs)
-from mpi4py import MPI
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gsutil import (  # noqa: E402,F401  (re-exported helpers)
-    ALL_DTYPES, BF16, FLOAT_DTYPES, INT_DTYPES, OPS, Inputs,
-    assert_same_on_all_ranks, bits, check_result, check_unchanged,
-    collective_assert, collectively, dtype_name, is_float, is_int,
-    random_array, reduce_reference, reduce_tolerance, seed_for)
-
 from gsfixtures import SMALL_THRESHOLD, comm, make_watchdog, small_comm  # noqa: E402,F401
+
+from gsutil import (  # noqa: E402,F401  (re-exported helpers)
+    ALL_DTYPES,
+    BF16,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    OPS,
+    Inputs,
+    assert_same_on_all_ranks,
+    bits,
+    check_result,
+    check_unchanged,
+    collective_assert,
+    collectively,
+    dtype_name,
+    is_float,
+    is_int,
+    random_array,
+    reduce_reference,
+    reduce_tolerance,
+    seed_for,
+)
 
 _watchdog = make_watchdog(180)
 

@@ -4,9 +4,9 @@ import faulthandler
 import os
 
 import pytest
+from mpi4py import MPI
 
 import gradsync as gs
-from mpi4py import MPI
 
 SMALL_THRESHOLD = 4096
 

@@ -408,7 +408,7 @@ def check_reduction(outs, per_rank, op, shapes, dtype, prescale=1.0,
         i = int(np.searchsorted(bounds, first, side="right") - 1)
         raise AssertionError("%s %d (shape %s, element %d) is the first "
                              "wrong one; %s" % (what, i, tuple(shapes[i]),
-                                                first - bounds[i], exc))
+                                                first - bounds[i], exc)) from exc
 
 
 # ---- children run without mpiexec -------------------------------------------

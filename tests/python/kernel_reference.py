@@ -1,4 +1,4 @@
-"""Exact NumPy references for the gradient-control kernels (DESIGN.md section 5).
+"""Exact NumPy references for the gradient-control kernels (docs/GUIDE.md section 2.8).
 
 The contract:
 
@@ -284,7 +284,7 @@ def simd_workload(seed=20240611):
                                  "all_finite", x))
     # one fused call: 40 mixed pairs
     accs, grads = [], []
-    for i in range(40):
+    for _ in range(40):
         n = int(rng.choice([0, 1, 5, 8, 13, 64, 333, 1500]))
         accs.append(random_floats(rng, n, FLOATS[rng.integers(4)], "wide"))
         grads.append(random_floats(rng, n, FLOATS[rng.integers(4)], "wide"))

@@ -1,5 +1,5 @@
 """comm.allreduce(..., op="adasum") against the float64 reference of
-DESIGN.md section 4 (adasum_reference.py).
+docs/GUIDE.md section 5 (adasum_reference.py).
 
 Runs at any world size (1..8); tests that need a given size skip elsewhere.
 Every rank regenerates every rank's inputs locally, so the reference needs no
@@ -22,16 +22,27 @@ import math
 import ml_dtypes
 import numpy as np
 import pytest
-
-import gradsync as gs
+from adasum_reference import (
+    adasum_reference,
+    adasum_with_magnitude,
+    largest_power_of_two,
+    relative_l2_error,
+    tree_levels,
+)
 from mpi4py import MPI
 
-from adasum_reference import (adasum_reference, adasum_with_magnitude,
-                              largest_power_of_two, relative_l2_error,
-                              tree_levels)
-from gsutil import (BF16, FLOAT_DTYPES, INT_DTYPES,
-                    bits, check_unchanged, collective_assert, collectively,
-                    dtype_name, seed_for)
+import gradsync as gs
+from gsutil import (
+    BF16,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    bits,
+    check_unchanged,
+    collective_assert,
+    collectively,
+    dtype_name,
+    seed_for,
+)
 
 pytestmark = pytest.mark.mpi
 

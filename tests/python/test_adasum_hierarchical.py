@@ -1,4 +1,4 @@
-"""Hierarchical Adasum (DESIGN section 4): the mean inside each group of L
+"""Hierarchical Adasum (docs/GUIDE.md section 5): the mean inside each group of L
 ranks, then Adasum across the groups' means, against a float64 reference.
 
 On one node the groups are set with GRADSYNC_HIERARCHY_SIZE (the ranks of a
@@ -8,9 +8,9 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
+from adasum_reference import adasum_vectors
 
 import gradsync as gs
-from adasum_reference import adasum_vectors
 from gsutil import bits, collectively, seed_for
 
 pytestmark = pytest.mark.mpi

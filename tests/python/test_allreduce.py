@@ -9,13 +9,24 @@ import numpy as np
 import pytest
 
 import gradsync as gs
-from mpi4py import MPI
-
-from gsutil import (ALL_DTYPES, BF16, FLOAT_DTYPES, INT_DTYPES, OPS,
-                    bits, check_reduction,
-                    check_result, check_unchanged, collective_assert, collectively,
-                    dtype_name, finfo, is_int, reduce_reference,
-                    reduce_tolerance)
+from gsutil import (
+    ALL_DTYPES,
+    BF16,
+    FLOAT_DTYPES,
+    INT_DTYPES,
+    OPS,
+    bits,
+    check_reduction,
+    check_result,
+    check_unchanged,
+    collective_assert,
+    collectively,
+    dtype_name,
+    finfo,
+    is_int,
+    reduce_reference,
+    reduce_tolerance,
+)
 
 pytestmark = pytest.mark.mpi
 

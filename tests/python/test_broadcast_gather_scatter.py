@@ -4,9 +4,16 @@ built from every rank's locally regenerated inputs."""
 import numpy as np
 import pytest
 
-from gsutil import (BF16, bits, check_result,
-                    check_unchanged, collectively, dtype_name,
-                    reduce_reference, reduce_tolerance)
+from gsutil import (
+    BF16,
+    bits,
+    check_result,
+    check_unchanged,
+    collectively,
+    dtype_name,
+    reduce_reference,
+    reduce_tolerance,
+)
 
 pytestmark = pytest.mark.mpi
 

@@ -6,10 +6,9 @@ import time
 
 import numpy as np
 import pytest
-
-import gradsync as gs
 from mpi4py import MPI
 
+import gradsync as gs
 from gsutil import collective_assert, collectively
 
 pytestmark = pytest.mark.mpi

@@ -1,4 +1,4 @@
-"""Arrays that are not NumPy arrays (DESIGN.md section 2), without a GPU:
+"""Arrays that are not NumPy arrays (docs/GUIDE.md section 2.1), without a GPU:
 gradsync.DeviceArray in host memory as a DLPack producer, gradsync as a DLPack
 consumer of host tensors (versioned and legacy capsules, read-only, copies,
 strides, dtypes, deleters), torch CPU tensors zero-copy, and how CUDA inputs
@@ -15,10 +15,9 @@ import weakref
 import ml_dtypes
 import numpy as np
 import pytest
-
-import gradsync as gs
 from mpi4py import MPI
 
+import gradsync as gs
 from gsutil import ALL_DTYPES, FLOAT_DTYPES, collectively, reduce_reference
 
 pytestmark = pytest.mark.mpi
@@ -151,7 +150,7 @@ def test_no_cuda_array_interface_for_host_memory():
         a = gs.DeviceArray(4, np.float32, "cpu")
         assert not hasattr(a, "__cuda_array_interface__")
         with pytest.raises(AttributeError, match="host memory"):
-            a.__cuda_array_interface__
+            _ = a.__cuda_array_interface__
 
 
 @pytest.mark.skipif(not NO_CUDA_DEVICE, reason="this process sees a CUDA device")
@@ -286,7 +285,7 @@ def test_consumer_calls_the_deleter_once(producer, comm):
     ref = sum(rank_values(r, (16,), np.float64) for r in range(comm.size))
     if producer != "versioned":
         # a legacy capsule cannot say whether it may be written: read-only,
-        # as numpy.from_dlpack takes it (DESIGN section 9); the refused
+        # as numpy.from_dlpack takes it (docs/GUIDE.md section 2.1); the refused
         # capsules are released all the same
         with collectively():
             with pytest.raises(ValueError, match=r"tensors\[0\] is read-only: .*legacy"):

@@ -7,8 +7,16 @@ import numpy as np
 import pytest
 
 import gradsync as gs
-from gsutil import (BF16, bits, check_reduction, check_result, check_unchanged,
-                    collectively, reduce_reference, reduce_tolerance)
+from gsutil import (
+    BF16,
+    bits,
+    check_reduction,
+    check_result,
+    check_unchanged,
+    collectively,
+    reduce_reference,
+    reduce_tolerance,
+)
 
 pytestmark = pytest.mark.mpi
 

@@ -10,9 +10,9 @@ import time
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import gradsync as gs
-from mpi4py import MPI
 from gsutil import collectively
 
 pytestmark = pytest.mark.mpi
@@ -111,7 +111,10 @@ def test_two_threads_two_communicators_and_a_free_third():
     spinner.start()
     t1 = threading.Thread(target=drive, args=("a", c1, 1.0))
     t2 = threading.Thread(target=drive, args=("b", c2, 100.0))
-    t1.start(); t2.start(); t1.join(); t2.join()
+    t1.start()
+    t2.start()
+    t1.join()
+    t2.join()
     stop.set()
     spinner.join()
     p = WORLD.size

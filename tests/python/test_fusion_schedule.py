@@ -1,5 +1,5 @@
 """How many fused messages a call sends, from the communicator's counters,
-against an independent model of DESIGN section 3's schedule: tensors grouped by
+against an independent model of docs/GUIDE.md section 2.3's schedule: tensors grouped by
 dtype (groups in order of first appearance, list order inside a group), packed
 until the next tensor would pass the threshold; a tensor over the threshold
 goes alone; a call of at most check_payload_bytes of one dtype rides inside
@@ -28,7 +28,8 @@ def model_messages(arrays, threshold):
                 messages.append(a.nbytes)
                 current = None
                 continue
-            if current is None or (messages[current] + a.nbytes > threshold and messages[current] > 0):
+            if current is None or (messages[current] + a.nbytes > threshold
+                                   and messages[current] > 0):
                 messages.append(0)
                 current = len(messages) - 1
             messages[current] += a.nbytes
@@ -72,7 +73,8 @@ def test_mixed_dtypes_one_message_per_group():
     arrays = [rng.integers(0, 3, size=rng.integers(1, 300)).astype(dt) for dt in dtypes]
     with gs.Communicator() as comm:
         d = delta(comm, lambda: comm.allreduce_(arrays))
-    collective_assert(d["messages"] == 4, f"4 dtype groups should be 4 messages, got {d['messages']}")
+    collective_assert(d["messages"] == 4,
+                      f"4 dtype groups should be 4 messages, got {d['messages']}")
 
 
 def test_tensor_over_threshold_goes_alone():

@@ -11,8 +11,8 @@ the device machine, where a mistake costs lease minutes):
 - the session scripts parse (bash -n).
 """
 import io
-import math
 import json
+import math
 import os
 import shutil
 import subprocess

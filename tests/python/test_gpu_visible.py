@@ -10,7 +10,8 @@ from gsutil import collectively, run_child
 
 SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__)))), "scripts", "gpu_visible.py")
-RUN = "import runpy, sys; sys.argv = [sys.argv[1]]; runpy.run_path(sys.argv[0], run_name='__main__')"
+RUN = ("import runpy, sys; sys.argv = [sys.argv[1]]; "
+       "runpy.run_path(sys.argv[0], run_name='__main__')")
 
 
 def fake_smi(tmp_path, listing):

@@ -9,11 +9,11 @@ import sys
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import gradsync as gs
 from gradsync import bench
 from gradsync.bench.data import cut_at_shards, shard_counts
-from mpi4py import MPI
 from gsutil import collectively
 
 pytestmark = pytest.mark.mpi
@@ -104,7 +104,7 @@ def test_collective(case, shared_dir, capsys):
             # both tables printed, the ratio columns in the first
             assert "# Out of bounds values : 0 OK" in out
             assert out.count("# baseline table, ") == len(baselines), out
-            headers = [l for l in out.splitlines() if l.split()[:2] == ["#", "size"]]
+            headers = [line for line in out.splitlines() if line.split()[:2] == ["#", "size"]]
             assert len(headers) == 1 + len(baselines), out
             assert all("#wrong" in h for h in headers)
             if baselines:

@@ -1,4 +1,4 @@
-"""The hierarchical allreduce (DESIGN section 11, src/hierarchical.c):
+"""The hierarchical allreduce (docs/CLUSTER.md section 4, src/hierarchical.c):
 reduce-scatter inside each host, allreduce across hosts, allgather inside the
 host, against float64 (int64) references, bitwise identical on every rank and
 from run to run, and chosen where it should be.
@@ -11,12 +11,19 @@ from contextlib import contextmanager
 
 import numpy as np
 import pytest
-
-import gradsync as gs
 from mpi4py import MPI
 
-from gsutil import (ALL_DTYPES, BF16, OPS, bits, check_reduction, collective_assert,
-                    collectively, is_int)
+import gradsync as gs
+from gsutil import (
+    ALL_DTYPES,
+    BF16,
+    OPS,
+    bits,
+    check_reduction,
+    collective_assert,
+    collectively,
+    is_int,
+)
 
 pytestmark = pytest.mark.mpi
 

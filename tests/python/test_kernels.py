@@ -1,4 +1,4 @@
-"""Gradient-control kernels (DESIGN.md section 5): zero_, accumulate_,
+"""Gradient-control kernels (docs/GUIDE.md section 2.8): zero_, accumulate_,
 accumulate_v2_, all_finite, scale_.
 
 The kernels are local (no communication), but the suite runs under
@@ -29,18 +29,31 @@ import tempfile
 import textwrap
 import warnings
 
+import kernel_reference as kr
 import ml_dtypes
 import numpy as np
 import pytest
-
-import gradsync as gs
+from kernel_reference import (
+    BF16,
+    F16,
+    F32,
+    F64,
+    FLOATS,
+    INTS,
+    accumulate_ref,
+    all_finite_ref,
+    all_patterns,
+    first_bad,
+    near_pairs,
+    overwrite_ref,
+    random_floats,
+    round_f64,
+    same_bits,
+    scale_ref,
+)
 from mpi4py import MPI
 
-import kernel_reference as kr
-from kernel_reference import (BF16, F16, F32, F64, FLOATS, INTS,
-                              accumulate_ref, all_finite_ref, all_patterns,
-                              first_bad, near_pairs, overwrite_ref,
-                              random_floats, round_f64, same_bits, scale_ref)
+import gradsync as gs
 from gsutil import child_env, collectively, run_child, seed_for
 
 pytestmark = [pytest.mark.mpi,
@@ -648,7 +661,7 @@ def test_large(pair):
 # ===================================================== fused lists
 
 def _mixed_pairs(rng, npairs=50):
-    accs, grads, ids = [], [], []
+    accs, grads = [], []
     for i in range(npairs):
         n = int(rng.choice([0, 1, 2, 7, 8, 9, 16, 17, 100, 1023, 4096, 9999,
                             70000]))
@@ -1139,14 +1152,14 @@ def _simd_check(nan_payloads):
     c = _simd_comparison()
     _workload_reference_check(c["work"], c["mine"])
     if "skip" in c:
-        warnings.warn(c["skip"])
+        warnings.warn(c["skip"], stacklevel=1)
         return
     assert "error" not in c, c.get("error")
     assert c["there"] == "portable", (
         "GRADSYNC_SIMD=none child reports simd=%r" % (c["there"],))
     if c["here"] == "portable":
         warnings.warn("this CPU runs the portable kernels in-process too: "
-                      "the SIMD comparison is vacuous")
+                      "the SIMD comparison is vacuous", stacklevel=1)
     diffs = _simd_diffs(c, nan_payloads)
     assert not diffs, ("SIMD (%s) and portable kernels differ in %d results"
                        "%s:\n%s" % (c["here"], len(diffs),
@@ -1169,8 +1182,8 @@ def test_simd_matches_portable():
 
 
 def test_simd_matches_portable_nan_payloads():
-    """The same comparison, fully bitwise: DESIGN.md promises a portable
-    fallback "that gives identical results", NaN bit patterns included."""
+    """The same comparison, fully bitwise: docs/GUIDE.md section 2.8
+    promises a portable fallback with identical results, NaN bit patterns included."""
     with collectively(what="SIMD vs portable (NaN payloads)"):
         if WORLD.rank == 0:
             _simd_check(nan_payloads=True)

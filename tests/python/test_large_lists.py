@@ -5,9 +5,7 @@ float64 reference; bitwise identical on every rank."""
 import numpy as np
 import pytest
 
-import gradsync as gs
-from gsutil import (ALL_DTYPES, collectively, check_reduction, is_int, random_array,
-                    seed_for)
+from gsutil import ALL_DTYPES, check_reduction, collectively, is_int, random_array, seed_for
 
 pytestmark = pytest.mark.mpi
 LIST_BYTES = 1 << 20

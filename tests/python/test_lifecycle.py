@@ -9,11 +9,10 @@ import weakref
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import gradsync as gs
 from gradsync.bench.memory import rss_mb as _rss_mb
-from mpi4py import MPI
-
 from gsutil import collective_assert, collectively
 
 pytestmark = pytest.mark.mpi

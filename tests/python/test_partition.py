@@ -1,4 +1,4 @@
-"""gs.Partition and gs.AllSumReduce (DESIGN section 6, DistDL semantics).
+"""gs.Partition and gs.AllSumReduce (docs/GUIDE.md section 2.10, DistDL semantics).
 
 Runs at any rank count; the 2x3 table needs exactly 6 ranks and DistDL's
 12-worker table at least 12 (the Makefile runs this file at 6 and 12 ranks
@@ -11,7 +11,6 @@ import pytest
 from mpi4py import MPI
 
 import gradsync as gs
-
 from gsutil import collective_assert, collectively, seed_for
 
 pytestmark = pytest.mark.mpi
@@ -171,7 +170,7 @@ def test_cartesian_smaller_than_partition_leaves_the_rest_inactive(P_world):
 
 
 def test_partition_of_ranks_0_to_2_on_4_workers(P_world):
-    """DESIGN's inactive-worker case: rank 3 is outside; it passes a
+    """The inactive-worker case (docs/GUIDE.md section 2.10): rank 3 is outside; it passes a
     zero-volume array to AllSumReduce and gets a copy back."""
     if WORLD.size != 4:
         pytest.skip("needs exactly 4 ranks")

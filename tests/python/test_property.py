@@ -27,13 +27,19 @@ import os
 import ml_dtypes
 import numpy as np
 import pytest
-
-import gradsync as gs
+from adasum_reference import adasum_with_magnitude, tree_levels
 from mpi4py import MPI
 
-from adasum_reference import adasum_with_magnitude, tree_levels
-from gsutil import (bits, check_result, collective_assert, collectively, random_array,
-                    reduce_reference, reduce_tolerance)
+import gradsync as gs
+from gsutil import (
+    bits,
+    check_result,
+    collective_assert,
+    collectively,
+    random_array,
+    reduce_reference,
+    reduce_tolerance,
+)
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
@@ -407,7 +413,7 @@ def reduce_scatter_body(case):
     before = [a.copy() for a in mine]
     kw = dict(prescale=case["pre"], postscale=case["post"])
     ok = valid_for(op, dtypes, case["pre"] != 1.0 or case["post"] != 1.0)
-    with collectively(what="reduce_scatter %r" % (case,)) as blk:
+    with collectively(what="reduce_scatter %r" % (case,)):
         if not ok:
             with pytest.raises(TypeError):
                 comm.reduce_scatter(mine if not case["single"] else mine[0], op, **kw)
@@ -727,7 +733,7 @@ def kernel_case(draw):
 
 
 def kernel_body(case):
-    from kernel_reference import accumulate_ref, overwrite_ref, scale_ref, same_bits
+    from kernel_reference import accumulate_ref, overwrite_ref, same_bits, scale_ref
     k, shapes = case["kernel"], case["shapes"]
     acc = make_inputs(case["seed"], 0, shapes, case["acc"], "normal")
     grad = make_inputs(case["seed"], 1, shapes, case["grad"], "normal")

@@ -1,4 +1,4 @@
-"""In-place calls and read-only producers (DESIGN section 9): every in-place
+"""In-place calls and read-only producers (docs/GUIDE.md section 2.1): every in-place
 entry point refuses, on every rank and before anything is written, a
 non-writeable NumPy array, a DLPack 1.x tensor flagged READ_ONLY, a legacy
 capsule (read-only to numpy.from_dlpack too) and a JAX array (when jax
@@ -6,11 +6,10 @@ imports); the error names the argument and the out-of-place call. The
 out-of-place calls take the same arrays and give the float64 reference."""
 import numpy as np
 import pytest
-
-import gradsync as gs
+from dlpack_producer import READ_ONLY, CtypesProducer, writable_twin
 from mpi4py import MPI
 
-from dlpack_producer import READ_ONLY, CtypesProducer, writable_twin
+import gradsync as gs
 from gsutil import collectively
 
 pytestmark = pytest.mark.mpi

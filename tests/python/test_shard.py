@@ -5,9 +5,15 @@ import numpy as np
 import pytest
 
 import gradsync as gs
-
-from gsutil import (BF16, bits, check_result, collective_assert,
-                    collectively, reduce_reference, reduce_tolerance)
+from gsutil import (
+    BF16,
+    bits,
+    check_result,
+    collective_assert,
+    collectively,
+    reduce_reference,
+    reduce_tolerance,
+)
 
 pytestmark = pytest.mark.mpi
 

@@ -9,9 +9,9 @@ import textwrap
 
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import gradsync as gs
-from mpi4py import MPI
 from gsutil import collectively
 
 pytestmark = pytest.mark.mpi

@@ -4,15 +4,13 @@ Every test keeps all ranks in the same sequence of collective calls: calls
 that are expected to fail sit inside ``collectively()`` blocks, so a missing
 or wrong exception fails the test on every rank instead of hanging it."""
 
-import re
 
 import numpy as np
 import pytest
-
-import gradsync as gs
 from mpi4py import MPI
 
-from gsutil import bits, check_unchanged, collective_assert, collectively
+import gradsync as gs
+from gsutil import check_unchanged, collective_assert, collectively
 
 pytestmark = pytest.mark.mpi
 

@@ -42,6 +42,7 @@ def torch_pg():
     if torch is None:
         pytest.skip("torch is not installed")
     import torch.distributed as dist
+
     import gradsync.torch.distributed  # noqa: F401  (registers the backend)
     if not dist.is_initialized():
         assert not os.environ.get("MASTER_ADDR"), "the tests run without a master address"

@@ -12,7 +12,6 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 import gradsync as gs  # noqa: E402
-
 from gsutil import collective_assert, collectively, seed_for  # noqa: E402
 
 pytestmark = pytest.mark.mpi
@@ -402,8 +401,10 @@ def test_rendezvous_takes_rank_and_size_from_mpi(torch_pg, monkeypatch):
 
 def test_creator_refuses_ranks_other_than_mpis(torch_pg):
     """A launch where torch's rank or size is not MPI's (a pure torchrun launch)."""
-    from torch._C._distributed_c10d import _DistributedBackendOptions
     from datetime import timedelta
+
+    from torch._C._distributed_c10d import _DistributedBackendOptions
+
     import gradsync.torch.distributed as gtd
     opts = _DistributedBackendOptions()
     opts.group_rank, opts.group_size = RANK, SIZE + 1

@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 
 import bench_gpu_train as bt  # noqa: E402
 import gpu_summary  # noqa: E402
+
 from gradsync.bench.data import load_shapes  # noqa: E402
 
 WORLD = MPI.COMM_WORLD

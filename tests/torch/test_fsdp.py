@@ -139,7 +139,7 @@ def test_distributed_checkpoint_round_trip(torch_pg):
             fsdp = FSDP(model0(), device_id=torch.device("cpu"))
             train(fsdp, steps=1)
             with FSDP.state_dict_type(fsdp, StateDictType.SHARDED_STATE_DICT):
-                saved = {k: v for k, v in fsdp.state_dict().items()}
+                saved = dict(fsdp.state_dict().items())
                 dcp.save({"model": saved}, checkpoint_id=path)
             fresh = FSDP(copy.deepcopy(TinyTransformer()), device_id=torch.device("cpu"))
             with FSDP.state_dict_type(fresh, StateDictType.SHARDED_STATE_DICT):

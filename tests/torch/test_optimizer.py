@@ -21,9 +21,9 @@ from mpi4py import MPI
 torch = pytest.importorskip("torch")
 
 import torch.nn.functional as F  # noqa: E402
+from adasum_reference import adasum_vectors  # noqa: E402  (tests/python, via conftest)
 
 import gradsync.torch as gst  # noqa: E402
-from adasum_reference import adasum_vectors  # noqa: E402  (tests/python, via conftest)
 from gsutil import collective_assert, collectively, seed_for  # noqa: E402
 
 WORLD = MPI.COMM_WORLD

@@ -15,7 +15,6 @@ torch = pytest.importorskip("torch")
 
 import gradsync as gs  # noqa: E402
 import gradsync.torch as gst  # noqa: E402
-
 from gsutil import collective_assert, collectively, seed_for  # noqa: E402
 
 pytestmark = pytest.mark.mpi

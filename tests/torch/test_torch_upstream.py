@@ -65,7 +65,7 @@ ALL = sorted(n for n in dir(BASE) if n.startswith("test_"))
 # their bodies, which pick their CPU setup by that name, see "gloo".
 RUN_ANYWAY = {n for n in ALL if n.startswith("test_accumulate_gradients_no_sync")} | {
     "test_get_future", "test_batch_isend_irecv_gloo", "test_batch_isend_irecv_gloo_tags"}
-BODY_AS = {n: "gloo" for n in RUN_ANYWAY}
+BODY_AS = dict.fromkeys(RUN_ANYWAY, "gloo")
 # Group tests ([1, 2] of the world) torch runs at any size only for its MPI
 # backend (skip_if_small_worldsize reads the environment): so here too.
 SMALL_WORLD_AS_MPI = {n for n in ALL if "_group" in n and "full_group" not in n

@@ -74,7 +74,7 @@ Table columns (per mode, out-of-place then in-place)::
   With ``--baseline mpi4py`` the columns become ``np+mpi`` (a straightforward
   NumPy + mpi4py Adasum: one Allgather of every rank's list packed into one
   buffer in its own dtype, then the Adasum tree per tensor in NumPy float64,
-  DESIGN.md section 4) and ``gs sum`` (gradsync's own op=sum allreduce of a
+  docs/GUIDE.md section 5) and ``gs sum`` (gradsync's own op=sum allreduce of a
   copy of the same list), each with the ratio adasum_time / its time.
 
 Shard collectives (``--collective allgather_shards`` / ``reduce_scatter_shards``,

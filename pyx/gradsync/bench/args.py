@@ -53,7 +53,8 @@ def parse_size(text):
     try:
         value = int(float(t) * mult)
     except ValueError:
-        raise argparse.ArgumentTypeError("bad size %r (use e.g. 8, 1K, 64M, 1G)" % text)
+        raise argparse.ArgumentTypeError(
+            "bad size %r (use e.g. 8, 1K, 64M, 1G)" % text) from None
     if value < 0:
         raise argparse.ArgumentTypeError("size must be >= 0: %r" % text)
     return value

@@ -291,7 +291,7 @@ def accumulate_baseline_call(ctx, bufs):
 
 # --------------------------------------------------------------------------- adasum
 
-# DESIGN.md section 4: a squared norm below sqrt(DBL_MIN) gives coefficient 1
+# docs/GUIDE.md section 5: a squared norm below sqrt(DBL_MIN) gives coefficient 1
 _NORM_THRESHOLD = 2.2250738585072014e-308 ** 0.5
 
 

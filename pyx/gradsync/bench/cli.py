@@ -9,13 +9,31 @@ import json
 import sys
 import traceback
 
-from gradsync.bench.args import (FLOAT_DTYPES, HAS_INPLACE, INPLACE_ONLY, REDUCING,
-                                 SHARDED, build_parser, human, size_list)
+from gradsync.bench.args import (
+    FLOAT_DTYPES,
+    HAS_INPLACE,
+    INPLACE_ONLY,
+    REDUCING,
+    SHARDED,
+    build_parser,
+    human,
+    size_list,
+)
 from gradsync.bench.baselines import baseline_supported
 from gradsync.bench.data import load_shapes, make_case, numpy_dtype, shapes_case
-from gradsync.bench.output import (PLOT_MISSING, baseline_tables, format_row, header_lines,
-                                   metadata, plot, plot_available, print_meta, ratio_medians,
-                                   ratio_summary, tables)
+from gradsync.bench.output import (
+    PLOT_MISSING,
+    baseline_tables,
+    format_row,
+    header_lines,
+    metadata,
+    plot,
+    plot_available,
+    print_meta,
+    ratio_medians,
+    ratio_summary,
+    tables,
+)
 from gradsync.bench.runners import run_latency, run_row
 from gradsync.bench.timing import Ctx, Progress
 
@@ -30,8 +48,9 @@ def main(argv=None):
     error. Any other error prints its traceback and aborts the MPI job."""
     args = build_parser().parse_args(argv)
     # gradsync first: it may choose the MPI thread level before mpi4py initializes MPI
-    import gradsync as gs
     from mpi4py import MPI
+
+    import gradsync as gs
 
     world = MPI.COMM_WORLD
     try:
@@ -59,8 +78,9 @@ def run(argv):
     the same on every rank. Rank 0 prints the tables as the command does.
     Raises UsageError for a refused flag combination and any error as is."""
     args = build_parser().parse_args(list(argv))
-    import gradsync as gs
     from mpi4py import MPI
+
+    import gradsync as gs
     return _run(args, gs, MPI, ["gsbench"] + list(argv))
 
 

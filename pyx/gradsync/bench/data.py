@@ -5,6 +5,7 @@ import os
 
 from gradsync.bench.args import FLOAT_DTYPES, SHAPES_FILES, SHARDED
 
+
 class Case:
     """One row: a list of tensors (logical element counts and shapes)."""
 
@@ -31,7 +32,7 @@ def split_counts(total, k):
 
 def shard_geometry(total, nranks):
     """(padded, rank_count) of gs.ShardLayout over ``total`` elements
-    (DESIGN.md section 3: align = size * 32, always adds a block)."""
+    (docs/GUIDE.md section 2.3: align = size * 32, always adds a block)."""
     align = nranks * 32
     padded = total + align - total % align
     return padded, padded // nranks

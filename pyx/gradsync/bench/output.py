@@ -208,8 +208,8 @@ def metadata(ctx, args):
     lvl = MPI.Query_thread()
     names = {MPI.THREAD_SINGLE: "SINGLE", MPI.THREAD_FUNNELED: "FUNNELED",
              MPI.THREAD_SERIALIZED: "SERIALIZED", MPI.THREAD_MULTIPLE: "MULTIPLE"}
-    import numpy as np
     import mpi4py
+    import numpy as np
     return {
         "tool": "gsbench",
         "argv": getattr(ctx, "argv", sys.argv),

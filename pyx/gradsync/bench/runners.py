@@ -1,9 +1,16 @@
 """gsbench runners: the gradsync call of each collective, its check, a row, latency."""
 
 from gradsync.bench.args import HAS_INPLACE, REDUCING, SHARDED, busbw_factor, moved_bytes
-from gradsync.bench.baselines import (accumulate_baseline_call, adasum_baseline_call,
-                                     baseline_call, baseline_columns, baseline_supported,
-                                     gs_sum_call, mpi_op, shard_baseline_call)
+from gradsync.bench.baselines import (
+    accumulate_baseline_call,
+    adasum_baseline_call,
+    baseline_call,
+    baseline_columns,
+    baseline_supported,
+    gs_sum_call,
+    mpi_op,
+    shard_baseline_call,
+)
 from gradsync.bench.data import Buffers, count_wrong
 from gradsync.bench.timing import measure
 

@@ -4,6 +4,7 @@ import statistics
 import sys
 import time
 
+
 class Ctx:
     pass
 

@@ -255,7 +255,7 @@ class _AllSumReduceFunction(torch.autograd.Function):
 
 
 class AllSumReduce(torch.nn.Module):
-    """DistDL's AllSumReduce (DESIGN section 6) as a self-adjoint module.
+    """DistDL's AllSumReduce (docs/GUIDE.md section 2.10) as a self-adjoint module.
 
     ``AllSumReduce(P_x, axes_reduce=(1,))`` (or ``axes_keep=...``): each
     worker gets the sum over the workers of ``P_x`` that share its index in
@@ -282,4 +282,7 @@ class AllSumReduce(torch.nn.Module):
         return f"axes_reduce={self.axes_reduce}, axes_keep={self.axes_keep}"
 
 from gradsync.torch.optimizer import (  # noqa: E402,F401  (data-parallel training)
-    DistributedOptimizer, broadcast_optimizer_state, broadcast_parameters)
+    DistributedOptimizer,
+    broadcast_optimizer_state,
+    broadcast_parameters,
+)

@@ -51,25 +51,28 @@ How it works (docs/DECISIONS.md, "DistributedOptimizer", has the reasons):
   the ranks), so with equal micro-batches it is the gradient of the mean
   loss over the global batch.
 
-``op="adasum"`` follows the Adasum paper: the gradients are accumulated
-locally (no communication during backward), each rank steps the wrapped
-optimizer on its own gradient, the change of every parameter (new - old, in
-float32) is combined over the ranks with ONE fused
-``comm.allreduce_(deltas, op="adasum")`` (per tensor, DESIGN section 4), and
-every rank sets ``params = old + combined delta``.
+``op="adasum"`` steps locally and combines the parameter changes with
+Adasum instead (gradsync/torch/adasum_step.py says how).
+
+The pieces: buckets.py (slots, buckets, accumulation buffers),
+allreduce_step.py (op="sum"/"average"), adasum_step.py (op="adasum"),
+broadcast.py (``broadcast_parameters``, ``broadcast_optimizer_state``,
+re-exported here); this module is the optimizer itself.
 """
 import contextlib
 import logging
-import math
-import pickle
 import threading
+import time
 import warnings
 
-import numpy as np
 import torch
 
 import gradsync as gs
 from gradsync.communicator import default_communicator
+from gradsync.torch.adasum_step import AdasumStep
+from gradsync.torch.allreduce_step import AllreduceStep
+from gradsync.torch.broadcast import broadcast_optimizer_state, broadcast_parameters
+from gradsync.torch.buckets import FLOAT_DTYPES, Slot, arenas, plan_buckets
 
 __all__ = ["DistributedOptimizer", "broadcast_optimizer_state", "broadcast_parameters"]
 
@@ -80,128 +83,7 @@ _COMPRESSION = {None: None, "none": None,
                 "fp16": torch.float16, "float16": torch.float16, torch.float16: torch.float16,
                 "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
                 torch.bfloat16: torch.bfloat16}
-_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-# dtypes the C runtime takes as they are; anything else is broadcast as bytes
-_WIRE_DTYPES = _FLOAT_DTYPES + (torch.int8, torch.uint8, torch.int32, torch.int64)
 
-
-def _comm_or_default(comm):
-    """``comm``, else the gs.Communicator over COMM_WORLD that gradsync's
-    adapters share (created, collectively, on first use)."""
-    return default_communicator(comm)
-
-
-# ------------------------------------------------------------- async requests
-
-class _DoneRequest:
-    """What ``_allreduce_async`` returns when the runtime has no asynchronous
-    collectives: the blocking call has already run."""
-
-    __slots__ = ("_tensors",)
-
-    def __init__(self, tensors):
-        self._tensors = tensors
-
-    def wait(self):
-        return self._tensors
-
-    def test(self):
-        return True
-
-    @property
-    def done(self):
-        return True
-
-
-def _has_async(comm):
-    f = getattr(comm, "allreduce_async_", None)
-    if f is None:
-        return False
-    handle = getattr(comm, "handle", None)
-    return handle is None or hasattr(handle, "allreduce_async")
-
-
-def _allreduce_async(comm, tensors, op, postscale=1.0, prescale=1.0):
-    if _has_async(comm):
-        return comm.allreduce_async_(tensors, op=op, prescale=prescale, postscale=postscale)
-    comm.allreduce_(tensors, op=op, prescale=prescale, postscale=postscale)
-    return _DoneRequest(tensors)
-
-
-# ------------------------------------------------------------------- buckets
-
-class _Slot:
-    """One parameter: its accumulator view and its count of gradients
-    received since the last synchronize()."""
-
-    __slots__ = ("index", "name", "param", "bucket", "view", "grad", "count", "inplace")
-
-    def __init__(self, index, name, param):
-        self.index, self.name, self.param = index, name, param
-        self.bucket = self.view = self.grad = None
-        self.count = 0
-        # p.grad may be the accumulator itself (backward then adds into it):
-        # when the accumulator has the parameter's dtype (float32, float64)
-        self.inplace = _acc_dtype(param) == param.dtype
-
-
-class _Bucket:
-    __slots__ = ("index", "slots", "buffer", "wire", "remaining", "request")
-
-    def __init__(self, index, slots):
-        self.index, self.slots = index, slots
-        self.buffer = self.wire = self.request = None
-        self.remaining = len(slots)
-
-
-def _acc_dtype(p):
-    return torch.float64 if p.dtype == torch.float64 else torch.float32
-
-
-def _plan_buckets(slots, bucket_bytes):
-    """Buckets over ``slots`` in reverse parameter order, each at most
-    ``bucket_bytes`` of accumulator (a parameter larger than that gets a
-    bucket of its own), a new bucket wherever the device or the
-    accumulation dtype changes."""
-    buckets, cur, cur_bytes, cur_key = [], [], 0, None
-    for s in reversed(slots):
-        key = (s.param.device, _acc_dtype(s.param))
-        nbytes = s.param.numel() * (8 if key[1] == torch.float64 else 4)
-        if cur and (key != cur_key or cur_bytes + nbytes > bucket_bytes):
-            buckets.append(_Bucket(len(buckets), cur))
-            cur, cur_bytes = [], 0
-        cur.append(s)
-        cur_bytes += nbytes
-        cur_key = key
-    if cur:
-        buckets.append(_Bucket(len(buckets), cur))
-    return buckets
-
-
-def _arenas(groups, dtype_of=_acc_dtype):
-    """One flat zeroed allocation per (device, dtype) holding ``groups``
-    (lists of slots) back to back, the dtype ``dtype_of(param)``. Returns
-    (arenas, [flat slice per group], {slot: view shaped like its parameter})."""
-    sizes = {}
-    for g in groups:
-        key = (g[0].param.device, dtype_of(g[0].param))
-        sizes[key] = sizes.get(key, 0) + sum(s.param.numel() for s in g)
-    arenas = {k: torch.zeros(n, dtype=k[1], device=k[0]) for k, n in sizes.items()}
-    offsets = dict.fromkeys(arenas, 0)
-    flats, views = [], {}
-    for g in groups:
-        key = (g[0].param.device, dtype_of(g[0].param))
-        start = off = offsets[key]
-        for s in g:
-            n = s.param.numel()
-            views[s] = arenas[key][off:off + n].view(s.param.shape)
-            off += n
-        offsets[key] = off
-        flats.append(arenas[key][start:off])
-    return list(arenas.values()), flats, views
-
-
-# ------------------------------------------------------- DistributedOptimizer
 
 class DistributedOptimizer(torch.optim.Optimizer):
     """Wraps ``optimizer`` so that its step uses gradients reduced over the
@@ -295,7 +177,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = predivide
         self.bucket_bytes = int(bucket_bytes)
         self.compression = _COMPRESSION[key]
-        self.comm = _comm_or_default(comm)
+        self.comm = default_communicator(comm)
         self.skipped_steps = 0
         self.sync_seconds = 0.0
         self._names = None if named_parameters is None else self._check_names(named_parameters)
@@ -306,7 +188,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._nonfinite = False   # ... and found NaN/inf: the step is skipped
         self._passes = 0          # micro-batches seen by the hooks since synchronize()
         self._next = 0            # the next bucket to start
-        self._delta = None        # adasum: (arenas, old views, delta views)
+        self._mode = None         # AllreduceStep or AdasumStep (set by _build)
         self._build()
 
     # ---- the wrapped optimizer's face ----------------------------------------
@@ -396,7 +278,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
                 if id(p) in seen or not p.requires_grad:
                     continue
                 seen.add(id(p))
-                if p.dtype not in _FLOAT_DTYPES:
+                if p.dtype not in FLOAT_DTYPES:
                     raise TypeError(f"parameter {g}.{j} has dtype {p.dtype}; "
                                     "DistributedOptimizer reduces floating gradients only")
                 out.append((f"param_groups[{g}][{j}]", p))
@@ -414,9 +296,9 @@ class DistributedOptimizer(torch.optim.Optimizer):
         for h in self._hooks:
             h.remove()
         self._hooks = []
-        self._slots = [_Slot(i, n, p) for i, (n, p) in enumerate(self._ordered_params())]
-        self._buckets = _plan_buckets(self._slots, self.bucket_bytes)
-        self._arenas, flats, views = _arenas([b.slots for b in self._buckets])
+        self._slots = [Slot(i, n, p) for i, (n, p) in enumerate(self._ordered_params())]
+        self._buckets = plan_buckets(self._slots, self.bucket_bytes)
+        self._arenas, flats, views = arenas([b.slots for b in self._buckets])
         for b, flat in zip(self._buckets, flats):
             b.buffer = flat
             if self.compression is not None:
@@ -426,10 +308,10 @@ class DistributedOptimizer(torch.optim.Optimizer):
         # what synchronize() hands out as p.grad: views of one persistent
         # buffer per (device, dtype), in bucket order (no allocation per step)
         copied = [[s] for b in self._buckets for s in b.slots if not s.inplace]
-        _, _, grads = _arenas(copied, lambda p: p.dtype)
+        _, _, grads = arenas(copied, lambda p: p.dtype)
         for s in self._slots:
             s.grad = grads.get(s)
-        self._delta = None
+        self._mode = AdasumStep(self) if self.op == "adasum" else AllreduceStep(self)
         self._next = 0
         self._passes = 0
         for s in self._slots:
@@ -480,7 +362,7 @@ class DistributedOptimizer(torch.optim.Optimizer):
             slot.count += 1
             if slot.count > self._passes:
                 self._passes = slot.count
-            if slot.count == self.backward_passes_per_step and self.op != "adasum":
+            if slot.count == self.backward_passes_per_step and self._mode.reduces_in_backward:
                 b = slot.bucket
                 b.remaining -= 1
                 if b.remaining == 0:
@@ -490,36 +372,13 @@ class DistributedOptimizer(torch.optim.Optimizer):
         """Starts the buckets that are full, in order, up to the first that
         is not."""
         while self._next < len(self._buckets) and self._buckets[self._next].remaining == 0:
-            self._start(self._buckets[self._next])
+            self._mode.start(self._buckets[self._next])
             self._next += 1
 
     def _micro_scale(self):
         """What the sum over the micro-batches is multiplied by."""
         k = self.backward_passes_per_step
         return 1.0 / k if self.micro_batches == "mean" else 1.0
-
-    def _start(self, b):
-        micro = self._micro_scale()
-        if self.comm.size == 1:
-            # nothing to communicate (compression neither): the mean over
-            # the micro-batches is all there is to do
-            if micro != 1.0:
-                gs.scale_(b.buffer, micro)
-            b.request = _DoneRequest(b.buffer)
-            return
-        if b.wire is None:
-            # average: the C op divides by size; postscale 1/k averages the
-            # micro-batches in the same multiply
-            f = self.gradient_predivide_factor
-            b.request = _allreduce_async(self.comm, b.buffer, self.op, postscale=micro * f,
-                                         prescale=1.0 / f)
-            return
-        # the whole average happens before the cast: predividing adds nothing
-        factor = micro / (self.comm.size if self.op == "average" else 1)
-        if factor != 1.0:
-            gs.scale_(b.buffer, factor)
-        gs.accumulate_v2_(b.wire, b.buffer, overwrite=True)
-        b.request = _allreduce_async(self.comm, b.wire, "sum")
 
     # ---- synchronize -----------------------------------------------------------
     def synchronize(self):
@@ -532,21 +391,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
         overflow too). For op="adasum" it only moves the locally accumulated
         gradients into ``p.grad``; the ranks agree on finiteness with one
         small allreduce."""
-        import time
         t0 = time.perf_counter()
         with self._lock:
             if self._synced:
                 return
-            if self.op == "adasum":
-                finite = self._synchronize_local()
-            else:
-                finite = self._synchronize_reduce()
-            grads = self._write_grads()
-            if self.op == "adasum" and not finite:
-                # one rank's overflow must look the same everywhere (a
-                # GradScaler then backs off on every rank alike)
-                for g in grads:
-                    g.fill_(math.nan)
+            finite = self._mode.synchronize()
             for s in self._slots:
                 s.count = 0
             for b in self._buckets:
@@ -571,27 +420,6 @@ class DistributedOptimizer(torch.optim.Optimizer):
             for s in self._slots:
                 if s.count == 0 and s.param.grad is s.view:
                     s.param.grad = None
-
-    def _synchronize_reduce(self):
-        self._zero_missing()
-        for b in self._buckets[self._next:]:
-            self._start(b)
-        self._next = len(self._buckets)
-        for b in self._buckets:
-            b.request.wait()
-            b.request = None
-            if b.wire is not None and self.comm.size > 1:
-                gs.accumulate_v2_(b.buffer, b.wire, overwrite=True)
-        return gs.all_finite(self._arenas)
-
-    def _synchronize_local(self):
-        self._zero_missing()
-        micro = self._micro_scale()
-        if micro != 1.0:
-            gs.scale_(self._arenas, micro)
-        bad = np.array([0 if gs.all_finite(self._arenas) else 1], dtype=np.int32)
-        self.comm.allreduce_(bad, op="max")
-        return not bad[0]
 
     def _write_grads(self):
         """p.grad := the reduced gradient: the accumulator itself for float32
@@ -648,165 +476,5 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self._synced = self._nonfinite = False
         if skip:
             return loss
-        if self.op == "adasum":
-            self._adasum_step()
-        else:
-            self.optimizer.step()
+        self._mode.step()
         return loss
-
-    def _adasum_step(self):
-        if self._delta is None:
-            arenas, _, views = _arenas([[s] for s in self._slots])
-            olds = [views[s] for s in self._slots]
-            arenas2, _, views2 = _arenas([[s] for s in self._slots])
-            self._delta = (arenas, olds, arenas2, [views2[s] for s in self._slots])
-        old_arenas, olds, delta_arenas, deltas = self._delta
-        params = [s.param.detach() for s in self._slots]
-        if not params:
-            self.optimizer.step()
-            return
-        gs.accumulate_v2_(olds, params, overwrite=True)       # old (exact in float32)
-        self.optimizer.step()                                  # the local step
-        gs.accumulate_v2_(deltas, params, overwrite=True)      # new
-        for d, o in zip(delta_arenas, old_arenas):
-            d.sub_(o)                                          # delta = new - old
-        self.comm.allreduce_(deltas, op="adasum")              # one fused call
-        if gs.all_finite(delta_arenas):
-            for o, d in zip(old_arenas, delta_arenas):
-                o.add_(d)                                      # old + delta, one rounding
-        else:
-            self.skipped_steps += 1
-            if self.comm.rank == 0:
-                log.warning("gradsync: Adasum of the parameter changes is not finite; "
-                            "parameters restored on every rank (the wrapped optimizer's "
-                            "state has advanced)")
-        gs.accumulate_v2_(params, olds, overwrite=True)       # cast once into p's dtype
-
-
-# ---------------------------------------------------------------- broadcasts
-
-def _bcast_object(comm, obj, root):
-    """A picklable object from ``root``, as bytes through gradsync (a length,
-    then the bytes): not mpi4py's bcast, because gradsync's background
-    thread may be inside MPI (MPI_THREAD_SERIALIZED allows one thread at a
-    time), and a gradsync call waits for it; any gradsync communicator works
-    too, split ones included."""
-    data = pickle.dumps(obj) if comm.rank == root else b""
-    n = np.array([len(data)], dtype=np.int64)
-    comm.broadcast_(n, root=root)
-    buf = (np.frombuffer(data, dtype=np.uint8).copy() if comm.rank == root
-           else np.empty(int(n[0]), dtype=np.uint8))
-    if buf.size:
-        comm.broadcast_(buf, root=root)
-    return pickle.loads(buf.tobytes())
-
-
-def _broadcast_tensors(comm, tensors, root):
-    """Fused in-place broadcast: one call per device type (in order of first
-    appearance), aliases of one memory sent once, non-contiguous tensors
-    through a contiguous copy, dtypes the runtime lacks as bytes."""
-    groups, seen = {}, set()
-    for t in tensors:
-        t = t.detach()
-        if t.numel() == 0:
-            continue
-        if t.is_contiguous():
-            key = (t.data_ptr(), t.numel(), t.dtype)
-            if key in seen:
-                continue
-            seen.add(key)
-        groups.setdefault(t.device.type, []).append(t)
-    for ts in groups.values():
-        wire, back = [], []
-        for t in ts:
-            if not t.is_contiguous():
-                c = t.contiguous()
-                back.append((t, c))
-                t = c
-            t = t.reshape(-1)
-            if t.dtype not in _WIRE_DTYPES:
-                t = t.view(torch.uint8)
-            wire.append(t)
-        comm.broadcast_(wire, root=root)
-        for dst, src in back:
-            dst.copy_(src)
-
-
-def _tensors_of(params):
-    if isinstance(params, torch.nn.Module):
-        return list(params.state_dict().values())
-    if isinstance(params, dict):
-        items = list(params.values())
-    else:
-        items = list(params)
-    out = []
-    for i, it in enumerate(items):
-        if isinstance(it, tuple) and len(it) == 2:
-            it = it[1]
-        if not isinstance(it, torch.Tensor):
-            raise TypeError(f"broadcast_parameters: item {i} is {type(it).__name__}, "
-                            "not a torch.Tensor")
-        out.append(it)
-    return out
-
-
-def broadcast_parameters(params, root=0, comm=None):
-    """Every rank's tensors take ``root``'s values, in place, in one fused
-    broadcast (per device type). ``params``: a module (its state_dict:
-    parameters and buffers), a state_dict, ``named_parameters()`` pairs or a
-    list of tensors. Collective."""
-    comm = _comm_or_default(comm)
-    _broadcast_tensors(comm, _tensors_of(params), root)
-
-
-class _TensorSpec:
-    __slots__ = ("shape", "dtype")
-
-    def __init__(self, t):
-        self.shape, self.dtype = tuple(t.shape), t.dtype
-
-
-def _skeleton(obj):
-    if isinstance(obj, torch.Tensor):
-        return _TensorSpec(obj)
-    if isinstance(obj, dict):
-        return {k: _skeleton(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_skeleton(v) for v in obj)
-    return obj
-
-
-def _fill(obj):
-    if isinstance(obj, _TensorSpec):
-        return torch.zeros(obj.shape, dtype=obj.dtype)
-    if isinstance(obj, dict):
-        return {k: _fill(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_fill(v) for v in obj)
-    return obj
-
-
-def broadcast_optimizer_state(optimizer, root=0, comm=None):
-    """Every rank's optimizer takes ``root``'s state (momentum buffers, Adam
-    moments, step counts) and hyperparameters (lr, betas, ...), including
-    ranks whose optimizer has no state yet. The structure and the non-tensor
-    entries (hyperparameters, Python-number step counts) travel pickled from
-    root; the tensors in one fused gradsync broadcast. Collective."""
-    comm = _comm_or_default(comm)
-    opt = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
-    skeleton = _bcast_object(comm, _skeleton(opt.state_dict()) if comm.rank == root
-                             else None, root)
-    if comm.rank != root:
-        # root's structure and scalars; the tensors are placeholders that
-        # load_state_dict places and casts like the parameters
-        opt.load_state_dict(_fill(skeleton))
-    tensors = []
-    for group in opt.param_groups:
-        for p in group["params"]:
-            st = opt.state.get(p)
-            if not st:
-                continue
-            for k in sorted(st, key=str):
-                if isinstance(st[k], torch.Tensor):
-                    tensors.append(st[k])
-    _broadcast_tensors(comm, tensors, root)

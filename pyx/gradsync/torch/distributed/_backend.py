@@ -13,8 +13,7 @@ import torch
 import torch.distributed as dist
 
 from gradsync.torch.distributed import _work
-from gradsync.torch.distributed._tensors import (Staged, export, flat_view, numel_units,
-                                                 reduce_op)
+from gradsync.torch.distributed._tensors import Staged, export, flat_view, numel_units, reduce_op
 
 
 def _unsupported(what):
