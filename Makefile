@@ -160,10 +160,9 @@ test: lint check-bindings check-layers c-tests py-tests test-emulated cluster-sm
 check-layers: deps
 	$(PYTHON) scripts/check_layers.py --quiet --cc $(MPICC_RESOLVED)
 
-# Style: ruff (pyproject.toml) over the Python, cython-lint over the binding.
-# lint-c: clang-format (.clang-format) over the C sources, not yet part of
-# lint (the sources are formatted once their restructuring is done).
-lint:
+# Style: ruff (pyproject.toml) over the Python, cython-lint over the binding,
+# and (lint-c) clang-format (.clang-format) over the C sources.
+lint: lint-c
 	@sh scripts/install_deps.sh lint
 	$(PYTHON) -m ruff check pyx scripts tests
 	$(PYTHON) -m cython_lint.cython_lint pyx/gradsync/*.pyx pyx/gradsync/*.pxi pyx/gradsync/*.pxd

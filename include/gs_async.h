@@ -35,8 +35,8 @@ GS_API gs_status_t gs_allreduce_async(gs_comm_t comm, const gs_tensor_t *tensors
                                       gs_request_t *request);
 GS_API gs_status_t gs_broadcast_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
                                       int root, gs_request_t *request);
-GS_API gs_status_t gs_allgather_shards_async(gs_comm_t comm, const gs_tensor_t *tensors,
-                                             int64_t n, gs_request_t *request);
+GS_API gs_status_t gs_allgather_shards_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
+                                             gs_request_t *request);
 GS_API gs_status_t gs_reduce_scatter_shards_async(gs_comm_t comm, const gs_tensor_t *tensors,
                                                   int64_t n, gs_op_t op, double prescale,
                                                   double postscale, gs_request_t *request);
@@ -71,23 +71,21 @@ GS_API gs_status_t gs_allgatherv_async(gs_comm_t comm, const gs_tensor_t *in,
                                        const gs_tensor_t *out, int64_t n, const int64_t *counts,
                                        gs_request_t *request);
 GS_API gs_status_t gs_reduce_scatter_async(gs_comm_t comm, const gs_tensor_t *in,
-                                           const gs_tensor_t *out, int64_t n,
-                                           const int64_t *rows, gs_op_t op, double prescale,
-                                           double postscale, gs_request_t *request);
-GS_API gs_status_t gs_alltoallv_async(gs_comm_t comm, const gs_tensor_t *in,
-                                      const gs_tensor_t *out, int64_t n,
-                                      const int64_t *send_counts, const int64_t *recv_counts,
-                                      gs_request_t *request);
-GS_API gs_status_t gs_gatherv_async(gs_comm_t comm, const gs_tensor_t *in,
-                                    const gs_tensor_t *out, int64_t n, const int64_t *counts,
-                                    int root, gs_request_t *request);
-GS_API gs_status_t gs_scatterv_async(gs_comm_t comm, const gs_tensor_t *in,
-                                     const gs_tensor_t *out, int64_t n, const int64_t *counts,
-                                     int root, gs_request_t *request);
-GS_API gs_status_t gs_reduce_async(gs_comm_t comm, const gs_tensor_t *in,
-                                   const gs_tensor_t *out, int64_t n, gs_op_t op,
-                                   double prescale, double postscale, int root,
-                                   gs_request_t *request);
+                                           const gs_tensor_t *out, int64_t n, const int64_t *rows,
+                                           gs_op_t op, double prescale, double postscale,
+                                           gs_request_t *request);
+GS_API gs_status_t gs_alltoallv_async(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                                      int64_t n, const int64_t *send_counts,
+                                      const int64_t *recv_counts, gs_request_t *request);
+GS_API gs_status_t gs_gatherv_async(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                                    int64_t n, const int64_t *counts, int root,
+                                    gs_request_t *request);
+GS_API gs_status_t gs_scatterv_async(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                                     int64_t n, const int64_t *counts, int root,
+                                     gs_request_t *request);
+GS_API gs_status_t gs_reduce_async(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                                   int64_t n, gs_op_t op, double prescale, double postscale,
+                                   int root, gs_request_t *request);
 
 #ifdef __cplusplus
 }

@@ -29,42 +29,37 @@ extern "C" {
  * (and 1/size for GS_OP_AVERAGE). `out` may be the same array as `in`, or
  * NULL, for an in-place call; otherwise out[i] must match in[i] in count and
  * dtype and must not overlap any input. Scales need floating dtypes. */
-GS_API gs_status_t gs_allreduce(gs_comm_t comm, const gs_tensor_t *in,
-                                const gs_tensor_t *out, int64_t n, gs_op_t op,
-                                double prescale, double postscale);
+GS_API gs_status_t gs_allreduce(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                                int64_t n, gs_op_t op, double prescale, double postscale);
 
 /* tensors[i] on every rank takes root's values. */
-GS_API gs_status_t gs_broadcast(gs_comm_t comm, const gs_tensor_t *tensors,
-                                int64_t n, int root);
+GS_API gs_status_t gs_broadcast(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n, int root);
 
 /* Step 1 of a variable-size allgather: exchanges each rank's element count of
  * each tensor. counts_out receives size * n values, rank-major:
  * counts_out[r * n + i] is rank r's count of tensor i. `row_elems` (may be
  * NULL, meaning 1) is each tensor's elements per row; ranks must agree on it
  * and every count must be a multiple of it. */
-GS_API gs_status_t gs_allgather_counts(gs_comm_t comm, const gs_tensor_t *in,
-                                       int64_t n, const int64_t *row_elems,
-                                       int64_t *counts_out);
+GS_API gs_status_t gs_allgather_counts(gs_comm_t comm, const gs_tensor_t *in, int64_t n,
+                                       const int64_t *row_elems, int64_t *counts_out);
 
 /* Step 2: out[i] = concatenation over ranks r of rank r's in[i]. `counts` is
  * what gs_allgather_counts returned; out[i].count must be its column sum. */
-GS_API gs_status_t gs_allgatherv(gs_comm_t comm, const gs_tensor_t *in,
-                                 const gs_tensor_t *out, int64_t n,
-                                 const int64_t *counts);
+GS_API gs_status_t gs_allgatherv(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                                 int64_t n, const int64_t *counts);
 
 /* Rank r's out[i] = block r of (op over ranks of in[i]), where in[i] holds
  * rows[i] rows of in[i].count / rows[i] elements each and block r has
  * rows[i] / size + (r < rows[i] % size) rows (`rows` may be NULL: one element
  * per row). out[i].count must be that block's element count. */
-GS_API gs_status_t gs_reduce_scatter(gs_comm_t comm, const gs_tensor_t *in,
-                                     const gs_tensor_t *out, int64_t n,
-                                     const int64_t *rows, gs_op_t op,
-                                     double prescale, double postscale);
+GS_API gs_status_t gs_reduce_scatter(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                                     int64_t n, const int64_t *rows, gs_op_t op, double prescale,
+                                     double postscale);
 
 /* Helper for callers that allocate: the element range [*first, *first + *count)
  * of rank r's block when `rows` rows of `row_elems` elements are split. */
-GS_API gs_status_t gs_block_range(int64_t rows, int64_t row_elems, int size,
-                                  int rank, int64_t *first, int64_t *count);
+GS_API gs_status_t gs_block_range(int64_t rows, int64_t row_elems, int size, int rank,
+                                  int64_t *first, int64_t *count);
 
 /* ---- all-to-all, gather, scatter, reduce ------------------------------------
  * Count arrays are rank-major like gs_allgatherv's: counts[r * n + i] is
@@ -87,8 +82,7 @@ GS_API gs_status_t gs_alltoall_counts(gs_comm_t comm, const gs_tensor_t *in, int
  * rank order (recv_counts[r * n + i] elements from rank r). Counts in
  * elements. out must not overlap any input. */
 GS_API gs_status_t gs_alltoallv(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
-                                int64_t n, const int64_t *send_counts,
-                                const int64_t *recv_counts);
+                                int64_t n, const int64_t *send_counts, const int64_t *recv_counts);
 
 /* At `root`, out[i] = concatenation over ranks r of rank r's in[i], which
  * has counts[r * n + i] elements. Every rank passes the same counts; out is
@@ -107,8 +101,7 @@ GS_API gs_status_t gs_scatterv(gs_comm_t comm, const gs_tensor_t *in, const gs_t
  * out may be NULL or `in` at the root for an in-place result; it is not read
  * elsewhere. in is never written except in place at the root. */
 GS_API gs_status_t gs_reduce(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
-                             int64_t n, gs_op_t op, double prescale, double postscale,
-                             int root);
+                             int64_t n, gs_op_t op, double prescale, double postscale, int root);
 
 #ifdef __cplusplus
 }

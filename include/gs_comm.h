@@ -33,8 +33,7 @@ typedef struct gs_config {
 #define GS_CONFIG_INITIALIZER {sizeof(gs_config_t), -1, -1, -1.0, -1}
 
 /* Duplicates `mpi_comm` (collective over it). `config` may be NULL. */
-GS_API gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config,
-                                  gs_comm_t *comm);
+GS_API gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config, gs_comm_t *comm);
 
 /* Frees the communicator and its buffers; sets *comm to NULL. Safe on NULL.
  * Frees the duplicated MPI communicator only while MPI is still initialized. */
@@ -43,8 +42,7 @@ GS_API gs_status_t gs_comm_free(gs_comm_t *comm);
 /* Collective: ranks with the same color form a new communicator, ordered by
  * (key, rank). color < 0 means "not in any": *out is set to NULL. The new
  * communicator inherits the parent's configuration. */
-GS_API gs_status_t gs_comm_split(gs_comm_t comm, int color, int key,
-                                 gs_comm_t *out);
+GS_API gs_status_t gs_comm_split(gs_comm_t comm, int color, int key, gs_comm_t *out);
 
 GS_API gs_status_t gs_comm_rank(gs_comm_t comm, int *rank);
 GS_API gs_status_t gs_comm_size(gs_comm_t comm, int *size);

@@ -29,19 +29,15 @@ typedef struct gs_shard_layout {
 /* Computes the layout of `n` tensors with element counts `counts` over `size`
  * ranks. offsets and owners (each n entries) may be NULL. */
 GS_API gs_status_t gs_shard_layout(const int64_t *counts, int64_t n, int size,
-                                   gs_shard_layout_t *layout, int64_t *offsets,
-                                   int *owners);
+                                   gs_shard_layout_t *layout, int64_t *offsets, int *owners);
 
 /* Every tensor takes its owner's values. */
-GS_API gs_status_t gs_allgather_shards(gs_comm_t comm, const gs_tensor_t *tensors,
-                                       int64_t n);
+GS_API gs_status_t gs_allgather_shards(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n);
 
 /* Tensors owned by this rank become the reduction over ranks; the others are
  * left exactly as they were. */
-GS_API gs_status_t gs_reduce_scatter_shards(gs_comm_t comm,
-                                            const gs_tensor_t *tensors,
-                                            int64_t n, gs_op_t op,
-                                            double prescale, double postscale);
+GS_API gs_status_t gs_reduce_scatter_shards(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
+                                            gs_op_t op, double prescale, double postscale);
 
 #ifdef __cplusplus
 }

@@ -69,9 +69,9 @@ static int64_t slot_parts(const gs_plan_t *plan, const gs_message_t *m, int64_t 
 /* d[3j..3j+2] = <left,right>, <left,left>, <right,right> of slot j's part
  * inside [lo, hi); left/right hold elements lo..hi-1. `work` has 3 * nslots
  * int64 of room. */
-static gs_status_t partial_dots(const gs_engine_t *e, const gs_plan_t *plan,
-                                const gs_message_t *m, int64_t lo, int64_t hi, const char *left,
-                                const char *right, double *d, int64_t *work) {
+static gs_status_t partial_dots(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                                int64_t lo, int64_t hi, const char *left, const char *right,
+                                double *d, int64_t *work) {
   size_t es = gs_dtype_size(m->dtype);
   memset(d, 0, 3 * (size_t)m->nslots * sizeof *d);
   int64_t *start = work, *count = work + m->nslots, *slot = work + 2 * m->nslots;
@@ -95,8 +95,8 @@ static gs_status_t partial_dots(const gs_engine_t *e, const gs_plan_t *plan,
 /* out = ca*left + cb*right per slot, with the pair formula's coefficients;
  * d == NULL: ca = cb = plain (hierarchical mode's sums inside a group). */
 static gs_status_t combine(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
-                           int64_t lo, int64_t hi, const double *d, double plain,
-                           const char *left, const char *right, char *out, int64_t *work) {
+                           int64_t lo, int64_t hi, const double *d, double plain, const char *left,
+                           const char *right, char *out, int64_t *work) {
   size_t es = gs_dtype_size(m->dtype);
   int64_t *start = work, *count = work + m->nslots, *slot = work + 2 * m->nslots;
   int64_t np = slot_parts(plan, m, lo, hi, start, count, slot);
@@ -129,21 +129,27 @@ gs_status_t gs_adasum_group_size(gs_comm_t c, const char *fn, int *size) {
   int g = gs_env_hierarchy_size(), from_env = g > 0;
   *size = 1;
   if (!from_env && c->host_min != c->host_max)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: hierarchical adasum needs the same number of "
-                   "ranks on every node; the nodes hold %d to %d ranks", fn, c->host_min,
-                   c->host_max);
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "%s: hierarchical adasum needs the same number of "
+                   "ranks on every node; the nodes hold %d to %d ranks",
+                   fn, c->host_min, c->host_max);
   if (!from_env) g = c->local_size;
   if (g & (g - 1))
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: hierarchical adasum needs a power-of-two "
-                   "number of ranks per %s; it is %d", fn, from_env ? "group" : "node", g);
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "%s: hierarchical adasum needs a power-of-two "
+                   "number of ranks per %s; it is %d",
+                   fn, from_env ? "group" : "node", g);
   if (c->size % g != 0 || ((c->size / g) & (c->size / g - 1)))
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: hierarchical adasum needs a power-of-two "
-                   "number of equal %s; %d ranks do not make one with %d ranks each", fn,
-                   from_env ? "groups" : "nodes", c->size, g);
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "%s: hierarchical adasum needs a power-of-two "
+                   "number of equal %s; %d ranks do not make one with %d ranks each",
+                   fn, from_env ? "groups" : "nodes", c->size, g);
   if (!from_env && !c->hosts_consecutive)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: hierarchical adasum needs each node's ranks "
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "%s: hierarchical adasum needs each node's ranks "
                    "to be consecutive ranks, and some node's are not; place ranks by node "
-                   "(blocks of %d), or set GRADSYNC_HIERARCHY_SIZE", fn, g);
+                   "(blocks of %d), or set GRADSYNC_HIERARCHY_SIZE",
+                   fn, g);
   *size = g;
   return GS_SUCCESS;
 }
@@ -165,8 +171,8 @@ typedef struct adasum_run {
 static gs_status_t fold_swap(void *ctx, const void *send, void *recv, int peer) {
   adasum_run_t *a = ctx;
   int64_t n = a->m->count;
-  return a->e->transport->exchange(a->e->comm, send, send ? n : 0, recv, recv ? n : 0,
-                                   a->m->dtype, peer);
+  return a->e->transport->exchange(a->e->comm, send, send ? n : 0, recv, recv ? n : 0, a->m->dtype,
+                                   peer);
 }
 
 /* A folded rank's gradients into its partner's: h = adasum(lower, upper). */
@@ -239,8 +245,8 @@ static gs_status_t tree(void *ctx, int q) {
   return GS_SUCCESS;
 }
 
-gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
-                              const gs_message_t *m, void *x, int sum_levels) {
+gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                              void *x, int sum_levels) {
   gs_comm_t c = e->comm;
   if (c->size == 1 || m->count == 0) return GS_SUCCESS;
   int q = gs_rd_core_size(c->size), nlevels = 0;

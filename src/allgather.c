@@ -11,8 +11,8 @@ static gs_status_t counts_check(gs_comm_t c, gs_coll_t *d) {
   for (int64_t i = 0; row_elems && i < d->n; i++)
     if (row_elems[i] <= 0 || d->in[i].count % row_elems[i] != 0)
       return gs_fail(GS_ERR_INVALID_ARGUMENT,
-                     "%s: in[%lld] has %lld elements, not a whole number of rows of %lld",
-                     d->fn, (long long)i, (long long)d->in[i].count, (long long)row_elems[i]);
+                     "%s: in[%lld] has %lld elements, not a whole number of rows of %lld", d->fn,
+                     (long long)i, (long long)d->in[i].count, (long long)row_elems[i]);
   d->call.extra = row_elems;
   d->call.extra_name = "row size (elements per row)";
   d->call.counts_vary = 1;
@@ -30,8 +30,8 @@ static gs_status_t counts_run(const gs_engine_t *e, gs_coll_t *d) {
   if (!mine) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
   for (int64_t i = 0; i < n; i++) mine[i] = d->in[i].count;
   MPI_Request req;
-  int err = MPI_Iallgather(mine, (int)n, MPI_INT64_T, counts_out, (int)n, MPI_INT64_T, c->mpi,
-                           &req);
+  int err =
+      MPI_Iallgather(mine, (int)n, MPI_INT64_T, counts_out, (int)n, MPI_INT64_T, c->mpi, &req);
   gs_status_t s = err == MPI_SUCCESS
                       ? gs_mpi_wait(&req, "gs_allgather_counts: MPI_Iallgather", NULL, NULL)
                       : gs_mpi_fail(err, "gs_allgather_counts: MPI_Iallgather");
@@ -41,9 +41,8 @@ static gs_status_t counts_run(const gs_engine_t *e, gs_coll_t *d) {
 
 /* Gathers one message. Layout in `recv`: rank-major blocks; inside rank r's
  * block, that rank's pieces of the message's tensors in slot order. */
-static gs_status_t gather_blocks(const gs_engine_t *e, const gs_plan_t *plan,
-                                 const gs_message_t *m, const gs_coll_t *d, int64_t *bcounts,
-                                 int64_t *displs) {
+static gs_status_t gather_blocks(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                                 const gs_coll_t *d, int64_t *bcounts, int64_t *displs) {
   gs_comm_t c = e->comm;
   const gs_tensor_t *in = d->in, *out = d->out;
   const int64_t *counts = d->counts;
@@ -99,7 +98,6 @@ static gs_status_t gather_blocks(const gs_engine_t *e, const gs_plan_t *plan,
   return s;
 }
 
-
 /* Per message, with room for its block counts and displacements. */
 static gs_status_t gather_message(const gs_engine_t *e, const gs_plan_t *plan,
                                   const gs_message_t *m, gs_coll_t *d) {
@@ -123,16 +121,20 @@ static gs_status_t allgatherv_check(gs_comm_t c, gs_coll_t *d) {
       return gs_fail(GS_ERR_TYPE, "%s: out[%lld] is %s but in[%lld] is %s", fn, (long long)i,
                      gs_dtype_name(out[i].dtype), (long long)i, gs_dtype_name(in[i].dtype));
     if (counts[(size_t)c->rank * n + i] != in[i].count)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: counts says this rank has %lld elements "
-                     "of tensor %lld, in[%lld] has %lld", fn,
-                     (long long)counts[(size_t)c->rank * n + i], (long long)i, (long long)i,
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: counts says this rank has %lld elements "
+                     "of tensor %lld, in[%lld] has %lld",
+                     fn, (long long)counts[(size_t)c->rank * n + i], (long long)i, (long long)i,
                      (long long)in[i].count);
     if (out[i].count != sum)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] has %lld elements, the gathered "
-                     "tensor has %lld", fn, (long long)i, (long long)out[i].count, (long long)sum);
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: out[%lld] has %lld elements, the gathered "
+                     "tensor has %lld",
+                     fn, (long long)i, (long long)out[i].count, (long long)sum);
   }
   /* a device copy of in into out races where a host memmove did not */
-  if (d->n > 0 && out[0].device.kind == GS_DEVICE_CUDA) GS_CHECK(gs_check_disjoint(fn, in, out, d->n));
+  if (d->n > 0 && out[0].device.kind == GS_DEVICE_CUDA)
+    GS_CHECK(gs_check_disjoint(fn, in, out, d->n));
   d->call.tensors = out;
   d->plan_on = d->memory = out;
   return GS_SUCCESS;
@@ -140,16 +142,31 @@ static gs_status_t allgatherv_check(gs_comm_t c, gs_coll_t *d) {
 
 gs_status_t gs_allgather_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n,
                                 const int64_t *row_elems, int64_t *counts_out) {
-  gs_coll_t d = {.fn = "gs_allgather_counts", .name = "allgather", .kind = GS_CALL_ALLGATHER_COUNTS,
-                 .in = in, .n = n, .op = GS_OP_SUM, .counts = row_elems, .extra = counts_out,
-                 .check = counts_check, .run = counts_run};
+  gs_coll_t d = {.fn = "gs_allgather_counts",
+                 .name = "allgather",
+                 .kind = GS_CALL_ALLGATHER_COUNTS,
+                 .in = in,
+                 .n = n,
+                 .op = GS_OP_SUM,
+                 .counts = row_elems,
+                 .extra = counts_out,
+                 .check = counts_check,
+                 .run = counts_run};
   return gs_collective(c, &d);
 }
 
 gs_status_t gs_allgatherv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
                           const int64_t *counts) {
-  gs_coll_t d = {.fn = "gs_allgatherv", .name = "allgather", .kind = GS_CALL_ALLGATHERV, .out_required = 1, .in = in,
-                 .out = out, .n = n, .op = GS_OP_SUM, .counts = counts,
-                 .check = allgatherv_check, .message = gather_message};
+  gs_coll_t d = {.fn = "gs_allgatherv",
+                 .name = "allgather",
+                 .kind = GS_CALL_ALLGATHERV,
+                 .out_required = 1,
+                 .in = in,
+                 .out = out,
+                 .n = n,
+                 .op = GS_OP_SUM,
+                 .counts = counts,
+                 .check = allgatherv_check,
+                 .message = gather_message};
   return gs_collective(c, &d);
 }

@@ -45,8 +45,7 @@ static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
  * otherwise. */
 static gs_status_t adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
                                   const gs_message_t *m, const gs_tensor_t *in,
-                                  const gs_tensor_t *out, double pre, double post,
-                                  int sum_levels) {
+                                  const gs_tensor_t *out, double pre, double post, int sum_levels) {
   void *ibase = NULL, *obase = NULL, *x = NULL;
   int icontig = gs_plan_contiguous(plan, m, in, &ibase);
   int ocontig = out ? gs_plan_contiguous(plan, m, out, &obase) : 0;
@@ -63,8 +62,7 @@ static gs_status_t adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
     in_place_memory = 0;
   }
   GS_CHECK(gs_adasum_message(e, plan, m, x, sum_levels));
-  if (in_place_memory)
-    return gs_scale_copy(e, m->dtype, x, x, post == 1.0 ? 0 : m->count, post);
+  if (in_place_memory) return gs_scale_copy(e, m->dtype, x, x, post == 1.0 ? 0 : m->count, post);
   return gs_unpack(e, plan, m, x, out ? out : in, post);
 }
 
@@ -74,8 +72,8 @@ static gs_status_t adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
 static int rides_in_check(const gs_tensor_t *t, int64_t n, gs_op_t op, gs_comm_t c) {
   if (n < 1 || gs_op_is_adasum(op) || t[0].device.kind == GS_DEVICE_CUDA) return 0;
   int64_t bytes = 0;
-  int64_t limit = c->fusion_threshold < GS_CHECK_PAYLOAD_BYTES ? c->fusion_threshold
-                                                               : GS_CHECK_PAYLOAD_BYTES;
+  int64_t limit =
+      c->fusion_threshold < GS_CHECK_PAYLOAD_BYTES ? c->fusion_threshold : GS_CHECK_PAYLOAD_BYTES;
   for (int64_t i = 0; i < n; i++) {
     int64_t b = t[i].count * (int64_t)gs_dtype_size(t[i].dtype);
     if (t[i].dtype != t[0].dtype || b >= c->direct_bytes) return 0; /* one message only */
@@ -101,8 +99,8 @@ static gs_status_t small_allreduce(gs_comm_t c, gs_coll_t *d, int *taken) {
   GS_CHECK(gs_plan_tensors(&plan, in, call->n, c));
   const gs_message_t *m = &plan.msgs[0];
   uint64_t staging[GS_CHECK_PAYLOAD_BYTES / 8];
-  gs_engine_t host = {.comm = c, .call = "allreduce", .device = -1,
-                      .stream = NULL, .transport = &gs_mpi_transport};
+  gs_engine_t host = {
+      .comm = c, .call = "allreduce", .device = -1, .stream = NULL, .transport = &gs_mpi_transport};
   gs_pack(&host, &plan, m, in, staging, pre);
   gs_payload_t payload = {staging, m->count, m->dtype, op};
   double t0 = GS_TL_START();
@@ -137,10 +135,19 @@ static gs_status_t allreduce_check(gs_comm_t c, gs_coll_t *d) {
 gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
                          gs_op_t op, double prescale, double postscale) {
   int sum_levels = 0;
-  gs_coll_t d = {.fn = "gs_allreduce", .kind = GS_CALL_ALLREDUCE, .in = in,
-                 .out = out == in ? NULL : out, .n = n, .op = op, .pre = prescale,
-                 .post = postscale, .extra = &sum_levels, .check = allreduce_check,
-                 .op_checked = 1, .allow_adasum = 1, .shortcut = small_allreduce,
+  gs_coll_t d = {.fn = "gs_allreduce",
+                 .kind = GS_CALL_ALLREDUCE,
+                 .in = in,
+                 .out = out == in ? NULL : out,
+                 .n = n,
+                 .op = op,
+                 .pre = prescale,
+                 .post = postscale,
+                 .extra = &sum_levels,
+                 .check = allreduce_check,
+                 .op_checked = 1,
+                 .allow_adasum = 1,
+                 .shortcut = small_allreduce,
                  .message = allreduce_message};
   d.name = gs_op_is_adasum(op) ? "allreduce adasum" : "allreduce";
   return gs_collective(c, &d);

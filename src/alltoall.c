@@ -24,9 +24,11 @@ static gs_status_t counts_check(gs_comm_t c, gs_coll_t *d) {
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: too many tensors (%lld)", d->fn, (long long)n);
   for (int64_t k = 0; k < n * c->size; k++)
     if (send[k] < 0)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: send_counts[%lld] (tensor %lld to rank "
-                     "%lld) is negative: %lld", d->fn, (long long)k, (long long)(k % n),
-                     (long long)(k / n), (long long)send[k]);
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: send_counts[%lld] (tensor %lld to rank "
+                     "%lld) is negative: %lld",
+                     d->fn, (long long)k, (long long)(k % n), (long long)(k / n),
+                     (long long)send[k]);
   d->call.extra = d->extra; /* the row sizes */
   d->call.extra_name = "row size (elements per row)";
   d->call.counts_vary = 1;
@@ -57,15 +59,17 @@ static gs_status_t check_counts(const char *fn, const gs_tensor_t *t, const int6
     for (int r = 0; r < p; r++) {
       int64_t v = counts[(size_t)r * n + i];
       if (v < 0 || v > INT64_MAX / 4 - sum)
-        return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld] (tensor %lld, rank %d) is "
-                       "invalid: %lld", fn, cname, (long long)(r * n + i), (long long)i, r,
-                       (long long)v);
+        return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                       "%s: %s[%lld] (tensor %lld, rank %d) is "
+                       "invalid: %lld",
+                       fn, cname, (long long)(r * n + i), (long long)i, r, (long long)v);
       sum += v;
     }
     if (sum != t[i].count)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld] has %lld elements but %s add up "
-                     "to %lld for it", fn, tname, (long long)i, (long long)t[i].count, cname,
-                     (long long)sum);
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: %s[%lld] has %lld elements but %s add up "
+                     "to %lld for it",
+                     fn, tname, (long long)i, (long long)t[i].count, cname, (long long)sum);
   }
   return GS_SUCCESS;
 }
@@ -77,7 +81,8 @@ static gs_status_t explain_counts(gs_comm_t c, int64_t n, const int64_t *send,
   int p = c->size;
   size_t per = 2 * (size_t)n * (size_t)p;
   int64_t *mine = malloc(per * sizeof *mine), *all = malloc(per * (size_t)p * sizeof *all);
-  gs_status_t s = mine && all ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "gs_alltoallv: out of memory");
+  gs_status_t s =
+      mine && all ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "gs_alltoallv: out of memory");
   if (s == GS_SUCCESS) {
     memcpy(mine, send, per / 2 * sizeof *mine);
     memcpy(mine + per / 2, recv, per / 2 * sizeof *mine);
@@ -92,14 +97,14 @@ static gs_status_t explain_counts(gs_comm_t c, int64_t n, const int64_t *send,
         if (sent == expected) continue;
         free(mine);
         free(all);
-        return gs_fail(GS_ERR_MISMATCH, "alltoallv: the ranks' counts disagree: rank %d sends "
+        return gs_fail(GS_ERR_MISMATCH,
+                       "alltoallv: the ranks' counts disagree: rank %d sends "
                        "%lld elements of tensor %lld to rank %d, which expects %lld from rank %d",
                        from, (long long)sent, (long long)i, to, (long long)expected, from);
       }
   free(mine);
   free(all);
-  return s == GS_SUCCESS ? gs_fail(GS_ERR_MISMATCH, "alltoallv: the ranks' counts disagree")
-                         : s;
+  return s == GS_SUCCESS ? gs_fail(GS_ERR_MISMATCH, "alltoallv: the ranks' counts disagree") : s;
 }
 
 /* Meets the other ranks: the check with the counts' hash sum riding in it
@@ -161,8 +166,9 @@ static gs_status_t alltoallv_run(const gs_engine_t *e, gs_coll_t *d) {
   int64_t *v = malloc(4 * (size_t)p * sizeof *v);
   gs_status_t s = v ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
   for (int64_t i = 0; i < n && s == GS_SUCCESS; i++) {
-    gs_xfer_t x = {d->in[i].dtype, 0, d->in[i].data, d->out[i].data, v, v + p, v + 2 * p,
-                   v + 3 * p, 0, 0, *native};
+    gs_xfer_t x = {
+        d->in[i].dtype, 0, d->in[i].data, d->out[i].data, v, v + p, v + 2 * p, v + 3 * p, 0, 0,
+        *native};
     for (int r = 0; r < p; r++) {
       v[r] = d->counts[(size_t)r * n + i];
       v[p + r] = r ? v[p + r - 1] + v[r - 1] : 0;
@@ -178,19 +184,36 @@ static gs_status_t alltoallv_run(const gs_engine_t *e, gs_coll_t *d) {
 gs_status_t gs_alltoall_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n,
                                const int64_t *row_elems, const int64_t *send_counts,
                                int64_t *recv_counts) {
-  gs_coll_t d = {.fn = "gs_alltoall_counts", .name = "alltoall_counts",
-                 .kind = GS_CALL_ALLTOALL_COUNTS, .in = in, .n = n, .op = GS_OP_SUM,
-                 .counts = send_counts, .counts2 = recv_counts, .extra = (void *)row_elems,
-                 .check = counts_check, .run = counts_run};
+  gs_coll_t d = {.fn = "gs_alltoall_counts",
+                 .name = "alltoall_counts",
+                 .kind = GS_CALL_ALLTOALL_COUNTS,
+                 .in = in,
+                 .n = n,
+                 .op = GS_OP_SUM,
+                 .counts = send_counts,
+                 .counts2 = recv_counts,
+                 .extra = (void *)row_elems,
+                 .check = counts_check,
+                 .run = counts_run};
   return gs_collective(c, &d);
 }
 
 gs_status_t gs_alltoallv(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
                          const int64_t *send_counts, const int64_t *recv_counts) {
   int native = 1;
-  gs_coll_t d = {.fn = "gs_alltoallv", .name = "alltoallv", .kind = GS_CALL_ALLTOALLV, .out_required = 1, .in = in,
-                 .out = out, .n = n, .op = GS_OP_SUM, .counts = send_counts,
-                 .counts2 = recv_counts, .extra = &native, .check = alltoallv_check,
-                 .validate = agree, .run = alltoallv_run};
+  gs_coll_t d = {.fn = "gs_alltoallv",
+                 .name = "alltoallv",
+                 .kind = GS_CALL_ALLTOALLV,
+                 .out_required = 1,
+                 .in = in,
+                 .out = out,
+                 .n = n,
+                 .op = GS_OP_SUM,
+                 .counts = send_counts,
+                 .counts2 = recv_counts,
+                 .extra = &native,
+                 .check = alltoallv_check,
+                 .validate = agree,
+                 .run = alltoallv_run};
   return gs_collective(c, &d);
 }

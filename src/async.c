@@ -8,9 +8,18 @@
 
 #include "gs_collective.h"
 
-typedef enum { CALL_ALLREDUCE, CALL_BROADCAST, CALL_AG_SHARDS, CALL_RS_SHARDS,
-               CALL_ALLGATHERV, CALL_REDUCE_SCATTER, CALL_ALLTOALLV, CALL_GATHERV,
-               CALL_SCATTERV, CALL_REDUCE } call_t;
+typedef enum {
+  CALL_ALLREDUCE,
+  CALL_BROADCAST,
+  CALL_AG_SHARDS,
+  CALL_RS_SHARDS,
+  CALL_ALLGATHERV,
+  CALL_REDUCE_SCATTER,
+  CALL_ALLTOALLV,
+  CALL_GATHERV,
+  CALL_SCATTERV,
+  CALL_REDUCE
+} call_t;
 
 typedef struct call_ctx {
   call_t kind;
@@ -35,8 +44,7 @@ static void release(void *ctx) {
 static gs_status_t run(void *ctx) {
   call_ctx_t *x = ctx;
   switch (x->kind) {
-    case CALL_ALLREDUCE:
-      return gs_allreduce(x->comm, x->in, NULL, x->n, x->op, x->pre, x->post);
+    case CALL_ALLREDUCE: return gs_allreduce(x->comm, x->in, NULL, x->n, x->op, x->pre, x->post);
     case CALL_BROADCAST: return gs_broadcast(x->comm, x->in, x->n, x->root);
     case CALL_AG_SHARDS: return gs_allgather_shards(x->comm, x->in, x->n);
     case CALL_RS_SHARDS:
@@ -65,8 +73,8 @@ static int dup_into(void **dst, const void *src, int64_t count, size_t size) {
 
 /* `acount`/`bcount`: entries in the count arrays (0 when the call has none). */
 static gs_status_t queue(const char *fn, call_ctx_t proto, const gs_tensor_t *in,
-                         const gs_tensor_t *out, int64_t acount, const int64_t *a,
-                         const int64_t *b, gs_request_t *request) {
+                         const gs_tensor_t *out, int64_t acount, const int64_t *a, const int64_t *b,
+                         gs_request_t *request) {
   gs_clear_error();
   if (!request) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: request is NULL", fn);
   *request = NULL;
@@ -109,8 +117,8 @@ static gs_status_t queue_in_place(const char *fn, call_ctx_t proto, const gs_ten
 
 gs_status_t gs_allreduce_async(gs_comm_t c, const gs_tensor_t *tensors, int64_t n, gs_op_t op,
                                double prescale, double postscale, gs_request_t *request) {
-  call_ctx_t p = {.kind = CALL_ALLREDUCE, .comm = c, .n = n, .op = op, .pre = prescale,
-                  .post = postscale};
+  call_ctx_t p = {
+      .kind = CALL_ALLREDUCE, .comm = c, .n = n, .op = op, .pre = prescale, .post = postscale};
   return queue_in_place("gs_allreduce_async", p, tensors, request);
 }
 
@@ -129,8 +137,8 @@ gs_status_t gs_allgather_shards_async(gs_comm_t c, const gs_tensor_t *tensors, i
 gs_status_t gs_reduce_scatter_shards_async(gs_comm_t c, const gs_tensor_t *tensors, int64_t n,
                                            gs_op_t op, double prescale, double postscale,
                                            gs_request_t *request) {
-  call_ctx_t p = {.kind = CALL_RS_SHARDS, .comm = c, .n = n, .op = op, .pre = prescale,
-                  .post = postscale};
+  call_ctx_t p = {
+      .kind = CALL_RS_SHARDS, .comm = c, .n = n, .op = op, .pre = prescale, .post = postscale};
   return queue_in_place("gs_reduce_scatter_shards_async", p, tensors, request);
 }
 
@@ -142,42 +150,44 @@ gs_status_t gs_allgatherv_async(gs_comm_t c, const gs_tensor_t *in, const gs_ten
 }
 
 gs_status_t gs_reduce_scatter_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                                    int64_t n, const int64_t *rows, gs_op_t op,
-                                    double prescale, double postscale, gs_request_t *request) {
-  call_ctx_t p = {.kind = CALL_REDUCE_SCATTER, .comm = c, .n = n, .op = op, .pre = prescale,
-                  .post = postscale};
+                                    int64_t n, const int64_t *rows, gs_op_t op, double prescale,
+                                    double postscale, gs_request_t *request) {
+  call_ctx_t p = {
+      .kind = CALL_REDUCE_SCATTER, .comm = c, .n = n, .op = op, .pre = prescale, .post = postscale};
   return queue("gs_reduce_scatter_async", p, in, out, n, rows, NULL, request);
 }
 
 gs_status_t gs_alltoallv_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                               int64_t n, const int64_t *send_counts,
-                               const int64_t *recv_counts, gs_request_t *request) {
+                               int64_t n, const int64_t *send_counts, const int64_t *recv_counts,
+                               gs_request_t *request) {
   call_ctx_t p = {.kind = CALL_ALLTOALLV, .comm = c, .n = n};
   GS_CHECK(gs_comm_valid(c, "gs_alltoallv_async"));
-  return queue("gs_alltoallv_async", p, in, out, per_rank(c, n), send_counts, recv_counts,
-               request);
+  return queue("gs_alltoallv_async", p, in, out, per_rank(c, n), send_counts, recv_counts, request);
 }
 
-gs_status_t gs_gatherv_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                             int64_t n, const int64_t *counts, int root,
-                             gs_request_t *request) {
+gs_status_t gs_gatherv_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
+                             const int64_t *counts, int root, gs_request_t *request) {
   call_ctx_t p = {.kind = CALL_GATHERV, .comm = c, .n = n, .root = root};
   GS_CHECK(gs_comm_valid(c, "gs_gatherv_async"));
   return queue("gs_gatherv_async", p, in, out, per_rank(c, n), counts, NULL, request);
 }
 
-gs_status_t gs_scatterv_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                              int64_t n, const int64_t *counts, int root,
-                              gs_request_t *request) {
+gs_status_t gs_scatterv_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
+                              const int64_t *counts, int root, gs_request_t *request) {
   call_ctx_t p = {.kind = CALL_SCATTERV, .comm = c, .n = n, .root = root};
   GS_CHECK(gs_comm_valid(c, "gs_scatterv_async"));
   return queue("gs_scatterv_async", p, in, out, per_rank(c, n), counts, NULL, request);
 }
 
-gs_status_t gs_reduce_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                            int64_t n, gs_op_t op, double prescale, double postscale, int root,
+gs_status_t gs_reduce_async(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
+                            gs_op_t op, double prescale, double postscale, int root,
                             gs_request_t *request) {
-  call_ctx_t p = {.kind = CALL_REDUCE, .comm = c, .n = n, .op = op, .pre = prescale,
-                  .post = postscale, .root = root};
+  call_ctx_t p = {.kind = CALL_REDUCE,
+                  .comm = c,
+                  .n = n,
+                  .op = op,
+                  .pre = prescale,
+                  .post = postscale,
+                  .root = root};
   return queue("gs_reduce_async", p, in, out, 0, NULL, NULL, request);
 }

@@ -3,8 +3,10 @@
 
 static gs_status_t broadcast_check(gs_comm_t c, gs_coll_t *d) {
   if (d->root < 0 || d->root >= c->size)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank of a communicator of "
-                   "size %d", d->fn, d->root, c->size);
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "%s: root %d is not a rank of a communicator of "
+                   "size %d",
+                   d->fn, d->root, c->size);
   return GS_SUCCESS;
 }
 
@@ -29,8 +31,15 @@ static gs_status_t broadcast_message(const gs_engine_t *e, const gs_plan_t *plan
 }
 
 gs_status_t gs_broadcast(gs_comm_t c, const gs_tensor_t *t, int64_t n, int root) {
-  gs_coll_t d = {.fn = "gs_broadcast", .name = "broadcast", .kind = GS_CALL_BROADCAST,
-                 .in = t, .in_name = "tensors", .n = n, .op = GS_OP_SUM, .root = root,
-                 .check = broadcast_check, .message = broadcast_message};
+  gs_coll_t d = {.fn = "gs_broadcast",
+                 .name = "broadcast",
+                 .kind = GS_CALL_BROADCAST,
+                 .in = t,
+                 .in_name = "tensors",
+                 .n = n,
+                 .op = GS_OP_SUM,
+                 .root = root,
+                 .check = broadcast_check,
+                 .message = broadcast_message};
   return gs_collective(c, &d);
 }

@@ -11,7 +11,6 @@
 
 #include "gs_comm_internal.h"
 
-
 /* What every rank contributes: its signature (each field, then each field
  * negated, so a MAX merge yields max and min at once) and, for small calls,
  * the data itself. Fixed size, so ranks that disagree still make matching
@@ -38,8 +37,8 @@ void gs_check_combine(void *in, void *inout, int *len, MPI_Datatype *dt) {
     for (int f = 0; f < 2 * NFIELDS; f++)
       if (a->sig[f] > b->sig[f]) b->sig[f] = a->sig[f];
     if (reduce)
-      gs_cpu_reduce((gs_dtype_t)b->payload_dtype, (gs_op_t)b->payload_op, a->payload,
-                    b->payload, b->payload_count);
+      gs_cpu_reduce((gs_dtype_t)b->payload_dtype, (gs_op_t)b->payload_op, a->payload, b->payload,
+                    b->payload_count);
   }
 }
 
@@ -52,15 +51,15 @@ static gs_status_t swap(void *ctx, const void *mine, void *theirs, int peer) {
   gs_comm_t c = st->c;
   MPI_Request r = MPI_REQUEST_NULL, s = MPI_REQUEST_NULL;
   if (theirs)
-    GS_MPI_CHECK(MPI_Irecv(theirs, (int)sizeof(check_msg_t), MPI_BYTE, peer, CHECK_TAG, c->mpi,
-                           &r), "validation MPI_Irecv");
+    GS_MPI_CHECK(MPI_Irecv(theirs, (int)sizeof(check_msg_t), MPI_BYTE, peer, CHECK_TAG, c->mpi, &r),
+                 "validation MPI_Irecv");
   if (mine)
-    GS_MPI_CHECK(MPI_Isend(mine, (int)sizeof(check_msg_t), MPI_BYTE, peer, CHECK_TAG, c->mpi,
-                           &s), "validation MPI_Isend");
+    GS_MPI_CHECK(MPI_Isend(mine, (int)sizeof(check_msg_t), MPI_BYTE, peer, CHECK_TAG, c->mpi, &s),
+                 "validation MPI_Isend");
   /* a timeout's message names the collective the ranks were meeting for */
   char what[96];
-  snprintf(what, sizeof what, "%s (call #%llu): validation exchange",
-           gs_call_name(st->call->kind), (unsigned long long)c->seq);
+  snprintf(what, sizeof what, "%s (call #%llu): validation exchange", gs_call_name(st->call->kind),
+           (unsigned long long)c->seq);
   if (theirs) GS_CHECK(gs_mpi_wait(&r, what, c->stall_seconds > 0 ? gs_stall_tick : NULL, st));
   if (mine) GS_CHECK(gs_mpi_wait(&s, what, NULL, NULL));
   return GS_SUCCESS;

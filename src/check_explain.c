@@ -7,7 +7,6 @@
 
 #include "gs_comm_internal.h"
 
-
 const char *gs_call_name(gs_call_kind_t kind) {
   switch (kind) {
     case GS_CALL_BARRIER: return "barrier";
@@ -59,7 +58,8 @@ void gs_format_ranks(char *buf, size_t cap, const unsigned char *mark, int p, in
     if (mark[r] != want) continue;
     int e = r;
     while (e + 1 < p && mark[e + 1] == want) e++;
-    len += (size_t)snprintf(buf + len, cap - len, e > r ? "%s%d-%d" : "%s%d", first ? "" : ",", r, e);
+    len +=
+        (size_t)snprintf(buf + len, cap - len, e > r ? "%s%d-%d" : "%s%d", first ? "" : ",", r, e);
     first = 0;
     r = e;
   }
@@ -72,13 +72,25 @@ static const char *name_int(int64_t v, char *tmp, size_t cap) {
   snprintf(tmp, cap, "%lld", (long long)v);
   return tmp;
 }
-static const char *name_kind(int64_t v, char *tmp, size_t cap) { (void)tmp; (void)cap; return gs_call_name((gs_call_kind_t)v); }
-static const char *name_op(int64_t v, char *tmp, size_t cap) { (void)tmp; (void)cap; return gs_op_name((gs_op_t)v); }
-static const char *name_dtype(int64_t v, char *tmp, size_t cap) { (void)tmp; (void)cap; return gs_dtype_name((gs_dtype_t)v); }
+static const char *name_kind(int64_t v, char *tmp, size_t cap) {
+  (void)tmp;
+  (void)cap;
+  return gs_call_name((gs_call_kind_t)v);
+}
+static const char *name_op(int64_t v, char *tmp, size_t cap) {
+  (void)tmp;
+  (void)cap;
+  return gs_op_name((gs_op_t)v);
+}
+static const char *name_dtype(int64_t v, char *tmp, size_t cap) {
+  (void)tmp;
+  (void)cap;
+  return gs_dtype_name((gs_dtype_t)v);
+}
 
 /* "what differs: A on ranks 0-2; B on rank 3" for the values vals[r*stride]. */
-static void describe(char *buf, size_t cap, const char *what, const int64_t *vals,
-                     size_t stride, int p, name_fn name) {
+static void describe(char *buf, size_t cap, const char *what, const int64_t *vals, size_t stride,
+                     int p, name_fn name) {
   unsigned char mark[4096];
   int q = p < 4096 ? p : 4096;
   unsigned char done[4096];
@@ -137,8 +149,8 @@ static void explain_error(const record_t *all, int p, const char *name, char *ms
 
 /* Same count everywhere: gather the per-tensor lists to name the first
  * tensor that differs. */
-static gs_status_t explain_tensors(gs_comm_t c, const gs_call_t *call, const char *name,
-                                   char *msg, size_t cap) {
+static gs_status_t explain_tensors(gs_comm_t c, const gs_call_t *call, const char *name, char *msg,
+                                   size_t cap) {
   int p = c->size;
   int64_t n = call->n;
   int64_t *lists = malloc((size_t)p * (size_t)n * 3 * sizeof *lists + 1);
@@ -211,8 +223,8 @@ gs_status_t gs_check_explain(gs_comm_t c, const gs_call_t *call, gs_status_t loc
     snprintf(what, sizeof what, "%s%s%s", scalar->field == F_KIND ? "" : name,
              scalar->field == F_KIND ? "" : ": ", scalar->label);
     _Static_assert(sizeof(record_t) % sizeof(int64_t) == 0, "records are int64-strided");
-    describe(msg, sizeof msg, what, &all[0].f[scalar->field], sizeof(record_t) / sizeof(int64_t),
-             p, scalar->name);
+    describe(msg, sizeof msg, what, &all[0].f[scalar->field], sizeof(record_t) / sizeof(int64_t), p,
+             scalar->name);
   } else {
     status = explain_tensors(c, call, name, msg, sizeof msg);
   }

@@ -12,8 +12,8 @@
  * same from them for a grace period, then the lowest waiting rank prints one
  * line naming the ranks that have not arrived. Returns early if the call
  * completes meanwhile. */
-static void stall_warning(gs_comm_t c, const gs_call_t *call, MPI_Request *req,
-                          int *done, double waited) {
+static void stall_warning(gs_comm_t c, const gs_call_t *call, MPI_Request *req, int *done,
+                          double waited) {
   uint64_t note[2] = {c->seq, (uint64_t)c->rank};
   for (int r = 0; r < c->size; r++) {
     if (r == c->rank) continue;
@@ -59,4 +59,3 @@ void gs_stall_tick(void *ctx, MPI_Request *req, int *done, double waited) {
   st->warned = 1;
   stall_warning(st->c, st->call, req, done, w);
 }
-

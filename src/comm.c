@@ -22,18 +22,19 @@ static gs_status_t mpi_ready(const char *where) {
   MPI_Finalized(&fin);
   if (!init || fin)
     return gs_fail(GS_ERR_INVALID_ARGUMENT,
-                   "%s: MPI is %s; initialize it first (import mpi4py.MPI, or MPI_Init)",
-                   where, fin ? "already finalized" : "not initialized");
+                   "%s: MPI is %s; initialize it first (import mpi4py.MPI, or MPI_Init)", where,
+                   fin ? "already finalized" : "not initialized");
   return GS_SUCCESS;
 }
 
 gs_status_t gs_comm_enter(gs_comm_t comm, const char *where) {
   GS_CHECK(gs_comm_valid(comm, where));
   if (comm->fate.broken)
-    return gs_fail(comm->fate.broken, "%s: this communicator is unusable: an earlier collective was "
+    return gs_fail(comm->fate.broken,
+                   "%s: this communicator is unusable: an earlier collective was "
                    "abandoned (%s) while other ranks may still be inside it; end the job or "
-                   "create a new communicator after all ranks recovered", where,
-                   gs_status_string(comm->fate.broken));
+                   "create a new communicator after all ranks recovered",
+                   where, gs_status_string(comm->fate.broken));
   gs_runtime_bind(&comm->fate);
   return GS_SUCCESS;
 }
@@ -43,13 +44,17 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   gs_status_t s = GS_SUCCESS;
   MPI_Comm node = MPI_COMM_NULL;
   struct gs_comm *c = calloc(1, sizeof *c);
-  if (!c) { MPI_Comm_free(&mine); return gs_fail(GS_ERR_NO_MEMORY, "gs_comm_create: out of memory"); }
+  if (!c) {
+    MPI_Comm_free(&mine);
+    return gs_fail(GS_ERR_NO_MEMORY, "gs_comm_create: out of memory");
+  }
   c->mpi = mine;
   c->notice = MPI_COMM_NULL;
   int e = MPI_Comm_dup(mine, &c->notice);
   if (e == MPI_SUCCESS) e = MPI_Comm_rank(mine, &c->rank);
   if (e == MPI_SUCCESS) e = MPI_Comm_size(mine, &c->size);
-  if (e == MPI_SUCCESS) e = MPI_Comm_split_type(mine, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  if (e == MPI_SUCCESS)
+    e = MPI_Comm_split_type(mine, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
   if (e == MPI_SUCCESS) e = MPI_Comm_rank(node, &c->local_rank);
   if (e == MPI_SUCCESS) e = MPI_Comm_size(node, &c->local_size);
   if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
@@ -64,29 +69,32 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   MPI_Comm_set_errhandler(c->mpi, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(c->notice, MPI_ERRORS_RETURN);
   int know_check = cfg && cfg->size >= offsetof(gs_config_t, check) + sizeof cfg->check;
-  int know_stall = cfg && cfg->size >= offsetof(gs_config_t, stall_seconds) + sizeof cfg->stall_seconds;
-  int know_direct = cfg && cfg->size >= offsetof(gs_config_t, direct_bytes) + sizeof cfg->direct_bytes;
-  c->fusion_threshold = (cfg && cfg->fusion_threshold > 0) ? cfg->fusion_threshold
-                                                           : gs_env_fusion_threshold();
+  int know_stall =
+      cfg && cfg->size >= offsetof(gs_config_t, stall_seconds) + sizeof cfg->stall_seconds;
+  int know_direct =
+      cfg && cfg->size >= offsetof(gs_config_t, direct_bytes) + sizeof cfg->direct_bytes;
+  c->fusion_threshold =
+      (cfg && cfg->fusion_threshold > 0) ? cfg->fusion_threshold : gs_env_fusion_threshold();
   c->direct_bytes = (know_direct && cfg->direct_bytes > 0)
                         ? cfg->direct_bytes
                         : gs_env_direct_bytes_for(c->host_max < c->size);
   c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
-  c->stall_seconds = (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds
-                                                             : gs_env_stall_seconds();
+  c->stall_seconds =
+      (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds : gs_env_stall_seconds();
   cpu_set_t cpus;
   int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus)
-                                                         : (int)sysconf(_SC_NPROCESSORS_ONLN);
+                                                           : (int)sysconf(_SC_NPROCESSORS_ONLN);
   /* A rank pinned to one core says nothing about the node: count the node's. */
   long online = sysconf(_SC_NPROCESSORS_ONLN);
   if (online > ncpu) ncpu = (int)online;
   c->fate.owns_core = c->local_size <= ncpu;
   c->magic = GS_COMM_MAGIC;
   *out = c;
-  gs_log(GS_LOG_INFO, "communicator: rank %d of %d (%d on this node), fusion threshold %lld "
-         "bytes, direct from %lld bytes, validation %s, stall warning after %.0f s", c->rank,
-         c->size, c->local_size, (long long)c->fusion_threshold, (long long)c->direct_bytes,
-         c->check ? "on" : "off", c->stall_seconds);
+  gs_log(GS_LOG_INFO,
+         "communicator: rank %d of %d (%d on this node), fusion threshold %lld "
+         "bytes, direct from %lld bytes, validation %s, stall warning after %.0f s",
+         c->rank, c->size, c->local_size, (long long)c->fusion_threshold,
+         (long long)c->direct_bytes, c->check ? "on" : "off", c->stall_seconds);
   return GS_SUCCESS;
 }
 
@@ -100,7 +108,8 @@ gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config, gs_comm
   int inter = 0;
   GS_MPI_CHECK(MPI_Comm_test_inter(mpi_comm, &inter), "gs_comm_create: MPI_Comm_test_inter");
   if (inter)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_create: mpi_comm is an intercommunicator; pass an intracommunicator");
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "gs_comm_create: mpi_comm is an intercommunicator; pass an intracommunicator");
   MPI_Comm mine;
   GS_MPI_CHECK(MPI_Comm_dup(mpi_comm, &mine), "gs_comm_create: MPI_Comm_dup");
   return comm_adopt(mine, config, comm);
@@ -138,8 +147,10 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
     /* MPI may still complete abandoned operations into the buffers and over
      * the communicators: keep them (a bounded leak) rather than risk writes
      * into freed memory; only the handle dies. */
-    gs_log(GS_LOG_WARNING, "freeing a communicator abandoned after %s: its MPI "
-           "communicators and buffers are kept", gs_status_string(c->fate.broken));
+    gs_log(GS_LOG_WARNING,
+           "freeing a communicator abandoned after %s: its MPI "
+           "communicators and buffers are kept",
+           gs_status_string(c->fate.broken));
     c->magic = 0;
     abandoned_keep(c);
     *comm = NULL;
@@ -177,12 +188,12 @@ static gs_status_t comm_split_impl(gs_comm_t comm, int color, int key, gs_comm_t
   return comm_adopt(sub, &cfg, out);
 }
 
-#define GETTER(fn, field)                                 \
-  gs_status_t fn(gs_comm_t comm, int *v) {                \
-    GS_CHECK(gs_comm_valid(comm, #fn));                   \
+#define GETTER(fn, field)                                                            \
+  gs_status_t fn(gs_comm_t comm, int *v) {                                           \
+    GS_CHECK(gs_comm_valid(comm, #fn));                                              \
     if (!v) return gs_fail(GS_ERR_INVALID_ARGUMENT, #fn ": output pointer is NULL"); \
-    *v = comm->field;                                     \
-    return GS_SUCCESS;                                    \
+    *v = comm->field;                                                                \
+    return GS_SUCCESS;                                                               \
   }
 GETTER(gs_comm_rank, rank)
 GETTER(gs_comm_size, size)
@@ -209,7 +220,8 @@ gs_status_t gs_comm_set_fusion_threshold(gs_comm_t comm, int64_t bytes) {
   GS_CHECK(gs_comm_valid(comm, "gs_comm_set_fusion_threshold"));
   if (bytes <= 0)
     return gs_fail(GS_ERR_INVALID_ARGUMENT,
-                   "gs_comm_set_fusion_threshold: bytes must be positive, got %lld", (long long)bytes);
+                   "gs_comm_set_fusion_threshold: bytes must be positive, got %lld",
+                   (long long)bytes);
   comm->fusion_threshold = bytes;
   return GS_SUCCESS;
 }

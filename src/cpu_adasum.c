@@ -83,14 +83,16 @@ static void portable_combine(gs_dtype_t dt, double ca, const void *a, double cb,
   for (int64_t i = 0; i < n; i++) {
     switch (dt) {
       case GS_FLOAT16:
-        ((uint16_t *)out)[i] = gs_float_to_half(fa * load_elem(dt, a, i) + fb * load_elem(dt, b, i));
+        ((uint16_t *)out)[i] =
+            gs_float_to_half(fa * load_elem(dt, a, i) + fb * load_elem(dt, b, i));
         break;
       case GS_BFLOAT16:
-        ((uint16_t *)out)[i] = gs_float_to_bf16(fa * load_elem(dt, a, i) + fb * load_elem(dt, b, i));
+        ((uint16_t *)out)[i] =
+            gs_float_to_bf16(fa * load_elem(dt, a, i) + fb * load_elem(dt, b, i));
         break;
       case GS_FLOAT32: /* float64 coefficients: they can pass float32's range */
-        ((float *)out)[i] = (float)(ca * (double)((const float *)a)[i] +
-                                    cb * (double)((const float *)b)[i]);
+        ((float *)out)[i] =
+            (float)(ca * (double)((const float *)a)[i] + cb * (double)((const float *)b)[i]);
         break;
       case GS_FLOAT64:
         ((double *)out)[i] = ca * ((const double *)a)[i] + cb * ((const double *)b)[i];
@@ -150,8 +152,10 @@ AVX2 static void avx2_combine(gs_dtype_t dt, double ca, const void *a, double cb
   if (dt == GS_FLOAT16 || dt == GS_BFLOAT16) {
     const __m256 fa = _mm256_set1_ps((float)ca), fb = _mm256_set1_ps((float)cb);
     for (; i + LANES <= n; i += LANES) {
-      __m256 v = _mm256_add_ps(_mm256_mul_ps(fa, load8(dt, a, i)), _mm256_mul_ps(fb, load8(dt, b, i)));
-      __m128i h = dt == GS_FLOAT16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : gs_to_bf16x8(v);
+      __m256 v =
+          _mm256_add_ps(_mm256_mul_ps(fa, load8(dt, a, i)), _mm256_mul_ps(fb, load8(dt, b, i)));
+      __m128i h =
+          dt == GS_FLOAT16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : gs_to_bf16x8(v);
       _mm_storeu_si128((__m128i *)((uint16_t *)out + i), h);
     }
   } else if (dt == GS_FLOAT32) {
@@ -165,8 +169,10 @@ AVX2 static void avx2_combine(gs_dtype_t dt, double ca, const void *a, double cb
   } else if (dt == GS_FLOAT64) {
     const __m256d da = _mm256_set1_pd(ca), db = _mm256_set1_pd(cb);
     for (; i + 4 <= n; i += 4) {
-      __m256d x = _mm256_loadu_pd((const double *)a + i), y = _mm256_loadu_pd((const double *)b + i);
-      _mm256_storeu_pd((double *)out + i, _mm256_add_pd(_mm256_mul_pd(da, x), _mm256_mul_pd(db, y)));
+      __m256d x = _mm256_loadu_pd((const double *)a + i),
+              y = _mm256_loadu_pd((const double *)b + i);
+      _mm256_storeu_pd((double *)out + i,
+                       _mm256_add_pd(_mm256_mul_pd(da, x), _mm256_mul_pd(db, y)));
     }
   }
   size_t es = gs_dtype_size(dt);
@@ -193,14 +199,13 @@ static void choose(void) {
 #endif
 }
 
-void gs_cpu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b, int64_t n,
-                        double out[3]) {
+void gs_cpu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b, int64_t n, double out[3]) {
   pthread_once(&dispatch_once, choose);
   dots_impl(dtype, a, b, n, out);
 }
 
-void gs_cpu_adasum_combine(gs_dtype_t dtype, double ca, const void *a, double cb,
-                           const void *b, void *out, int64_t n) {
+void gs_cpu_adasum_combine(gs_dtype_t dtype, double ca, const void *a, double cb, const void *b,
+                           void *out, int64_t n) {
   pthread_once(&dispatch_once, choose);
   combine_impl(dtype, ca, a, cb, b, out, n);
 }

@@ -109,8 +109,8 @@ GS_AVX2 static void avx2_accumulate(gs_dtype_t adt, void *acc, gs_dtype_t gdt, c
   } /* 16-bit with float64: the portable loop (rare pairs, round to odd) */
   size_t ae = gs_dtype_size(adt), ge = gs_dtype_size(gdt);
   if (i < n)
-    portable_accumulate(adt, (char *)acc + (size_t)i * ae, gdt,
-                        (const char *)grad + (size_t)i * ge, n - i, overwrite);
+    portable_accumulate(adt, (char *)acc + (size_t)i * ae, gdt, (const char *)grad + (size_t)i * ge,
+                        n - i, overwrite);
 }
 
 /* x * factor in float32 (float64 for float64), rounded once: the same
@@ -244,7 +244,8 @@ gs_status_t gs_cpu_nonfinite(const gs_tensor_t *t, int64_t n, int *any) {
   GS_CHECK(work_list(t, n, &it, &k, &total));
   nonfinite_fn f = pick_nonfinite();
   int bad = 0;
-#pragma omp parallel for schedule(static) num_threads(threads_for(total)) if (total >= PARALLEL_MIN) reduction(| : bad)
+#pragma omp parallel for schedule(static) \
+    num_threads(threads_for(total)) if (total >= PARALLEL_MIN) reduction(| : bad)
   for (int64_t j = 0; j < k; j++) {
     if (bad) continue; /* found already: skip the rest of this thread's share */
     const gs_tensor_t *x = &t[it[j].pair];

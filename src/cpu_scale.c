@@ -5,16 +5,15 @@
 #include "gs_kernels_internal.h"
 #include "half.h"
 
-#define SCALE_HALF(to_f, from_f)                              \
-  do {                                                        \
-    const uint16_t *s = src;                                  \
-    uint16_t *d = dst;                                        \
-    float f = (float)scale;                                   \
+#define SCALE_HALF(to_f, from_f)                                       \
+  do {                                                                 \
+    const uint16_t *s = src;                                           \
+    uint16_t *d = dst;                                                 \
+    float f = (float)scale;                                            \
     for (int64_t i = 0; i < count; i++) d[i] = from_f(to_f(s[i]) * f); \
   } while (0)
 
-void gs_cpu_scale_copy(gs_dtype_t dtype, const void *src, void *dst,
-                       int64_t count, double scale) {
+void gs_cpu_scale_copy(gs_dtype_t dtype, const void *src, void *dst, int64_t count, double scale) {
   if (count <= 0) return;
   if (scale == 1.0) {
     if (src != dst) memmove(dst, src, (size_t)count * gs_dtype_size(dtype));

@@ -43,10 +43,8 @@ static int sticky(cudaError_t e) {
     case cudaErrorAssert:
     case cudaErrorLaunchTimeout:
     case cudaErrorECCUncorrectable:
-    case cudaErrorExternalDevice:
-      return 1;
-    default:
-      return 0;
+    case cudaErrorExternalDevice: return 1;
+    default: return 0;
   }
 }
 
@@ -57,15 +55,16 @@ gs_status_t gs_cu_fail(int code, const char *what) {
     return gs_fail(GS_ERR_CUDA, "%s: %s (%s)", what, cudaGetErrorString(e), cudaGetErrorName(e));
   }
   gs_runtime_mark_broken(GS_ERR_CUDA);
-  return gs_fail(GS_ERR_CUDA, "%s: %s (%s). This error is sticky: the process's CUDA context "
+  return gs_fail(GS_ERR_CUDA,
+                 "%s: %s (%s). This error is sticky: the process's CUDA context "
                  "is lost and every later CUDA call fails; the communicator is no longer "
-                 "usable (restart the process)", what, cudaGetErrorString(e),
-                 cudaGetErrorName(e));
+                 "usable (restart the process)",
+                 what, cudaGetErrorString(e), cudaGetErrorName(e));
 }
 
-#define CU_CHECK(call, what)                                   \
-  do {                                                         \
-    cudaError_t cu_e_ = (call);                                \
+#define CU_CHECK(call, what)                                    \
+  do {                                                          \
+    cudaError_t cu_e_ = (call);                                 \
     if (cu_e_ != cudaSuccess) return gs_cu_fail(cu_e_, (what)); \
   } while (0)
 
@@ -87,7 +86,8 @@ gs_status_t gs_cuda_device_count(int *count) {
   if (cudaDriverGetVersion(&driver) != cudaSuccess) cudaGetLastError();
   /* the runtime says "insufficient driver" also when there is none at all */
   if (e == cudaErrorInsufficientDriver && driver > 0) {
-    return gs_fail(GS_ERR_CUDA, "gs_cuda_device_count: the NVIDIA driver supports CUDA %d.%d, "
+    return gs_fail(GS_ERR_CUDA,
+                   "gs_cuda_device_count: the NVIDIA driver supports CUDA %d.%d, "
                    "but this gradsync was built with the CUDA %d.%d runtime, which needs a "
                    "driver for CUDA %d.%d or newer (cudaErrorInsufficientDriver): update the "
                    "driver, or rebuild gradsync with an older CUDA toolkit",
@@ -145,15 +145,18 @@ gs_status_t gs_cu_enter(int device, gs_cu_scope_t *scope) {
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "CUDA device %d is out of range", device);
   pthread_once(&drv_once, load_driver);
   if (!drv.retain || !drv.push || !drv.pop || !drv.current)
-    return gs_fail(GS_ERR_CUDA, "gradsync: the CUDA driver does not provide the context entry "
+    return gs_fail(GS_ERR_CUDA,
+                   "gradsync: the CUDA driver does not provide the context entry "
                    "points (cuCtxPushCurrent, ...) gradsync uses; update the driver");
   pthread_mutex_lock(&device_lock);
   CUresult r = primary[device] ? CUDA_SUCCESS : drv.retain(&primary[device], device);
   CUcontext ctx = primary[device];
   pthread_mutex_unlock(&device_lock);
   if (r != CUDA_SUCCESS)
-    return gs_fail(GS_ERR_CUDA, "gradsync: cannot use CUDA device %d (its primary context: "
-                   "driver error %d)", device, (int)r);
+    return gs_fail(GS_ERR_CUDA,
+                   "gradsync: cannot use CUDA device %d (its primary context: "
+                   "driver error %d)",
+                   device, (int)r);
   CUcontext now = NULL;
   if (drv.current(&now) == CUDA_SUCCESS && now == ctx) return GS_SUCCESS;
   if (drv.push(ctx) != CUDA_SUCCESS)
@@ -316,8 +319,10 @@ gs_status_t gs_cuda_order_after(int device, uintptr_t stream) {
 #else /* no CUDA */
 
 static gs_status_t no_cuda(const char *what) {
-  return gs_fail(GS_ERR_UNSUPPORTED, "%s: this gradsync was built without CUDA (rebuild with "
-                 "nvcc on PATH and GRADSYNC_CUDA unset)", what);
+  return gs_fail(GS_ERR_UNSUPPORTED,
+                 "%s: this gradsync was built without CUDA (rebuild with "
+                 "nvcc on PATH and GRADSYNC_CUDA unset)",
+                 what);
 }
 int gs_cuda_version(void) { return 0; }
 gs_status_t gs_cuda_device_count(int *count) {
@@ -325,13 +330,18 @@ gs_status_t gs_cuda_device_count(int *count) {
   *count = 0;
   return GS_SUCCESS;
 }
-gs_status_t gs_cuda_get_device(int *device) { (void)device; return no_cuda("gs_cuda_get_device"); }
+gs_status_t gs_cuda_get_device(int *device) {
+  (void)device;
+  return no_cuda("gs_cuda_get_device");
+}
 gs_status_t gs_cuda_stream(int device, void **stream) {
-  (void)device; (void)stream;
+  (void)device;
+  (void)stream;
   return no_cuda("gs_cuda_stream");
 }
 gs_status_t gs_cuda_order_after(int device, uintptr_t stream) {
-  (void)device; (void)stream;
+  (void)device;
+  (void)stream;
   return no_cuda("gs_cuda_order_after");
 }
 gs_status_t gs_cuda_set_stream(uintptr_t stream) {

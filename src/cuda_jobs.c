@@ -111,7 +111,8 @@ static gs_status_t table_open(size_t len, void *stream, table_t *t) {
       size_t before = r->nsegs;
       s = reclaim(r, 1);
       if (s == GS_SUCCESS && r->nsegs == before) /* the front is held by a reader */
-        s = gs_fail(GS_ERR_INTERNAL, "gradsync: the kernel table ring is full of results "
+        s = gs_fail(GS_ERR_INTERNAL,
+                    "gradsync: the kernel table ring is full of results "
                     "not yet read");
     }
   }
@@ -192,15 +193,17 @@ static gs_status_t work_items(int64_t n, int64_t (*count_of)(const void *, int64
   return GS_SUCCESS;
 }
 
-static int64_t run_count(const void *runs, int64_t r) { return ((const gs_cu_run_t *)runs)[r].count; }
+static int64_t run_count(const void *runs, int64_t r) {
+  return ((const gs_cu_run_t *)runs)[r].count;
+}
 static int64_t float_count(const void *t, int64_t r) {
   const gs_tensor_t *x = &((const gs_tensor_t *)t)[r];
   return x->dtype <= GS_FLOAT64 ? x->count : 0; /* integers: always finite */
 }
 static int64_t slice_count(const void *c, int64_t j) { return ((const int64_t *)c)[j]; }
 
-gs_status_t gs_cu_elementwise(gs_cu_mode_t mode, const gs_cu_run_t *runs, int64_t n,
-                              double scale, void *stream) {
+gs_status_t gs_cu_elementwise(gs_cu_mode_t mode, const gs_cu_run_t *runs, int64_t n, double scale,
+                              void *stream) {
   gs_cu_item_t *items = NULL;
   int64_t nitems = 0;
   GS_CHECK(work_items(n, run_count, runs, &items, &nitems));
@@ -210,9 +213,9 @@ gs_status_t gs_cu_elementwise(gs_cu_mode_t mode, const gs_cu_run_t *runs, int64_
   gs_status_t s = nitems ? table_open(parts_bytes(parts, 2), stream, &t) : GS_SUCCESS;
   if (nitems && s == GS_SUCCESS) {
     s = upload(&t, parts, 2, dev, stream);
-    if (s == GS_SUCCESS) s = gs_cu_launched(
-        gs_cu_launch_elementwise(mode, dev[0], dev[1], nitems, scale, stream),
-        "gradsync: elementwise kernel launch");
+    if (s == GS_SUCCESS)
+      s = gs_cu_launched(gs_cu_launch_elementwise(mode, dev[0], dev[1], nitems, scale, stream),
+                         "gradsync: elementwise kernel launch");
     gs_status_t c = table_close(&t, stream, 0, NULL);
     if (s == GS_SUCCESS) s = c;
   }
@@ -225,15 +228,17 @@ gs_status_t gs_cu_nonfinite(const gs_tensor_t *tensors, int64_t n, int *bad, voi
   int64_t nitems = 0;
   *bad = 0;
   GS_CHECK(work_items(n, float_count, tensors, &items, &nitems));
-  part_t parts[3] = {{NULL, sizeof(int)}, {tensors, (size_t)n * sizeof *tensors},
+  part_t parts[3] = {{NULL, sizeof(int)},
+                     {tensors, (size_t)n * sizeof *tensors},
                      {items, (size_t)nitems * sizeof *items}};
   table_t t;
   void *dev[3], *ev = NULL;
   gs_status_t s = nitems ? table_open(parts_bytes(parts, 3), stream, &t) : GS_SUCCESS;
   if (nitems && s == GS_SUCCESS) {
     s = upload(&t, parts, 3, dev, stream);
-    if (s == GS_SUCCESS) s = gs_cu_launched(gs_cu_launch_nonfinite(dev[1], dev[2], nitems, dev[0], stream),
-                                            "gradsync: all_finite kernel launch");
+    if (s == GS_SUCCESS)
+      s = gs_cu_launched(gs_cu_launch_nonfinite(dev[1], dev[2], nitems, dev[0], stream),
+                         "gradsync: all_finite kernel launch");
     if (s == GS_SUCCESS) s = gs_cu_copy(t.host, dev[0], sizeof(int), stream);
     gs_status_t c = table_close(&t, stream, 1, &ev);
     if (s == GS_SUCCESS) s = c;
@@ -245,18 +250,19 @@ gs_status_t gs_cu_nonfinite(const gs_tensor_t *tensors, int64_t n, int *bad, voi
   return s;
 }
 
-gs_status_t gs_cu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b,
-                              const int64_t *start, const int64_t *count, int64_t n, double *d,
-                              void *stream) {
+gs_status_t gs_cu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b, const int64_t *start,
+                              const int64_t *count, int64_t n, double *d, void *stream) {
   if (n == 0) return GS_SUCCESS;
   gs_cu_item_t *items = NULL;
   int64_t nitems = 0;
   GS_CHECK(work_items(n, slice_count, count, &items, &nitems));
   gs_cu_slice_t *slices = malloc((size_t)n * sizeof *slices);
   int64_t *first_item = calloc((size_t)n + 1, sizeof *first_item);
-  gs_status_t s = slices && first_item ? GS_SUCCESS
-                  : gs_fail(GS_ERR_NO_MEMORY, "adasum: out of memory for the dot products");
-  for (int64_t j = 0; s == GS_SUCCESS && j < n; j++) slices[j] = (gs_cu_slice_t){start[j], count[j]};
+  gs_status_t s = slices && first_item
+                      ? GS_SUCCESS
+                      : gs_fail(GS_ERR_NO_MEMORY, "adasum: out of memory for the dot products");
+  for (int64_t j = 0; s == GS_SUCCESS && j < n; j++)
+    slices[j] = (gs_cu_slice_t){start[j], count[j]};
   for (int64_t k = 0; s == GS_SUCCESS && k < nitems; k++) first_item[items[k].run + 1]++;
   for (int64_t j = 0; s == GS_SUCCESS && j < n; j++) first_item[j + 1] += first_item[j];
   part_t parts[5] = {{NULL, 3 * (size_t)n * sizeof(double)},
@@ -287,15 +293,17 @@ gs_status_t gs_cu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b,
 }
 
 gs_status_t gs_cu_adasum_combine(gs_dtype_t dtype, const void *a, const void *b, void *out,
-                                 const int64_t *start, const int64_t *count,
-                                 const double *coef, int64_t n, void *stream) {
+                                 const int64_t *start, const int64_t *count, const double *coef,
+                                 int64_t n, void *stream) {
   gs_cu_item_t *items = NULL;
   int64_t nitems = 0;
   GS_CHECK(work_items(n, slice_count, count, &items, &nitems));
   gs_cu_slice_t *slices = malloc((size_t)(n ? n : 1) * sizeof *slices);
   gs_status_t s = slices ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "adasum: out of memory");
-  for (int64_t j = 0; s == GS_SUCCESS && j < n; j++) slices[j] = (gs_cu_slice_t){start[j], count[j]};
-  part_t parts[3] = {{slices, (size_t)n * sizeof *slices}, {coef, 2 * (size_t)n * sizeof *coef},
+  for (int64_t j = 0; s == GS_SUCCESS && j < n; j++)
+    slices[j] = (gs_cu_slice_t){start[j], count[j]};
+  part_t parts[3] = {{slices, (size_t)n * sizeof *slices},
+                     {coef, 2 * (size_t)n * sizeof *coef},
                      {items, (size_t)nitems * sizeof *items}};
   table_t t;
   void *dev[3];

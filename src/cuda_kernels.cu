@@ -34,9 +34,7 @@ __global__ void nonfinite_kernel(const gs_tensor_t *t, const gs_cu_item_t *items
     switch (x.dtype) {
       case GS_FLOAT16: found = (((const uint16_t *)x.data)[i] & 0x7c00u) == 0x7c00u; break;
       case GS_BFLOAT16: found = (((const uint16_t *)x.data)[i] & 0x7f80u) == 0x7f80u; break;
-      case GS_FLOAT32:
-        found = (((const uint32_t *)x.data)[i] & 0x7f800000u) == 0x7f800000u;
-        break;
+      case GS_FLOAT32: found = (((const uint32_t *)x.data)[i] & 0x7f800000u) == 0x7f800000u; break;
       case GS_FLOAT64:
         found = (((const uint64_t *)x.data)[i] & 0x7ff0000000000000ull) == 0x7ff0000000000000ull;
         break;
@@ -101,17 +99,19 @@ __device__ void combine_piece(double ca, const void *a, double cb, const void *b
                               int64_t first, int64_t count) {
   typedef typename gs_pieces::Elem<DT>::T T;
   const bool narrow = DT == GS_FLOAT16 || DT == GS_BFLOAT16;
-  const bool in_float = narrow && fabs(ca) <= 3.4028234663852886e38 &&
-                        fabs(cb) <= 3.4028234663852886e38;
+  const bool in_float =
+      narrow && fabs(ca) <= 3.4028234663852886e38 && fabs(cb) <= 3.4028234663852886e38;
   const float fa = (float)ca, fb = (float)cb;
   const T *pa = (const T *)a, *pb = (const T *)b;
   T *po = (T *)out;
   for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
     int64_t i = first + k;
     if (in_float)
-      po[i] = gs_pieces::from_f<DT>(fa * gs_pieces::to_f<DT>(pa[i]) + fb * gs_pieces::to_f<DT>(pb[i]));
+      po[i] =
+          gs_pieces::from_f<DT>(fa * gs_pieces::to_f<DT>(pa[i]) + fb * gs_pieces::to_f<DT>(pb[i]));
     else
-      po[i] = gs_pieces::from_d<DT>(ca * gs_pieces::to_d<DT>(pa[i]) + cb * gs_pieces::to_d<DT>(pb[i]));
+      po[i] =
+          gs_pieces::from_d<DT>(ca * gs_pieces::to_d<DT>(pa[i]) + cb * gs_pieces::to_d<DT>(pb[i]));
   }
 }
 
@@ -155,8 +155,8 @@ int over_items(int64_t nitems, Launch launch) {
 }  // namespace
 
 extern "C" int gs_cu_launch_elementwise(int mode, const gs_cu_run_t *runs,
-                                                const gs_cu_item_t *items, int64_t nitems,
-                                                double scale, void *stream) {
+                                        const gs_cu_item_t *items, int64_t nitems, double scale,
+                                        void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
   return over_items(nitems, [&](unsigned blocks, int64_t off) {
     elementwise_kernel<<<blocks, kThreads, 0, s>>>(runs, items + off, mode, scale);
@@ -164,7 +164,7 @@ extern "C" int gs_cu_launch_elementwise(int mode, const gs_cu_run_t *runs,
 }
 
 extern "C" int gs_cu_launch_nonfinite(const gs_tensor_t *t, const gs_cu_item_t *items,
-                                              int64_t nitems, int *flag, void *stream) {
+                                      int64_t nitems, int *flag, void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
   return over_items(nitems, [&](unsigned blocks, int64_t off) {
     nonfinite_kernel<<<blocks, kThreads, 0, s>>>(t, items + off, flag);
@@ -172,10 +172,9 @@ extern "C" int gs_cu_launch_nonfinite(const gs_tensor_t *t, const gs_cu_item_t *
 }
 
 extern "C" int gs_cu_launch_dots(int dtype, const void *a, const void *b,
-                                         const gs_cu_slice_t *slices, const gs_cu_item_t *items,
-                                         int64_t nitems, const int64_t *first_item,
-                                         int64_t nslices, double *partial, double *d,
-                                         void *stream) {
+                                 const gs_cu_slice_t *slices, const gs_cu_item_t *items,
+                                 int64_t nitems, const int64_t *first_item, int64_t nslices,
+                                 double *partial, double *d, void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
   int st = over_items(nitems, [&](unsigned blocks, int64_t off) {
     dots_kernel<<<blocks, kThreads, 0, s>>>(dtype, a, b, slices, items + off, partial + 3 * off);
@@ -187,21 +186,20 @@ extern "C" int gs_cu_launch_dots(int dtype, const void *a, const void *b,
 }
 
 extern "C" int gs_cu_launch_combine(int dtype, const void *a, const void *b, void *out,
-                                            const gs_cu_slice_t *slices, const double *coef,
-                                            const gs_cu_item_t *items, int64_t nitems,
-                                            void *stream) {
+                                    const gs_cu_slice_t *slices, const double *coef,
+                                    const gs_cu_item_t *items, int64_t nitems, void *stream) {
   cudaStream_t s = (cudaStream_t)stream;
   return over_items(nitems, [&](unsigned blocks, int64_t off) {
     combine_kernel<<<blocks, kThreads, 0, s>>>(dtype, a, b, out, slices, coef, items + off);
   });
 }
 
-extern "C" int gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src,
-                                               void *dst, int64_t count, void *stream) {
+extern "C" int gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src, void *dst,
+                                       int64_t count, void *stream) {
   if (count <= 0) return 0;
   int64_t want = (count + kThreads - 1) / kThreads;
   unsigned blocks = (unsigned)(want < 65535 * 16 ? want : 65535 * 16); /* grid-stride beyond */
   order_keys_kernel<<<blocks, kThreads, 0, (cudaStream_t)stream>>>(dtype, max != 0, inverse != 0,
-                                                                    src, dst, count);
+                                                                   src, dst, count);
   return launched();
 }

@@ -69,8 +69,10 @@ gs_status_t gs_cu_grow_pinned(void **buf, size_t *have, size_t need, void *strea
   if (e != cudaSuccess) {
     *buf = NULL;
     cudaGetLastError();
-    return gs_fail(GS_ERR_NO_MEMORY, "gradsync: cannot allocate %zu bytes of pinned host "
-                   "memory: %s", want, cudaGetErrorString(e));
+    return gs_fail(GS_ERR_NO_MEMORY,
+                   "gradsync: cannot allocate %zu bytes of pinned host "
+                   "memory: %s",
+                   want, cudaGetErrorString(e));
   }
   *have = want;
   return GS_SUCCESS;
@@ -122,8 +124,8 @@ gs_status_t gs_pointer_device(const void *ptr, gs_device_t *device) {
 static gs_status_t device_malloc(int device, size_t bytes, void **ptr) {
   gs_cu_scope_t scope;
   GS_CHECK(gs_cu_enter(device, &scope));
-  gs_status_t s = gs_cu_malloc_async(ptr, bytes, stream_for(device),
-                                     "gs_malloc (CUDA device memory)");
+  gs_status_t s =
+      gs_cu_malloc_async(ptr, bytes, stream_for(device), "gs_malloc (CUDA device memory)");
   gs_cu_leave(&scope);
   return s;
 }
@@ -209,8 +211,8 @@ gs_status_t gs_free(gs_device_t device, void *ptr) {
   return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_free: unknown device kind %d", (int)device.kind);
 }
 
-gs_status_t gs_memcpy(void *dst, gs_device_t dst_device, const void *src,
-                      gs_device_t src_device, size_t bytes) {
+gs_status_t gs_memcpy(void *dst, gs_device_t dst_device, const void *src, gs_device_t src_device,
+                      size_t bytes) {
   gs_clear_error();
   if (!bytes) return GS_SUCCESS;
   if (!dst || !src)

@@ -22,11 +22,24 @@ namespace gs_pieces {
 
 /* ---- element access by dtype ------------------------------------------------- */
 
-template <int DT> struct Elem;
-template <> struct Elem<GS_FLOAT16> { typedef uint16_t T; };
-template <> struct Elem<GS_BFLOAT16> { typedef uint16_t T; };
-template <> struct Elem<GS_FLOAT32> { typedef float T; };
-template <> struct Elem<GS_FLOAT64> { typedef double T; };
+template <int DT>
+struct Elem;
+template <>
+struct Elem<GS_FLOAT16> {
+  typedef uint16_t T;
+};
+template <>
+struct Elem<GS_BFLOAT16> {
+  typedef uint16_t T;
+};
+template <>
+struct Elem<GS_FLOAT32> {
+  typedef float T;
+};
+template <>
+struct Elem<GS_FLOAT64> {
+  typedef double T;
+};
 
 template <int DT>
 GS_HD inline float to_f(typename Elem<DT>::T v) {
@@ -56,8 +69,14 @@ GS_HD inline typename Elem<DT>::T from_d(double d) {
 
 /* Pointers that promise no overlap (R) where the host has checked that the
  * two operands are disjoint; in-place jobs (a == b) use plain ones. */
-template <class T, bool R> struct Ptr { typedef T *type; };
-template <class T> struct Ptr<T, true> { typedef T *__restrict__ type; };
+template <class T, bool R>
+struct Ptr {
+  typedef T *type;
+};
+template <class T>
+struct Ptr<T, true> {
+  typedef T *__restrict__ type;
+};
 
 /* N elements of T moved as one aligned load or store. */
 template <class T, int N>
@@ -95,7 +114,8 @@ GS_HD inline typename Elem<ADT>::T apply(typename Elem<ADT>::T x, typename Elem<
                                          double scale) {
   const bool wide = ADT == GS_FLOAT64 || BDT == GS_FLOAT64;
   if (MODE == GS_CU_ACCUMULATE)
-    return wide ? from_d<ADT>(to_d<ADT>(x) + to_d<BDT>(y)) : from_f<ADT>(to_f<ADT>(x) + to_f<BDT>(y));
+    return wide ? from_d<ADT>(to_d<ADT>(x) + to_d<BDT>(y))
+                : from_f<ADT>(to_f<ADT>(x) + to_f<BDT>(y));
   if (MODE == GS_CU_OVERWRITE) return wide ? from_d<ADT>(to_d<BDT>(y)) : from_f<ADT>(to_f<BDT>(y));
   /* GS_CU_COPY_SCALE, floating a == b dtype: gs_cpu_scale_copy's arithmetic */
   if (ADT == GS_FLOAT64) return from_d<ADT>(to_d<BDT>(y) * scale);
@@ -163,8 +183,8 @@ GS_HD void bits_piece(void *dst, const void *src, int64_t first, int64_t count, 
   constexpr int V = 16 / (int)sizeof(T);
   T *a = (T *)dst; /* copies in place are skipped by the caller */
   const T *b = (const T *)src;
-  int64_t head = vector_head(a, sizeof(T), b ? (const void *)b : (const void *)a, sizeof(T),
-                             first, V);
+  int64_t head =
+      vector_head(a, sizeof(T), b ? (const void *)b : (const void *)a, sizeof(T), first, V);
   if (head < 0 || head > count) head = count;
   int64_t nvec = (count - head) / V, tail = head + nvec * V;
   for (int64_t k = tid; k < count; k += nthreads)
@@ -186,8 +206,10 @@ GS_HD void bits_piece(void *dst, const void *src, int64_t first, int64_t count, 
 
 /* Element size of a gs_dtype_t, in bytes. */
 GS_HD inline int dtype_bytes(int dt) {
-  return dt == GS_FLOAT64 || dt == GS_INT64 ? 8 : dt == GS_FLOAT32 || dt == GS_INT32 ? 4
-         : dt == GS_INT8 || dt == GS_UINT8 ? 1 : 2;
+  return dt == GS_FLOAT64 || dt == GS_INT64   ? 8
+         : dt == GS_FLOAT32 || dt == GS_INT32 ? 4
+         : dt == GS_INT8 || dt == GS_UINT8    ? 1
+                                              : 2;
 }
 
 template <int MODE, int ADT, int BDT>
@@ -202,9 +224,15 @@ template <int MODE, int ADT>
 GS_HD void elementwise_by_b(const gs_cu_run_t &r, int64_t first, int64_t count, double scale,
                             int tid, int nthreads) {
   switch (r.bdtype) {
-    case GS_FLOAT16: elementwise_alias<MODE, ADT, GS_FLOAT16>(r, first, count, scale, tid, nthreads); break;
-    case GS_BFLOAT16: elementwise_alias<MODE, ADT, GS_BFLOAT16>(r, first, count, scale, tid, nthreads); break;
-    case GS_FLOAT32: elementwise_alias<MODE, ADT, GS_FLOAT32>(r, first, count, scale, tid, nthreads); break;
+    case GS_FLOAT16:
+      elementwise_alias<MODE, ADT, GS_FLOAT16>(r, first, count, scale, tid, nthreads);
+      break;
+    case GS_BFLOAT16:
+      elementwise_alias<MODE, ADT, GS_BFLOAT16>(r, first, count, scale, tid, nthreads);
+      break;
+    case GS_FLOAT32:
+      elementwise_alias<MODE, ADT, GS_FLOAT32>(r, first, count, scale, tid, nthreads);
+      break;
     default: elementwise_alias<MODE, ADT, GS_FLOAT64>(r, first, count, scale, tid, nthreads); break;
   }
 }
@@ -213,9 +241,15 @@ template <int MODE>
 GS_HD void elementwise_by_a(const gs_cu_run_t &r, int64_t first, int64_t count, double scale,
                             int tid, int nthreads) {
   switch (r.adtype) {
-    case GS_FLOAT16: elementwise_by_b<MODE, GS_FLOAT16>(r, first, count, scale, tid, nthreads); break;
-    case GS_BFLOAT16: elementwise_by_b<MODE, GS_BFLOAT16>(r, first, count, scale, tid, nthreads); break;
-    case GS_FLOAT32: elementwise_by_b<MODE, GS_FLOAT32>(r, first, count, scale, tid, nthreads); break;
+    case GS_FLOAT16:
+      elementwise_by_b<MODE, GS_FLOAT16>(r, first, count, scale, tid, nthreads);
+      break;
+    case GS_BFLOAT16:
+      elementwise_by_b<MODE, GS_BFLOAT16>(r, first, count, scale, tid, nthreads);
+      break;
+    case GS_FLOAT32:
+      elementwise_by_b<MODE, GS_FLOAT32>(r, first, count, scale, tid, nthreads);
+      break;
     default: elementwise_by_b<MODE, GS_FLOAT64>(r, first, count, scale, tid, nthreads); break;
   }
 }
@@ -230,8 +264,8 @@ GS_HD void bits_by_size(const gs_cu_run_t &r, const void *src, int64_t first, in
 GS_HD inline void elementwise_item(int mode, const gs_cu_run_t &r, int64_t first, int64_t count,
                                    double scale, int tid, int nthreads) {
   int es = dtype_bytes(r.adtype);
-  bool bits = mode == GS_CU_ZERO ||
-              (mode == GS_CU_COPY_SCALE && (scale == 1.0 || r.adtype >= GS_INT8));
+  bool bits =
+      mode == GS_CU_ZERO || (mode == GS_CU_COPY_SCALE && (scale == 1.0 || r.adtype >= GS_INT8));
   if (bits) { /* integers are never scaled; scale 1 copies bits */
     const void *src = mode == GS_CU_ZERO ? nullptr : r.b;
     if (src == r.a) return; /* a copy onto itself */
@@ -241,8 +275,10 @@ GS_HD inline void elementwise_item(int mode, const gs_cu_run_t &r, int64_t first
     else bits_by_size<uint8_t>(r, src, first, count, tid, nthreads);
     return;
   }
-  if (mode == GS_CU_ACCUMULATE) elementwise_by_a<GS_CU_ACCUMULATE>(r, first, count, scale, tid, nthreads);
-  else if (mode == GS_CU_OVERWRITE) elementwise_by_a<GS_CU_OVERWRITE>(r, first, count, scale, tid, nthreads);
+  if (mode == GS_CU_ACCUMULATE)
+    elementwise_by_a<GS_CU_ACCUMULATE>(r, first, count, scale, tid, nthreads);
+  else if (mode == GS_CU_OVERWRITE)
+    elementwise_by_a<GS_CU_OVERWRITE>(r, first, count, scale, tid, nthreads);
   else elementwise_by_a<GS_CU_COPY_SCALE>(r, first, count, scale, tid, nthreads);
 }
 
@@ -257,14 +293,14 @@ GS_HD inline void elementwise_item(int mode, const gs_cu_run_t &r, int64_t first
 template <class U, class K>
 GS_HD inline K key_of(U bits, bool is_nan, bool max) {
   const U sign = (U)((U)1 << (sizeof(U) * 8 - 1));
-  if (is_nan) return max ? (K)~(K)0 : (K)0;
+  if (is_nan) return max ? (K) ~(K)0 : (K)0;
   return (K)((bits & sign) ? (U)~bits : (U)(bits | sign));
 }
 
 template <class U, class K>
 GS_HD inline U bits_of(K key, bool max, U canonical_nan) {
   const U sign = (U)((U)1 << (sizeof(U) * 8 - 1));
-  if (key == (max ? (K)~(K)0 : (K)0)) return canonical_nan;
+  if (key == (max ? (K) ~(K)0 : (K)0)) return canonical_nan;
   U u = (U)key;
   return (u & sign) ? (U)(u & (U)~sign) : (U)~u;
 }
@@ -278,16 +314,16 @@ GS_HD inline void order_key(int dtype, bool max, bool inverse, const void *src, 
       bool nan = (u & 0x7fffffffffffffffull) > 0x7ff0000000000000ull;
       ((uint64_t *)dst)[i] = key_of<uint64_t, uint64_t>(u, nan, max);
     } else {
-      ((uint64_t *)dst)[i] = bits_of<uint64_t, uint64_t>(((const uint64_t *)src)[i], max,
-                                                         0x7ff8000000000000ull);
+      ((uint64_t *)dst)[i] =
+          bits_of<uint64_t, uint64_t>(((const uint64_t *)src)[i], max, 0x7ff8000000000000ull);
     }
   } else if (dtype == GS_FLOAT32) {
     if (!inverse) {
       uint32_t u = ((const uint32_t *)src)[i];
       ((uint32_t *)dst)[i] = key_of<uint32_t, uint32_t>(u, (u & 0x7fffffffu) > 0x7f800000u, max);
     } else {
-      ((uint32_t *)dst)[i] = bits_of<uint32_t, uint32_t>(((const uint32_t *)src)[i], max,
-                                                         0x7fc00000u);
+      ((uint32_t *)dst)[i] =
+          bits_of<uint32_t, uint32_t>(((const uint32_t *)src)[i], max, 0x7fc00000u);
     }
   } else { /* float16, bfloat16: 32-bit keys */
     uint16_t inf = dtype == GS_FLOAT16 ? 0x7c00u : 0x7f80u;

@@ -8,16 +8,16 @@
 #include "gs_cuda.h"
 
 /* Runs `mode` over pairs (a[i], b[i]) (b may be NULL) on a's device. */
-static gs_status_t device_elementwise(gs_cu_mode_t mode, const gs_tensor_t *a,
-                                      const gs_tensor_t *b, int64_t n, double scale) {
+static gs_status_t device_elementwise(gs_cu_mode_t mode, const gs_tensor_t *a, const gs_tensor_t *b,
+                                      int64_t n, double scale) {
   if (n == 0) return GS_SUCCESS;
   gs_cu_scope_t scope;
   GS_CHECK(gs_cu_enter(a[0].device.id, &scope));
   gs_cu_run_t *runs = malloc((size_t)n * sizeof *runs);
   gs_status_t s = runs ? GS_SUCCESS : gs_fail(GS_ERR_NO_MEMORY, "gradsync: out of memory");
   for (int64_t i = 0; s == GS_SUCCESS && i < n; i++)
-    runs[i] = (gs_cu_run_t){a[i].data, b ? b[i].data : a[i].data, a[i].count,
-                            (int32_t)a[i].dtype, (int32_t)(b ? b[i].dtype : a[i].dtype)};
+    runs[i] = (gs_cu_run_t){a[i].data, b ? b[i].data : a[i].data, a[i].count, (int32_t)a[i].dtype,
+                            (int32_t)(b ? b[i].dtype : a[i].dtype)};
   if (s == GS_SUCCESS) s = gs_cu_elementwise(mode, runs, n, scale, gs_cu_work_stream());
   free(runs);
   gs_cu_leave(&scope);
@@ -32,8 +32,10 @@ gs_status_t gs_device_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad
                                  int overwrite) {
   for (int64_t i = 0; i < n; i++)
     if (grad[i].device.kind != GS_DEVICE_CUDA || grad[i].device.id != acc[0].device.id)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_accumulate: grad[%lld] is not on acc's CUDA "
-                     "device %d", (long long)i, (int)acc[0].device.id);
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "gs_accumulate: grad[%lld] is not on acc's CUDA "
+                     "device %d",
+                     (long long)i, (int)acc[0].device.id);
   return device_elementwise(overwrite ? GS_CU_OVERWRITE : GS_CU_ACCUMULATE, acc, grad, n, 1.0);
 }
 

@@ -13,13 +13,19 @@ static const struct {
 };
 
 static const char *const op_names[GS_NUM_OPS] = {
-    [GS_OP_SUM] = "sum", [GS_OP_AVERAGE] = "average", [GS_OP_MIN] = "min",
-    [GS_OP_MAX] = "max", [GS_OP_PROD] = "prod",       [GS_OP_ADASUM] = "adasum",
+    [GS_OP_SUM] = "sum",
+    [GS_OP_AVERAGE] = "average",
+    [GS_OP_MIN] = "min",
+    [GS_OP_MAX] = "max",
+    [GS_OP_PROD] = "prod",
+    [GS_OP_ADASUM] = "adasum",
     [GS_OP_ADASUM_HIERARCHICAL] = "adasum_hierarchical",
 };
 
 int gs_dtype_valid(gs_dtype_t d) { return (unsigned)d < GS_NUM_DTYPES; }
 int gs_dtype_is_float(gs_dtype_t d) { return gs_dtype_valid(d) && dtype_table[d].is_float; }
 size_t gs_dtype_size(gs_dtype_t d) { return gs_dtype_valid(d) ? dtype_table[d].size : 0; }
-const char *gs_dtype_name(gs_dtype_t d) { return gs_dtype_valid(d) ? dtype_table[d].name : "unknown"; }
+const char *gs_dtype_name(gs_dtype_t d) {
+  return gs_dtype_valid(d) ? dtype_table[d].name : "unknown";
+}
 const char *gs_op_name(gs_op_t op) { return (unsigned)op < GS_NUM_OPS ? op_names[op] : "unknown"; }

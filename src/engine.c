@@ -28,15 +28,17 @@ gs_status_t gs_check_memory(gs_comm_t c, const char *fn, const gs_tensor_t *a, i
   const gs_tensor_t *first = na ? &a[0] : &b[0];
   int cuda = first->device.kind == GS_DEVICE_CUDA;
   if (na && nb && (b[0].device.kind == GS_DEVICE_CUDA) != cuda)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: in is in %s memory but out is in %s memory",
-                   fn, cuda ? "CUDA" : "host", cuda ? "host" : "CUDA");
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: in is in %s memory but out is in %s memory", fn,
+                   cuda ? "CUDA" : "host", cuda ? "host" : "CUDA");
   if (na && nb && cuda && b[0].device.id != a[0].device.id)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: in is on CUDA device %d but out on %d", fn,
                    (int)a[0].device.id, (int)b[0].device.id);
   if (cuda && c->dev_path != GS_PATH_NONE && first->device.id != c->dev_id)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: this communicator serves CUDA device %d (its "
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "%s: this communicator serves CUDA device %d (its "
                    "first device call), but the tensors are on device %d; use one "
-                   "communicator per device", fn, c->dev_id, (int)first->device.id);
+                   "communicator per device",
+                   fn, c->dev_id, (int)first->device.id);
   return GS_SUCCESS;
 }
 

@@ -20,8 +20,7 @@ static int env_int64(const char *name, int64_t *out) {
 
 int64_t gs_env_fusion_threshold(void) {
   int64_t v;
-  return (env_int64("GRADSYNC_FUSION_THRESHOLD", &v) && v > 0)
-             ? v : GS_DEFAULT_FUSION_THRESHOLD;
+  return (env_int64("GRADSYNC_FUSION_THRESHOLD", &v) && v > 0) ? v : GS_DEFAULT_FUSION_THRESHOLD;
 }
 
 int64_t gs_env_direct_bytes_for(int spans_hosts) {
@@ -78,7 +77,8 @@ int gs_env_hierarchical(void) {
 
 int64_t gs_env_stage_chunk_bytes(void) {
   int64_t v;
-  return (env_int64("GRADSYNC_STAGE_CHUNK_BYTES", &v) && v >= 64) ? v : GS_DEFAULT_STAGE_CHUNK_BYTES;
+  return (env_int64("GRADSYNC_STAGE_CHUNK_BYTES", &v) && v >= 64) ? v
+                                                                  : GS_DEFAULT_STAGE_CHUNK_BYTES;
 }
 
 int64_t gs_env_mpi_max_count(void) {

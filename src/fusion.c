@@ -14,9 +14,8 @@ void gs_plan_free(gs_plan_t *plan) {
   plan->nslots = plan->nmsgs = 0;
 }
 
-gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts,
-                          const gs_dtype_t *dtypes, int64_t n, int64_t threshold,
-                          int64_t direct) {
+gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts, const gs_dtype_t *dtypes,
+                          int64_t n, int64_t threshold, int64_t direct) {
   plan->nslots = plan->nmsgs = 0;
   plan->slots = plan->inline_slots;
   plan->msgs = plan->inline_msgs;
@@ -33,7 +32,10 @@ gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts,
   gs_dtype_t order[GS_NUM_DTYPES];
   int ngroups = 0, seen[GS_NUM_DTYPES] = {0};
   for (int64_t i = 0; i < n && ngroups < GS_NUM_DTYPES; i++)
-    if (!seen[dtypes[i]]) { seen[dtypes[i]] = 1; order[ngroups++] = dtypes[i]; }
+    if (!seen[dtypes[i]]) {
+      seen[dtypes[i]] = 1;
+      order[ngroups++] = dtypes[i];
+    }
 
   for (int g = 0; g < ngroups; g++) {
     gs_dtype_t d = order[g];
@@ -63,8 +65,7 @@ gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts,
 }
 
 /* Plans a list for a call: counts and dtypes straight from the tensors. */
-gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
-                            gs_comm_t comm) {
+gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n, gs_comm_t comm) {
   int64_t counts_small[GS_PLAN_INLINE];
   gs_dtype_t dtypes_small[GS_PLAN_INLINE];
   int small = n <= GS_PLAN_INLINE;
@@ -85,8 +86,8 @@ gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
   return s;
 }
 
-int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m,
-                       const gs_tensor_t *t, void **base) {
+int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m, const gs_tensor_t *t,
+                       void **base) {
   size_t es = gs_dtype_size(m->dtype);
   char *b = NULL;
   for (int64_t k = m->first; k < m->first + m->nslots; k++) {
@@ -106,7 +107,8 @@ static gs_status_t device_copy_slots(const gs_engine_t *e, const gs_plan_t *plan
                                      double scale, int unpack) {
   size_t es = gs_dtype_size(m->dtype);
   gs_cu_run_t small[GS_PLAN_INLINE];
-  gs_cu_run_t *runs = m->nslots <= GS_PLAN_INLINE ? small : malloc((size_t)m->nslots * sizeof *runs);
+  gs_cu_run_t *runs =
+      m->nslots <= GS_PLAN_INLINE ? small : malloc((size_t)m->nslots * sizeof *runs);
   if (!runs) return gs_fail(GS_ERR_NO_MEMORY, "gradsync: out of memory packing a message");
   for (int64_t k = 0; k < m->nslots; k++) {
     const gs_slot_t *s = &plan->slots[m->first + k];
@@ -148,8 +150,8 @@ gs_status_t gs_unpack(const gs_engine_t *e, const gs_plan_t *plan, const gs_mess
   } else {
     for (int64_t k = m->first; k < m->first + m->nslots; k++) {
       const gs_slot_t *sl = &plan->slots[k];
-      gs_cpu_scale_copy(m->dtype, (const char *)buf + (size_t)sl->offset * es,
-                        t[sl->tensor].data, sl->count, scale);
+      gs_cpu_scale_copy(m->dtype, (const char *)buf + (size_t)sl->offset * es, t[sl->tensor].data,
+                        sl->count, scale);
     }
   }
   GS_TL_END("unpack", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);

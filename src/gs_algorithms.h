@@ -11,8 +11,8 @@
 /* Adasum over one message held contiguously in `x` (the message's elements,
  * tensor boundaries from the plan's slots). The result replaces x on every
  * rank. */
-gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
-                              const gs_message_t *m, void *x, int sum_levels);
+gs_status_t gs_adasum_message(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                              void *x, int sum_levels);
 /* Hierarchical Adasum's group size for this communicator, or an argument
  * error naming the unmet condition (checked before the ranks meet). */
 gs_status_t gs_adasum_group_size(gs_comm_t comm, const char *fn, int *size);

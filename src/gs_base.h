@@ -19,16 +19,14 @@ extern "C" {
 /* ---- errors (status.c) ------------------------------------------------- */
 
 /* Records a formatted message as this thread's last error; returns status. */
-gs_status_t gs_fail(gs_status_t status, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+gs_status_t gs_fail(gs_status_t status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Clears the last error (start of a successful public call). */
 void gs_clear_error(void);
 
-#define GS_CHECK(call)                \
-  do {                                \
-    gs_status_t gs_check_s_ = (call); \
-    if (gs_check_s_ != GS_SUCCESS)    \
-      return gs_check_s_;             \
+#define GS_CHECK(call)                                 \
+  do {                                                 \
+    gs_status_t gs_check_s_ = (call);                  \
+    if (gs_check_s_ != GS_SUCCESS) return gs_check_s_; \
   } while (0)
 
 /* ---- logging (log.c): GRADSYNC_LOG_LEVEL --------------------------------- */

@@ -72,8 +72,8 @@ typedef struct gs_call {
  * argument error this rank found (with gs_last_error() set): the rank still
  * takes part so nobody waits, and gets its own error back. Returns
  * GS_ERR_MISMATCH with a message naming what differs and which ranks. */
-gs_status_t gs_check_call(gs_comm_t comm, const gs_call_t *call,
-                          gs_status_t local, gs_payload_t *payload);
+gs_status_t gs_check_call(gs_comm_t comm, const gs_call_t *call, gs_status_t local,
+                          gs_payload_t *payload);
 
 /* gs_check_call when validation is on; otherwise just returns `local`. */
 gs_status_t gs_begin_call(gs_comm_t comm, const gs_call_t *call, gs_status_t local);
@@ -106,20 +106,19 @@ void gs_stall_tick(void *ctx, MPI_Request *req, int *done, double waited);
 
 /* Checks a tensor list for one call; `name` names it in messages ("in",
  * "tensors"). Floating scales/ops need floating dtypes. */
-gs_status_t gs_check_tensors(const char *op_name, const char *name,
-                             const gs_tensor_t *t, int64_t n);
-gs_status_t gs_check_op(const char *op_name, gs_op_t op, const gs_tensor_t *t,
-                        int64_t n, double prescale, double postscale, int allow_adasum);
+gs_status_t gs_check_tensors(const char *op_name, const char *name, const gs_tensor_t *t,
+                             int64_t n);
+gs_status_t gs_check_op(const char *op_name, gs_op_t op, const gs_tensor_t *t, int64_t n,
+                        double prescale, double postscale, int allow_adasum);
 /* out[i] must match in[i] in count and dtype. */
-gs_status_t gs_check_outputs(const char *op_name, const gs_tensor_t *in,
-                             const gs_tensor_t *out, int64_t n);
+gs_status_t gs_check_outputs(const char *op_name, const gs_tensor_t *in, const gs_tensor_t *out,
+                             int64_t n);
 /* out[i] (written) is in[i] exactly or overlaps no in[j] and no other out[j];
  * the names are the arguments' in messages (gs_accumulate's acc and grad). */
-gs_status_t gs_check_pairs_disjoint(const char *op_name, const char *in_name,
-                                    const gs_tensor_t *in, const char *out_name,
-                                    const gs_tensor_t *out, int64_t n);
+gs_status_t gs_check_pairs_disjoint(const char *op_name, const char *in_name, const gs_tensor_t *in,
+                                    const char *out_name, const gs_tensor_t *out, int64_t n);
 /* No out[i] overlaps another output or any input (not even its own). */
-gs_status_t gs_check_disjoint(const char *op_name, const gs_tensor_t *in,
-                              const gs_tensor_t *out, int64_t n);
+gs_status_t gs_check_disjoint(const char *op_name, const gs_tensor_t *in, const gs_tensor_t *out,
+                              int64_t n);
 
 #endif

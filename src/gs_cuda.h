@@ -86,20 +86,19 @@ static inline gs_status_t gs_cu_launched(int cuda_error, const char *what) {
 
 /* ---- the jobs (cuda_jobs.c): host lists in, one launch each ----------------------- */
 
-gs_status_t gs_cu_elementwise(gs_cu_mode_t mode, const gs_cu_run_t *runs, int64_t n,
-                              double scale, void *stream);
+gs_status_t gs_cu_elementwise(gs_cu_mode_t mode, const gs_cu_run_t *runs, int64_t n, double scale,
+                              void *stream);
 /* *bad = 1 when any element is NaN or infinite; waits for `stream` (polls). */
 gs_status_t gs_cu_nonfinite(const gs_tensor_t *t, int64_t n, int *bad, void *stream);
 /* Adasum's local math over `n` slices of two buffers (slice j: elements
  * [start[j], start[j]+count[j]) of a and b, the same offsets in out). dots:
  * host d[3j..3j+2] receives the products (waits for `stream`, polling).
  * combine: out = coef[2j]*a + coef[2j+1]*b. */
-gs_status_t gs_cu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b,
-                              const int64_t *start, const int64_t *count, int64_t n,
-                              double *d, void *stream);
+gs_status_t gs_cu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b, const int64_t *start,
+                              const int64_t *count, int64_t n, double *d, void *stream);
 gs_status_t gs_cu_adasum_combine(gs_dtype_t dtype, const void *a, const void *b, void *out,
-                                 const int64_t *start, const int64_t *count,
-                                 const double *coef, int64_t n, void *stream);
+                                 const int64_t *start, const int64_t *count, const double *coef,
+                                 int64_t n, void *stream);
 
 /* ---- the gradient kernels on CUDA memory (device_kernels.c) -------------------
  * On the calling thread's work stream, no host wait (gs_all_finite reads

@@ -102,18 +102,16 @@ typedef struct gs_plan {
  * dtypes `dtypes`: a tensor over `threshold` bytes, or of at least `direct`
  * bytes, gets its own message (and is never copied); others are packed until
  * the next would pass the threshold. */
-gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts,
-                          const gs_dtype_t *dtypes, int64_t n,
-                          int64_t threshold, int64_t direct);
+gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts, const gs_dtype_t *dtypes,
+                          int64_t n, int64_t threshold, int64_t direct);
 void gs_plan_free(gs_plan_t *plan);
 /* gs_plan_build over the counts and dtypes of a tensor list. */
-gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n,
-                            gs_comm_t comm);
+gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n, gs_comm_t comm);
 
 /* Whether message m's tensors sit back to back in `t`'s memory, in slot
  * order; *base receives the first element's address. */
-int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m,
-                       const gs_tensor_t *t, void **base);
+int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m, const gs_tensor_t *t,
+                       void **base);
 
 /* Copies message m's tensors from `t` into buf, times `scale` (1.0: plain
  * copy), rounded once to the dtype; on a device, in one launch. */

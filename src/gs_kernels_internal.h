@@ -16,8 +16,7 @@ extern "C" {
 
 /* dst[i] = src[i] * scale, in float32 (float64 for float64), rounded once to
  * dtype. scale == 1 copies bits. src may equal dst. */
-void gs_cpu_scale_copy(gs_dtype_t dtype, const void *src, void *dst, int64_t count,
-                       double scale);
+void gs_cpu_scale_copy(gs_dtype_t dtype, const void *src, void *dst, int64_t count, double scale);
 
 /* inout[i] = op(in[i], inout[i]) for sum, min, max, prod (average: sum);
  * float16/bfloat16 combine in float32 and round once. */
@@ -27,10 +26,9 @@ void gs_cpu_reduce(gs_dtype_t dtype, gs_op_t op, const void *in, void *inout, in
  * out[0..2] += <a,b>, <a,a>, <b,b> in float64; and out = ca*a + cb*b in
  * float64 (float32 for float16/bfloat16), rounded once to the dtype. `out`
  * may be `a` or `b`. */
-void gs_cpu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b, int64_t n,
-                        double out[3]);
-void gs_cpu_adasum_combine(gs_dtype_t dtype, double ca, const void *a, double cb,
-                           const void *b, void *out, int64_t n);
+void gs_cpu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b, int64_t n, double out[3]);
+void gs_cpu_adasum_combine(gs_dtype_t dtype, double ca, const void *a, double cb, const void *b,
+                           void *out, int64_t n);
 
 /* ---- gradient kernels over tensor lists (cpu_kernels.c) ----------------------
  * Host memory; the arguments are checked by the caller (kernels.c). */
@@ -75,27 +73,26 @@ typedef struct gs_cu_slice {
 } gs_cu_slice_t;
 
 int gs_cu_launch_elementwise(int mode, const gs_cu_run_t *runs, const gs_cu_item_t *items,
-                                     int64_t nitems, double scale, void *stream);
+                             int64_t nitems, double scale, void *stream);
 /* *flag (device memory, zeroed by the caller) becomes 1 when any element of
  * the tensors (device array of descriptors) is NaN or infinite. */
 int gs_cu_launch_nonfinite(const gs_tensor_t *t, const gs_cu_item_t *items, int64_t nitems,
-                                   int *flag, void *stream);
+                           int *flag, void *stream);
 /* Adasum's dot products: partial[3k..] per item, then d[3j..3j+2] = <a,b>,
  * <a,a>, <b,b> of slice j summed over its items first_item[j] ..
  * first_item[j+1]-1 in order (a fixed order: deterministic). */
-int gs_cu_launch_dots(int dtype, const void *a, const void *b,
-                              const gs_cu_slice_t *slices, const gs_cu_item_t *items,
-                              int64_t nitems, const int64_t *first_item, int64_t nslices,
-                              double *partial, double *d, void *stream);
+int gs_cu_launch_dots(int dtype, const void *a, const void *b, const gs_cu_slice_t *slices,
+                      const gs_cu_item_t *items, int64_t nitems, const int64_t *first_item,
+                      int64_t nslices, double *partial, double *d, void *stream);
 /* out = coef[2j]*a + coef[2j+1]*b over slice j, gs_cpu_adasum_combine's arithmetic. */
 int gs_cu_launch_combine(int dtype, const void *a, const void *b, void *out,
-                                 const gs_cu_slice_t *slices, const double *coef,
-                                 const gs_cu_item_t *items, int64_t nitems, void *stream);
+                         const gs_cu_slice_t *slices, const double *coef, const gs_cu_item_t *items,
+                         int64_t nitems, void *stream);
 /* Order keys for NaN-propagating min/max over an integer reduction
  * (cuda_pieces.cuh): forward, floats -> keys (gs_cu_key_dtype wide), or
  * inverse, keys -> floats. */
 int gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src, void *dst,
-                                    int64_t count, void *stream);
+                            int64_t count, void *stream);
 /* The unsigned integer dtype keys of `dtype` take: 4 or 8 bytes. */
 static inline int gs_cu_key_bytes(gs_dtype_t dtype) { return dtype == GS_FLOAT64 ? 8 : 4; }
 

@@ -25,9 +25,9 @@ gs_status_t gs_mpi_big_type(gs_dtype_t dtype, int64_t count, MPI_Datatype *type,
 
 /* Turns an MPI error code into GS_ERR_MPI with MPI's own message. */
 gs_status_t gs_mpi_fail(int mpi_err, const char *what);
-#define GS_MPI_CHECK(call, what)                                        \
-  do {                                                                  \
-    int gs_mpi_e_ = (call);                                             \
+#define GS_MPI_CHECK(call, what)                                         \
+  do {                                                                   \
+    int gs_mpi_e_ = (call);                                              \
     if (gs_mpi_e_ != MPI_SUCCESS) return gs_mpi_fail(gs_mpi_e_, (what)); \
   } while (0)
 /* Called while waiting on an MPI request, about every 128 polls, with the

@@ -19,8 +19,16 @@
 static inline GS_HD float gs_bits_to_float(uint32_t u) { return __uint_as_float(u); }
 static inline GS_HD uint32_t gs_float_to_bits(float f) { return __float_as_uint(f); }
 #else
-static inline GS_HD float gs_bits_to_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
-static inline GS_HD uint32_t gs_float_to_bits(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline GS_HD float gs_bits_to_float(uint32_t u) {
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+static inline GS_HD uint32_t gs_float_to_bits(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  return u;
+}
 #endif
 
 static inline GS_HD float gs_half_to_float(uint16_t h) {
@@ -81,7 +89,11 @@ static inline GS_HD float gs_double_to_float_odd(double d) {
   return gs_bits_to_float(u | 1u);
 }
 
-static inline GS_HD uint16_t gs_double_to_half(double d) { return gs_float_to_half(gs_double_to_float_odd(d)); }
-static inline GS_HD uint16_t gs_double_to_bf16(double d) { return gs_float_to_bf16(gs_double_to_float_odd(d)); }
+static inline GS_HD uint16_t gs_double_to_half(double d) {
+  return gs_float_to_half(gs_double_to_float_odd(d));
+}
+static inline GS_HD uint16_t gs_double_to_bf16(double d) {
+  return gs_float_to_bf16(gs_double_to_float_odd(d));
+}
 
 #endif

@@ -71,10 +71,13 @@ int gs_hier_wanted(gs_comm_t c, int64_t bytes) {
   if (g == 0) {
     static int warned;
     if (c->hier_mode == 1 && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-      gs_log(GS_LOG_WARNING, "GRADSYNC_HIERARCHICAL=1: the hosts hold unequal numbers of "
-             "ranks (%d to %d%s), so allreduce stays flat", c->host_min, c->host_max,
+      gs_log(GS_LOG_WARNING,
+             "GRADSYNC_HIERARCHICAL=1: the hosts hold unequal numbers of "
+             "ranks (%d to %d%s), so allreduce stays flat",
+             c->host_min, c->host_max,
              gs_env_hierarchy_size() > 0 ? ", or GRADSYNC_HIERARCHY_SIZE does not divide the "
-             "ranks" : "");
+                                           "ranks"
+                                         : "");
     return 0;
   }
   if (c->hier_mode == 1) return 1;
@@ -100,10 +103,8 @@ static gs_status_t hier_comms(gs_comm_t c, int g) {
   if (c->hier_node != MPI_COMM_NULL && c->hier_group == key) return GS_SUCCESS;
   gs_hier_free(c);
   int e, local = 0;
-  if (fake)
-    e = MPI_Comm_split(c->mpi, c->rank / g, c->rank, &c->hier_node);
-  else
-    e = MPI_Comm_split_type(c->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &c->hier_node);
+  if (fake) e = MPI_Comm_split(c->mpi, c->rank / g, c->rank, &c->hier_node);
+  else e = MPI_Comm_split_type(c->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &c->hier_node);
   if (e == MPI_SUCCESS) e = MPI_Comm_rank(c->hier_node, &local);
   if (e == MPI_SUCCESS) e = MPI_Comm_split(c->mpi, local, c->rank, &c->hier_cross);
   if (e != MPI_SUCCESS) {
@@ -155,10 +156,9 @@ static gs_status_t start(const hier_run_t *h, int ph, int64_t k, MPI_Request *re
   int e = MPI_SUCCESS;
   *req = MPI_REQUEST_NULL;
   if (ph == 0 && h->nl > 1) /* in place, MPI leaves the block at `base` */
-    e = MPI_Ireduce_scatter(in ? (const void *)in : MPI_IN_PLACE, in ? (void *)mine : base,
-                            counts, h->dt, h->op, h->node, req);
-  else if (ph == 0 && in)
-    memcpy(base, in, (size_t)n * h->es);
+    e = MPI_Ireduce_scatter(in ? (const void *)in : MPI_IN_PLACE, in ? (void *)mine : base, counts,
+                            h->dt, h->op, h->node, req);
+  else if (ph == 0 && in) memcpy(base, in, (size_t)n * h->es);
   else if (ph == 1 && h->nh > 1 && counts[h->l] > 0)
     e = MPI_Iallreduce(MPI_IN_PLACE, mine, counts[h->l], h->dt, h->op, h->cross, req);
   else if (ph == 2 && h->nl > 1)
@@ -202,7 +202,8 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
                               gs_dtype_t dtype, gs_op_t op) {
   int g = gs_host_group(c);
   if (g == 0)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "allreduce (hierarchical): the hosts hold "
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "allreduce (hierarchical): the hosts hold "
                    "unequal numbers of ranks");
   hier_run_t h = {.c = c, .send = send, .recv = recv, .count = count, .es = gs_dtype_size(dtype)};
   GS_CHECK(gs_mpi_datatype(dtype, &h.dt));
@@ -220,8 +221,10 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
   if (h.seg < h.nl) h.seg = h.nl;
   h.nseg = count > 0 ? (count + h.seg - 1) / h.seg : 0;
   if (gs_log_level() >= GS_LOG_DEBUG)
-    gs_log(GS_LOG_DEBUG, "allreduce: %lld elements hierarchical over %d hosts of %d ranks, "
-           "%lld segments", (long long)count, h.nh, h.nl, (long long)h.nseg);
+    gs_log(GS_LOG_DEBUG,
+           "allreduce: %lld elements hierarchical over %d hosts of %d ranks, "
+           "%lld segments",
+           (long long)count, h.nh, h.nl, (long long)h.nseg);
   int small[4 * 16];
   int *cd = h.nl <= 16 ? small : malloc(4 * (size_t)h.nl * sizeof *cd);
   if (!cd) return gs_fail(GS_ERR_NO_MEMORY, "allreduce (hierarchical): out of memory");

@@ -11,8 +11,10 @@ static gs_status_t check_floats(const char *fn, const char *name, const gs_tenso
   GS_CHECK(gs_check_tensors(fn, name, t, n));
   for (int64_t i = 0; i < n; i++)
     if (!gs_dtype_is_float(t[i].dtype))
-      return gs_fail(GS_ERR_TYPE, "%s: %s[%lld] is %s; this kernel takes float16, bfloat16, "
-                     "float32 or float64", fn, name, (long long)i, gs_dtype_name(t[i].dtype));
+      return gs_fail(GS_ERR_TYPE,
+                     "%s: %s[%lld] is %s; this kernel takes float16, bfloat16, "
+                     "float32 or float64",
+                     fn, name, (long long)i, gs_dtype_name(t[i].dtype));
   return GS_SUCCESS;
 }
 
@@ -32,14 +34,16 @@ gs_status_t gs_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64
   GS_CHECK(check_floats(fn, "grad", grad, n));
   for (int64_t i = 0; i < n; i++)
     if (acc[i].count != grad[i].count)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: acc[%lld] has %lld elements but grad[%lld] "
-                     "has %lld", fn, (long long)i, (long long)acc[i].count, (long long)i,
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: acc[%lld] has %lld elements but grad[%lld] "
+                     "has %lld",
+                     fn, (long long)i, (long long)acc[i].count, (long long)i,
                      (long long)grad[i].count);
   /* acc[i] is written while grad[j] is read, by other threads (or blocks) */
   GS_CHECK(gs_check_pairs_disjoint(fn, "grad", grad, "acc", acc, n));
   if (on_device(acc, n) != on_device(grad, n))
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: acc is in %s memory but grad is in %s memory",
-                   fn, on_device(acc, n) ? "CUDA" : "host", on_device(grad, n) ? "CUDA" : "host");
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: acc is in %s memory but grad is in %s memory", fn,
+                   on_device(acc, n) ? "CUDA" : "host", on_device(grad, n) ? "CUDA" : "host");
   if (on_device(acc, n)) return gs_device_accumulate(acc, grad, n, overwrite);
   return gs_cpu_accumulate(acc, grad, n, overwrite);
 }

@@ -12,10 +12,10 @@
  * first use, freed inside
  * MPI_Finalize through an attribute on MPI_COMM_SELF. */
 
-#define USER_OP(name, dtype, op)                                         \
-  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) {  \
-    (void)dt;                                                            \
-    gs_cpu_reduce(dtype, op, in, inout, *len);                           \
+#define USER_OP(name, dtype, op)                                        \
+  static void name(void *in, void *inout, int *len, MPI_Datatype *dt) { \
+    (void)dt;                                                           \
+    gs_cpu_reduce(dtype, op, in, inout, *len);                          \
   }
 USER_OP(f16_sum, GS_FLOAT16, GS_OP_SUM)
 USER_OP(f16_min, GS_FLOAT16, GS_OP_MIN)
@@ -44,7 +44,9 @@ static int objects_ready;
 static pthread_mutex_t objects_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int free_objects(MPI_Comm comm, int keyval, void *attr, void *extra) {
-  (void)comm; (void)attr; (void)extra;
+  (void)comm;
+  (void)attr;
+  (void)extra;
   for (int d = 0; d < GS_NUM_DTYPES; d++)
     for (int o = 0; o < GS_NUM_OPS; o++)
       if (user_fns[d][o]) MPI_Op_free(&user_ops[d][o]);
@@ -93,8 +95,8 @@ gs_status_t gs_mpi_op(gs_dtype_t dtype, gs_op_t op, MPI_Op *out) {
     *out = user_ops[dtype][op];
     return GS_SUCCESS;
   }
-  static const MPI_Op builtin[GS_NUM_OPS] = {MPI_SUM, MPI_SUM, MPI_MIN, MPI_MAX, MPI_PROD,
-                                             MPI_OP_NULL, MPI_OP_NULL};
+  static const MPI_Op builtin[GS_NUM_OPS] = {MPI_SUM,  MPI_SUM,     MPI_MIN,    MPI_MAX,
+                                             MPI_PROD, MPI_OP_NULL, MPI_OP_NULL};
   *out = builtin[op];
   return GS_SUCCESS;
 }

@@ -28,8 +28,8 @@ gs_status_t gs_mpi_alltoallv(gs_comm_t c, const gs_xfer_t *x) {
     for (int q = 0; q < p; q++) total += x->scounts[q];
     gs_count_message(c, total, x->dtype);
     MPI_Request req;
-    st = gs_mpi_finish(MPI_Ialltoallv(x->send, s, s + p, dt, x->recv, r, r + p, dt, c->mpi, &req), &req,
-                "gs_alltoallv: MPI_Ialltoallv");
+    st = gs_mpi_finish(MPI_Ialltoallv(x->send, s, s + p, dt, x->recv, r, r + p, dt, c->mpi, &req),
+                       &req, "gs_alltoallv: MPI_Ialltoallv");
   }
   free(s); /* only now: MPI reads the counts until the call completes */
   free(r);
@@ -44,9 +44,9 @@ gs_status_t gs_mpi_gatherv(gs_comm_t c, const gs_xfer_t *x) {
   if (root && !r) return gs_fail(GS_ERR_NO_MEMORY, "gs_gatherv: out of memory");
   gs_count_message(c, x->scount, x->dtype);
   MPI_Request req;
-  gs_status_t st = gs_mpi_finish(MPI_Igatherv(x->send, (int)x->scount, dt, x->recv, r, r ? r + p : NULL,
-                                       dt, x->root, c->mpi, &req),
-                          &req, "gs_gatherv: MPI_Igatherv");
+  gs_status_t st = gs_mpi_finish(MPI_Igatherv(x->send, (int)x->scount, dt, x->recv, r,
+                                              r ? r + p : NULL, dt, x->root, c->mpi, &req),
+                                 &req, "gs_gatherv: MPI_Igatherv");
   free(r);
   return st;
 }
@@ -59,9 +59,9 @@ gs_status_t gs_mpi_scatterv(gs_comm_t c, const gs_xfer_t *x) {
   if (root && !s) return gs_fail(GS_ERR_NO_MEMORY, "gs_scatterv: out of memory");
   gs_count_message(c, x->rcount, x->dtype);
   MPI_Request req;
-  gs_status_t st = gs_mpi_finish(MPI_Iscatterv(x->send, s, s ? s + p : NULL, dt, x->recv, (int)x->rcount,
-                                        dt, x->root, c->mpi, &req),
-                          &req, "gs_scatterv: MPI_Iscatterv");
+  gs_status_t st = gs_mpi_finish(MPI_Iscatterv(x->send, s, s ? s + p : NULL, dt, x->recv,
+                                               (int)x->rcount, dt, x->root, c->mpi, &req),
+                                 &req, "gs_scatterv: MPI_Iscatterv");
   free(s);
   return st;
 }
@@ -82,7 +82,7 @@ gs_status_t gs_mpi_reduce(gs_comm_t c, const void *send, void *recv, int64_t cou
     void *r = c->rank == root ? (char *)recv + (size_t)off * es : NULL;
     MPI_Request req;
     GS_CHECK(gs_mpi_finish(MPI_Ireduce(s, r, k, dt, mop, root, c->mpi, &req), &req,
-                    "gs_reduce: MPI_Ireduce"));
+                           "gs_reduce: MPI_Ireduce"));
   }
   return GS_SUCCESS;
 }

@@ -61,8 +61,10 @@ static gs_status_t check_args(const char *fn, gs_comm_t c, const gs_tensor_t *t,
   GS_CHECK(gs_check_tensors(fn, "tensors", t, n));
   const char *what = strcmp(fn + strlen(fn) - 4, "send") == 0 ? "dest" : "source";
   if (peer < 0 || peer >= c->size)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s %d is not a rank of a communicator of "
-                   "size %d", fn, what, peer, c->size);
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "%s: %s %d is not a rank of a communicator of "
+                   "size %d",
+                   fn, what, peer, c->size);
   int max_tag = 0;
   GS_CHECK(gs_p2p_max_tag(c, &max_tag));
   if (tag < 0 || tag > max_tag)
@@ -99,7 +101,8 @@ static gs_status_t post_one(p2p_t *p, int64_t i) {
     c->stats.bytes += bytes;
   }
   if (derived) MPI_Type_free(&dt); /* MPI keeps it until the message completes */
-  return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, p->recv ? "p2p: MPI_Irecv" : "p2p: MPI_Isend");
+  return e == MPI_SUCCESS ? GS_SUCCESS
+                          : gs_mpi_fail(e, p->recv ? "p2p: MPI_Irecv" : "p2p: MPI_Isend");
 }
 
 /* What arrived is what this rank expected, or a mismatch naming both. */
@@ -107,14 +110,18 @@ static gs_status_t check_header(const p2p_t *p, int64_t i) {
   const header_t *h = &p->m[i].hdr;
   const gs_tensor_t *t = &p->t[i];
   if (h->magic != P2P_MAGIC)
-    return gs_fail(GS_ERR_MISMATCH, "gs_recv: the message from rank %d with tag %d is not a "
-                   "gradsync message", p->peer, p->tag);
+    return gs_fail(GS_ERR_MISMATCH,
+                   "gs_recv: the message from rank %d with tag %d is not a "
+                   "gradsync message",
+                   p->peer, p->tag);
   if (h->n != p->n || h->index != i || h->dtype != (uint32_t)t->dtype || h->count != t->count)
-    return gs_fail(GS_ERR_MISMATCH, "gs_recv: rank %d sent tensor %lld of %lld with tag %d as "
+    return gs_fail(GS_ERR_MISMATCH,
+                   "gs_recv: rank %d sent tensor %lld of %lld with tag %d as "
                    "%lld %s elements, but this rank receives tensor %lld of %lld as %lld %s "
-                   "elements", p->peer, (long long)h->index, (long long)h->n, p->tag,
-                   (long long)h->count, gs_dtype_name((gs_dtype_t)h->dtype), (long long)i,
-                   (long long)p->n, (long long)t->count, gs_dtype_name(t->dtype));
+                   "elements",
+                   p->peer, (long long)h->index, (long long)h->n, p->tag, (long long)h->count,
+                   gs_dtype_name((gs_dtype_t)h->dtype), (long long)i, (long long)p->n,
+                   (long long)t->count, gs_dtype_name(t->dtype));
   return GS_SUCCESS;
 }
 
@@ -130,7 +137,10 @@ static gs_status_t finish_one(p2p_t *p, int64_t i, int wait, int *done) {
     if (!wait) {
       int flag = 0;
       GS_MPI_CHECK(MPI_Test(&m->req[k], &flag, MPI_STATUS_IGNORE), what);
-      if (!flag) { *done = 0; return GS_SUCCESS; }
+      if (!flag) {
+        *done = 0;
+        return GS_SUCCESS;
+      }
       continue;
     }
     gs_status_t s = gs_mpi_wait(&m->req[k], what, NULL, NULL);
@@ -205,8 +215,8 @@ static gs_status_t p2p_poll(void *ctx, int wait, int *done) {
 }
 
 /* Checks, copies the descriptors and posts every message. */
-static gs_status_t start(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n,
-                         int peer, int tag, int recv, p2p_t **out) {
+static gs_status_t start(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n, int peer,
+                         int tag, int recv, p2p_t **out) {
   *out = NULL;
   GS_CHECK(gs_comm_enter(c, fn));
   gs_clear_error();
@@ -238,8 +248,8 @@ static gs_status_t start(const char *fn, gs_comm_t c, const gs_tensor_t *t, int6
   return GS_SUCCESS;
 }
 
-static gs_status_t blocking(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n,
-                            int peer, int tag, int recv) {
+static gs_status_t blocking(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n, int peer,
+                            int tag, int recv) {
   p2p_t *p = NULL;
   int done;
   gs_enter_runtime_unordered();

@@ -18,10 +18,12 @@ static gs_status_t abandon(const gs_wait_t *w, gs_status_t why, double waited) {
   if (w->abandon) w->abandon(w->ctx, why);
   const char *detail = w->detail ? w->detail(w->ctx) : NULL;
   if (why == GS_ERR_TIMEOUT)
-    return gs_fail(why, "%s did not complete within GRADSYNC_TIMEOUT_SECONDS=%g s (waited %.1f "
+    return gs_fail(why,
+                   "%s did not complete within GRADSYNC_TIMEOUT_SECONDS=%g s (waited %.1f "
                    "s): a rank may have died or stopped calling collectives%s%s. The "
-                   "communicator is no longer usable", w->what, gs_env_timeout_seconds(),
-                   waited, detail && *detail ? "; " : "", detail ? detail : "");
+                   "communicator is no longer usable",
+                   w->what, gs_env_timeout_seconds(), waited, detail && *detail ? "; " : "",
+                   detail ? detail : "");
   return gs_fail(why, "%s was interrupted after %.1f s; the communicator is no longer usable",
                  w->what, waited);
 }

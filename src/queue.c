@@ -109,9 +109,11 @@ static int poll_device(struct gs_request *r, gs_status_t *s) {
   if (!done && timeout > 0 && gs_now() - r->queued_at > timeout) {
     r->dev.comm->fate.broken = GS_ERR_TIMEOUT;
     if (r->dev.transport->abort) r->dev.transport->abort(r->dev.comm, GS_ERR_TIMEOUT);
-    *s = gs_fail(GS_ERR_TIMEOUT, "%s: its device work did not complete within "
+    *s = gs_fail(GS_ERR_TIMEOUT,
+                 "%s: its device work did not complete within "
                  "GRADSYNC_TIMEOUT_SECONDS=%g s: a rank may have died or stopped calling "
-                 "collectives. The communicator is no longer usable", r->fn, timeout);
+                 "collectives. The communicator is no longer usable",
+                 r->fn, timeout);
     gs_log(GS_LOG_ERROR, "%s", gs_last_error());
     done = 1;
   }
@@ -221,7 +223,8 @@ static gs_status_t thread_level_ok(const char *fn) {
   int level = 0;
   MPI_Query_thread(&level);
   if (level >= MPI_THREAD_SERIALIZED) return GS_SUCCESS;
-  return gs_fail(GS_ERR_UNSUPPORTED, "%s: asynchronous collectives run on a background "
+  return gs_fail(GS_ERR_UNSUPPORTED,
+                 "%s: asynchronous collectives run on a background "
                  "thread and need MPI_THREAD_SERIALIZED or higher; MPI was initialized "
                  "with level %d (gradsync asks for SERIALIZED when it initializes MPI)",
                  fn, level);
@@ -319,7 +322,8 @@ gs_status_t gs_request_wait(gs_request_t r) {
   int polled_done;
   if (r->kind == JOB_POLLED) return polled(r, 1, &polled_done);
   if (gs_runtime_in_worker() && !r->done)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_request_wait: called from the background "
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "gs_request_wait: called from the background "
                    "thread itself, which would wait forever");
   wait_host_part(r);
   wait_device_part(r);
@@ -329,15 +333,16 @@ gs_status_t gs_request_wait(gs_request_t r) {
 gs_status_t gs_request_wait_stream(gs_request_t r, uintptr_t stream) {
   if (!r) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_request_wait_stream: request is NULL");
   if (gs_runtime_in_worker() && !r->done)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_request_wait_stream: called from the "
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "gs_request_wait_stream: called from the "
                    "background thread itself, which would wait forever");
   if (r->kind == JOB_POLLED) return gs_request_wait(r);
   wait_host_part(r);
   if (!r->dev.event || r->status != GS_SUCCESS) return gs_request_wait(r);
   gs_cu_scope_t scope;
   GS_CHECK(gs_cu_enter(r->dev.device, &scope));
-  gs_status_t s = gs_cu_stream_wait_event(gs_cu_as_stream(stream), r->dev.event,
-                                          "gs_request_wait_stream");
+  gs_status_t s =
+      gs_cu_stream_wait_event(gs_cu_as_stream(stream), r->dev.event, "gs_request_wait_stream");
   gs_cu_leave(&scope);
   if (s == GS_SUCCESS) {
     pthread_mutex_lock(&lock);
@@ -348,8 +353,7 @@ gs_status_t gs_request_wait_stream(gs_request_t r, uintptr_t stream) {
 }
 
 gs_status_t gs_request_stream(gs_request_t r, void **stream) {
-  if (!r || !stream)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_request_stream: NULL argument");
+  if (!r || !stream) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_request_stream: NULL argument");
   *stream = NULL;
   if (r->kind == JOB_POLLED) return GS_SUCCESS; /* point to point: no device work queued */
   wait_host_part(r);

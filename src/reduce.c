@@ -38,8 +38,10 @@ static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
 
 static gs_status_t reduce_check(gs_comm_t c, gs_coll_t *d) {
   if (d->root < 0 || d->root >= c->size)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank of a communicator of "
-                   "size %d", d->fn, d->root, c->size);
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "%s: root %d is not a rank of a communicator of "
+                   "size %d",
+                   d->fn, d->root, c->size);
   return d->out ? gs_check_outputs(d->fn, d->in, d->out, d->n) : GS_SUCCESS;
 }
 
@@ -51,11 +53,20 @@ static gs_status_t reduce_one(const gs_engine_t *e, const gs_plan_t *plan, const
 
 gs_status_t gs_reduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
                       gs_op_t op, double prescale, double postscale, int root) {
-  int at_root = c && root >= 0 && gs_comm_valid(c, "gs_reduce") == GS_SUCCESS &&
-                root < c->size && c->rank == root;
-  gs_coll_t d = {.fn = "gs_reduce", .name = "reduce", .kind = GS_CALL_REDUCE, .in = in,
+  int at_root = c && root >= 0 && gs_comm_valid(c, "gs_reduce") == GS_SUCCESS && root < c->size &&
+                c->rank == root;
+  gs_coll_t d = {.fn = "gs_reduce",
+                 .name = "reduce",
+                 .kind = GS_CALL_REDUCE,
+                 .in = in,
                  .out = !at_root || out == in ? NULL : out, /* read at the root only */
-                 .n = n, .op = op, .pre = prescale, .post = postscale, .root = root,
-                 .op_checked = 1, .check = reduce_check, .message = reduce_one};
+                 .n = n,
+                 .op = op,
+                 .pre = prescale,
+                 .post = postscale,
+                 .root = root,
+                 .op_checked = 1,
+                 .check = reduce_check,
+                 .message = reduce_one};
   return gs_collective(c, &d);
 }

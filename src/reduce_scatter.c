@@ -4,13 +4,15 @@
 
 #include "gs_collective.h"
 
-gs_status_t gs_block_range(int64_t rows, int64_t row_elems, int size, int rank,
-                           int64_t *first, int64_t *count) {
+gs_status_t gs_block_range(int64_t rows, int64_t row_elems, int size, int rank, int64_t *first,
+                           int64_t *count) {
   if (rows < 0 || row_elems < 0 || size <= 0 || rank < 0 || rank >= size || !first || !count)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_block_range: invalid arguments");
   if (row_elems > 0 && rows > INT64_MAX / row_elems)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_block_range: %lld rows of %lld elements do "
-                   "not fit in 64 bits", (long long)rows, (long long)row_elems);
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "gs_block_range: %lld rows of %lld elements do "
+                   "not fit in 64 bits",
+                   (long long)rows, (long long)row_elems);
   int64_t q = rows / size, rem = rows % size;
   *first = (rank * q + (rank < rem ? rank : rem)) * row_elems;
   *count = (q + (rank < rem)) * row_elems;
@@ -93,27 +95,40 @@ static gs_status_t reduce_scatter_check(gs_comm_t c, gs_coll_t *d) {
   for (int64_t i = 0; i < d->n; i++) {
     int64_t r = rows ? rows[i] : in[i].count, first, cnt;
     if (r < 0 || (r == 0 && in[i].count != 0) || (r > 0 && in[i].count % r != 0))
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: in[%lld] has %lld elements, not %lld whole "
-                     "rows", fn, (long long)i, (long long)in[i].count, (long long)r);
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: in[%lld] has %lld elements, not %lld whole "
+                     "rows",
+                     fn, (long long)i, (long long)in[i].count, (long long)r);
     gs_block_range(r, row_elems_of(in, rows, i), c->size, c->rank, &first, &cnt);
     if (out[i].dtype != in[i].dtype)
       return gs_fail(GS_ERR_TYPE, "%s: out[%lld] is %s but in[%lld] is %s", fn, (long long)i,
                      gs_dtype_name(out[i].dtype), (long long)i, gs_dtype_name(in[i].dtype));
     if (out[i].count != cnt)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: out[%lld] has %lld elements; this rank's "
-                     "block has %lld", fn, (long long)i, (long long)out[i].count, (long long)cnt);
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: out[%lld] has %lld elements; this rank's "
+                     "block has %lld",
+                     fn, (long long)i, (long long)out[i].count, (long long)cnt);
   }
   d->call.extra = rows;
   d->call.extra_name = "number of rows";
   return gs_check_disjoint(fn, in, out, d->n);
 }
 
-gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                              int64_t n, const int64_t *rows, gs_op_t op, double prescale,
-                              double postscale) {
-  gs_coll_t d = {.fn = "gs_reduce_scatter", .name = "reduce_scatter",
-                 .kind = GS_CALL_REDUCE_SCATTER, .out_required = 1, .in = in, .out = out, .n = n, .op = op,
-                 .pre = prescale, .post = postscale, .counts = rows, .op_checked = 1,
-                 .check = reduce_scatter_check, .message = scatter_message};
+gs_status_t gs_reduce_scatter(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
+                              const int64_t *rows, gs_op_t op, double prescale, double postscale) {
+  gs_coll_t d = {.fn = "gs_reduce_scatter",
+                 .name = "reduce_scatter",
+                 .kind = GS_CALL_REDUCE_SCATTER,
+                 .out_required = 1,
+                 .in = in,
+                 .out = out,
+                 .n = n,
+                 .op = op,
+                 .pre = prescale,
+                 .post = postscale,
+                 .counts = rows,
+                 .op_checked = 1,
+                 .check = reduce_scatter_check,
+                 .message = scatter_message};
   return gs_collective(c, &d);
 }

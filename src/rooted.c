@@ -20,9 +20,10 @@ static gs_status_t column_hashes(const char *fn, const int64_t *counts, int64_t 
     for (int r = 0; r < p; r++) {
       int64_t v = counts[(size_t)r * n + i];
       if (v < 0 || v > INT64_MAX / 4 - sum)
-        return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: counts[%lld] (tensor %lld, rank %d) is "
-                       "invalid: %lld", fn, (long long)(r * n + i), (long long)i, r,
-                       (long long)v);
+        return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                       "%s: counts[%lld] (tensor %lld, rank %d) is "
+                       "invalid: %lld",
+                       fn, (long long)(r * n + i), (long long)i, r, (long long)v);
       sum += v;
       h = gs_hash_mix(h, (uint64_t)v);
     }
@@ -34,8 +35,10 @@ static gs_status_t column_hashes(const char *fn, const int64_t *counts, int64_t 
 
 static gs_status_t check_root(const char *fn, gs_comm_t c, int root) {
   if (root < 0 || root >= c->size)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: root %d is not a rank of a communicator of "
-                   "size %d", fn, root, c->size);
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "%s: root %d is not a rank of a communicator of "
+                   "size %d",
+                   fn, root, c->size);
   return GS_SUCCESS;
 }
 
@@ -47,16 +50,18 @@ static gs_status_t check_sizes(const char *fn, const char *name, const gs_tensor
     for (int r = 0; r < c->size; r++)
       if (whole || r == c->rank) want += counts[(size_t)r * n + i];
     if (t[i].count != want)
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s[%lld] has %lld elements; counts say %s "
-                     "%lld", fn, name, (long long)i, (long long)t[i].count,
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: %s[%lld] has %lld elements; counts say %s "
+                     "%lld",
+                     fn, name, (long long)i, (long long)t[i].count,
                      whole ? "all ranks' blocks add up to" : "this rank's block has",
                      (long long)want);
   }
   return GS_SUCCESS;
 }
 
-static gs_status_t check_pair_dtypes(const char *fn, const gs_tensor_t *in,
-                                     const gs_tensor_t *out, int64_t n) {
+static gs_status_t check_pair_dtypes(const char *fn, const gs_tensor_t *in, const gs_tensor_t *out,
+                                     int64_t n) {
   for (int64_t i = 0; i < n; i++)
     if (out[i].dtype != in[i].dtype)
       return gs_fail(GS_ERR_TYPE, "%s: out[%lld] is %s but in[%lld] is %s", fn, (long long)i,
@@ -139,13 +144,22 @@ static gs_status_t rooted_run(const gs_engine_t *e, gs_coll_t *d) {
 
 /* `mine` is the list every rank holds (gather: in, scatter: out), `whole`
  * the root's. */
-static gs_status_t rooted(gs_comm_t c, const gs_tensor_t *mine, const gs_tensor_t *whole,
-                          int64_t n, const int64_t *counts, int root, int gather) {
+static gs_status_t rooted(gs_comm_t c, const gs_tensor_t *mine, const gs_tensor_t *whole, int64_t n,
+                          const int64_t *counts, int root, int gather) {
   rooted_t r = {gather, 1, NULL};
-  gs_coll_t d = {.fn = gather ? "gs_gatherv" : "gs_scatterv", .name = gather ? "gather" : "scatter",
-                 .kind = gather ? GS_CALL_GATHERV : GS_CALL_SCATTERV, .in = mine, .out = whole,
-                 .n = n, .op = GS_OP_SUM, .root = root, .counts = counts, .extra = &r,
-                 .own_checks = 1, .check = rooted_check, .run = rooted_run,
+  gs_coll_t d = {.fn = gather ? "gs_gatherv" : "gs_scatterv",
+                 .name = gather ? "gather" : "scatter",
+                 .kind = gather ? GS_CALL_GATHERV : GS_CALL_SCATTERV,
+                 .in = mine,
+                 .out = whole,
+                 .n = n,
+                 .op = GS_OP_SUM,
+                 .root = root,
+                 .counts = counts,
+                 .extra = &r,
+                 .own_checks = 1,
+                 .check = rooted_check,
+                 .run = rooted_run,
                  .release = rooted_release};
   return gs_collective(c, &d);
 }

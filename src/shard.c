@@ -5,10 +5,11 @@
 
 #include "gs_collective.h"
 
-gs_status_t gs_shard_layout(const int64_t *counts, int64_t n, int size,
-                            gs_shard_layout_t *layout, int64_t *offsets, int *owners) {
+gs_status_t gs_shard_layout(const int64_t *counts, int64_t n, int size, gs_shard_layout_t *layout,
+                            int64_t *offsets, int *owners) {
   static const char fn[] = "gs_shard_layout";
-  if (size <= 0) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: size must be positive, got %d", fn, size);
+  if (size <= 0)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: size must be positive, got %d", fn, size);
   if (n < 0 || (n > 0 && !counts) || !layout)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: counts, n or layout is invalid", fn);
   int64_t total = 0;
@@ -18,8 +19,10 @@ gs_status_t gs_shard_layout(const int64_t *counts, int64_t n, int size,
                      (long long)i, (long long)counts[i]);
     total += counts[i];
     if (total > ((int64_t)1 << 61))  /* leaves room for the padding below */
-      return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: the tensors hold more than 2^61 elements "
-                     "together", fn);
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: the tensors hold more than 2^61 elements "
+                     "together",
+                     fn);
   }
   int64_t align = (int64_t)size * 32;
   layout->total = total;
@@ -64,9 +67,10 @@ static gs_status_t shard_check(gs_comm_t c, gs_coll_t *d) {
   shard_state_t *st = d->extra;
   for (int64_t i = 1; i < n; i++)
     if (t[i].dtype != t[0].dtype)
-      return gs_fail(GS_ERR_TYPE, "%s: all tensors of a shard call share one dtype; tensor 0 "
-                     "is %s, tensor %lld is %s", d->fn, gs_dtype_name(t[0].dtype), (long long)i,
-                     gs_dtype_name(t[i].dtype));
+      return gs_fail(GS_ERR_TYPE,
+                     "%s: all tensors of a shard call share one dtype; tensor 0 "
+                     "is %s, tensor %lld is %s",
+                     d->fn, gs_dtype_name(t[0].dtype), (long long)i, gs_dtype_name(t[i].dtype));
   int64_t *counts = malloc((size_t)(n > 0 ? n : 1) * sizeof *counts);
   st->off = malloc((size_t)(n > 0 ? n : 1) * sizeof *st->off);
   st->own = malloc((size_t)(n > 0 ? n : 1) * sizeof *st->own);
@@ -161,20 +165,36 @@ static gs_status_t reduce_scatter_shards_run(const gs_engine_t *e, gs_coll_t *d)
 
 gs_status_t gs_allgather_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n) {
   shard_state_t st = {{0, 0, 0}, NULL, NULL};
-  gs_coll_t d = {.fn = "gs_allgather_shards", .name = "allgather_shards",
-                 .kind = GS_CALL_ALLGATHER_SHARDS, .in = t, .in_name = "tensors", .n = n,
-                 .op = GS_OP_SUM, .extra = &st, .check = shard_check,
-                 .run = allgather_shards_run, .release = shard_release};
+  gs_coll_t d = {.fn = "gs_allgather_shards",
+                 .name = "allgather_shards",
+                 .kind = GS_CALL_ALLGATHER_SHARDS,
+                 .in = t,
+                 .in_name = "tensors",
+                 .n = n,
+                 .op = GS_OP_SUM,
+                 .extra = &st,
+                 .check = shard_check,
+                 .run = allgather_shards_run,
+                 .release = shard_release};
   return gs_collective(c, &d);
 }
 
 gs_status_t gs_reduce_scatter_shards(gs_comm_t c, const gs_tensor_t *t, int64_t n, gs_op_t op,
                                      double prescale, double postscale) {
   shard_state_t st = {{0, 0, 0}, NULL, NULL};
-  gs_coll_t d = {.fn = "gs_reduce_scatter_shards", .name = "reduce_scatter_shards",
-                 .kind = GS_CALL_REDUCE_SCATTER_SHARDS, .in = t, .in_name = "tensors", .n = n,
-                 .op = op, .pre = prescale, .post = postscale, .extra = &st, .op_checked = 1,
-                 .check = shard_check, .run = reduce_scatter_shards_run,
+  gs_coll_t d = {.fn = "gs_reduce_scatter_shards",
+                 .name = "reduce_scatter_shards",
+                 .kind = GS_CALL_REDUCE_SCATTER_SHARDS,
+                 .in = t,
+                 .in_name = "tensors",
+                 .n = n,
+                 .op = op,
+                 .pre = prescale,
+                 .post = postscale,
+                 .extra = &st,
+                 .op_checked = 1,
+                 .check = shard_check,
+                 .run = reduce_scatter_shards_run,
                  .release = shard_release};
   return gs_collective(c, &d);
 }

@@ -9,13 +9,16 @@ static _Thread_local char last_error[2048];
 const char *gs_status_string(gs_status_t status) {
   switch (status) {
     case GS_SUCCESS: return "success";
-    case GS_ERR_INVALID_ARGUMENT: return "invalid argument: check the value named in gs_last_error()";
+    case GS_ERR_INVALID_ARGUMENT:
+      return "invalid argument: check the value named in gs_last_error()";
     case GS_ERR_TYPE: return "unsupported dtype or op for this dtype";
-    case GS_ERR_MISMATCH: return "ranks made different calls: gs_last_error() says what differs and where";
+    case GS_ERR_MISMATCH:
+      return "ranks made different calls: gs_last_error() says what differs and where";
     case GS_ERR_MPI: return "the MPI library reported an error";
     case GS_ERR_NO_MEMORY: return "out of host memory";
     case GS_ERR_UNSUPPORTED: return "not available in this build of gradsync";
-    case GS_ERR_INTERNAL: return "internal error in gradsync: please report it with gs_last_error()";
+    case GS_ERR_INTERNAL:
+      return "internal error in gradsync: please report it with gs_last_error()";
     case GS_ERR_CLOSED: return "the communicator was freed";
     case GS_ERR_CUDA: return "the CUDA runtime reported an error";
     case GS_ERR_NCCL: return "NCCL reported an error";

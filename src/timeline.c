@@ -49,22 +49,26 @@ static gs_status_t write_locked(void) {
   FILE *f = fopen(tl_path, "w");
   if (!f) return gs_fail(GS_ERR_INVALID_ARGUMENT, "timeline: cannot write %s", tl_path);
   fprintf(f, "[\n");
-  fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,"
-             "\"args\":{\"name\":\"gradsync rank 0\"}}");
+  fprintf(f,
+          "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":0,\"tid\":0,"
+          "\"args\":{\"name\":\"gradsync rank 0\"}}");
   for (int64_t r = 0; r <= max_row; r++)
-    fprintf(f, ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%lld,"
-               "\"args\":{\"name\":\"%s %lld\"}}", (long long)r, r ? "message" : "calls",
-            (long long)r);
+    fprintf(f,
+            ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":0,\"tid\":%lld,"
+            "\"args\":{\"name\":\"%s %lld\"}}",
+            (long long)r, r ? "message" : "calls", (long long)r);
   for (size_t k = 0; k < nevents; k++) {
     const tl_event_t *e = &events[k];
-    fprintf(f, ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%lld,"
-               "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"bytes\":%lld}}",
+    fprintf(f,
+            ",\n{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"pid\":0,\"tid\":%lld,"
+            "\"ts\":%.3f,\"dur\":%.3f,\"args\":{\"bytes\":%lld}}",
             e->name, e->call, (long long)e->row, (e->start - tl_origin) * 1e6,
             (e->end - e->start) * 1e6, (long long)e->bytes);
   }
   fprintf(f, "\n]\n");
   int bad = ferror(f);
-  if (fclose(f) != 0 || bad) return gs_fail(GS_ERR_INVALID_ARGUMENT, "timeline: writing %s failed", tl_path);
+  if (fclose(f) != 0 || bad)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "timeline: writing %s failed", tl_path);
   return GS_SUCCESS;
 }
 

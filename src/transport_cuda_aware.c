@@ -66,7 +66,13 @@ static int aware_poll(gs_comm_t c, void *event, gs_status_t *err) {
 }
 
 const gs_transport_t gs_cuda_aware_transport = {
-    "mpi-cuda-aware", aware_allreduce, aware_broadcast, aware_allgatherv, aware_reduce_scatter,
-    aware_exchange, aware_poll, NULL, NULL,
+    "mpi-cuda-aware",
+    aware_allreduce,
+    aware_broadcast,
+    aware_allgatherv,
+    aware_reduce_scatter,
+    aware_exchange,
+    aware_poll,
+    NULL,
+    NULL,
 };
-

@@ -55,8 +55,8 @@ static gs_status_t rd_allreduce(gs_comm_t c, void *buf, int64_t count, gs_dtype_
   return gs_rdouble(&rd, buf, other);
 }
 
-static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv,
-                                 int64_t count, gs_dtype_t dtype, gs_op_t op) {
+static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                                 gs_dtype_t dtype, gs_op_t op) {
   gs_count_message(c, count, dtype);
   if (gs_hier_wanted(c, count * (int64_t)gs_dtype_size(dtype)))
     return gs_hier_allreduce(c, send, recv, count, dtype, op);
@@ -83,16 +83,16 @@ gs_status_t gs_mpi_native_allreduce(gs_comm_t c, const void *send, void *recv, i
     if (gs_use_blocking(c, (int64_t)n * (int64_t)es))
       GS_CHECK(gs_mpi_finish(MPI_Allreduce(s, r, n, dt, mop, c->mpi), NULL, "MPI_Allreduce"));
     else
-      GS_CHECK(gs_mpi_finish(MPI_Iallreduce(s, r, n, dt, mop, c->mpi, &req), &req, "MPI_Iallreduce"));
+      GS_CHECK(
+          gs_mpi_finish(MPI_Iallreduce(s, r, n, dt, mop, c->mpi, &req), &req, "MPI_Iallreduce"));
   }
   return GS_SUCCESS;
 }
 
-static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
-                                 int root);
+static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype, int root);
 
-static gs_status_t mpi_broadcast(gs_comm_t c, void *buf, int64_t count,
-                                 gs_dtype_t dtype, int root) {
+static gs_status_t mpi_broadcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
+                                 int root) {
   gs_count_message(c, count, dtype);
   return chunked_bcast(c, buf, count, dtype, root);
 }
@@ -108,8 +108,7 @@ static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype
     char *p = (char *)buf + (size_t)off * es;
     if (gs_use_blocking(c, (int64_t)n * (int64_t)es))
       GS_CHECK(gs_mpi_finish(MPI_Bcast(p, n, dt, root, c->mpi), NULL, "MPI_Bcast"));
-    else
-      GS_CHECK(gs_mpi_finish(MPI_Ibcast(p, n, dt, root, c->mpi, &req), &req, "MPI_Ibcast"));
+    else GS_CHECK(gs_mpi_finish(MPI_Ibcast(p, n, dt, root, c->mpi, &req), &req, "MPI_Ibcast"));
   }
   return GS_SUCCESS;
 }
@@ -130,15 +129,18 @@ static gs_status_t mpi_allgatherv(gs_comm_t c, void *recv, const int64_t *counts
   if (fits_int(counts, p) && fits_int(displs, p)) {
     int *ic = malloc(2 * (size_t)p * sizeof(int));
     if (!ic) return gs_fail(GS_ERR_NO_MEMORY, "allgather: out of memory");
-    for (int r = 0; r < p; r++) { ic[r] = (int)counts[r]; ic[p + r] = (int)displs[r]; }
+    for (int r = 0; r < p; r++) {
+      ic[r] = (int)counts[r];
+      ic[p + r] = (int)displs[r];
+    }
     MPI_Request req;
     gs_status_t s;
     if (gs_use_blocking(c, (displs[p - 1] + counts[p - 1]) * (int64_t)es))
       s = gs_mpi_finish(MPI_Allgatherv(MPI_IN_PLACE, 0, dt, recv, ic, ic + p, dt, c->mpi), NULL,
-                 "MPI_Allgatherv");
+                        "MPI_Allgatherv");
     else
-      s = gs_mpi_finish(MPI_Iallgatherv(MPI_IN_PLACE, 0, dt, recv, ic, ic + p, dt, c->mpi, &req), &req,
-                 "MPI_Iallgatherv");
+      s = gs_mpi_finish(MPI_Iallgatherv(MPI_IN_PLACE, 0, dt, recv, ic, ic + p, dt, c->mpi, &req),
+                        &req, "MPI_Iallgatherv");
     free(ic); /* only after completion: MPI reads the counts until then */
     return s;
   }
@@ -166,10 +168,11 @@ static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
     MPI_Request req;
     gs_status_t s;
     if (gs_use_blocking(c, total * (int64_t)es))
-      s = gs_mpi_finish(MPI_Reduce_scatter(send, recv, ic, dt, mop, c->mpi), NULL, "MPI_Reduce_scatter");
+      s = gs_mpi_finish(MPI_Reduce_scatter(send, recv, ic, dt, mop, c->mpi), NULL,
+                        "MPI_Reduce_scatter");
     else
       s = gs_mpi_finish(MPI_Ireduce_scatter(send, recv, ic, dt, mop, c->mpi, &req), &req,
-                 "MPI_Ireduce_scatter");
+                        "MPI_Ireduce_scatter");
     free(ic);
     return s;
   }
@@ -188,10 +191,9 @@ static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
   return GS_SUCCESS;
 }
 
-
 /* Either side may be empty; chunks of GRADSYNC_MPI_MAX_COUNT elements. */
 static gs_status_t mpi_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
-                            int64_t rcount, gs_dtype_t dtype, int peer) {
+                                int64_t rcount, gs_dtype_t dtype, int peer) {
   MPI_Datatype dt;
   GS_CHECK(gs_mpi_datatype(dtype, &dt));
   size_t es = gs_dtype_size(dtype);
@@ -202,11 +204,13 @@ static gs_status_t mpi_exchange(gs_comm_t c, const void *sbuf, int64_t scount, v
     int rn = (int)(rcount - off > chunk ? chunk : (rcount > off ? rcount - off : 0));
     MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
     if (rn)
-      GS_MPI_CHECK(MPI_Irecv((char *)rbuf + (size_t)off * es, rn, dt, peer, XCHG_TAG, c->mpi,
-                             &req[0]), "exchange: MPI_Irecv");
+      GS_MPI_CHECK(
+          MPI_Irecv((char *)rbuf + (size_t)off * es, rn, dt, peer, XCHG_TAG, c->mpi, &req[0]),
+          "exchange: MPI_Irecv");
     if (sn)
-      GS_MPI_CHECK(MPI_Isend((const char *)sbuf + (size_t)off * es, sn, dt, peer, XCHG_TAG,
-                             c->mpi, &req[1]), "exchange: MPI_Isend");
+      GS_MPI_CHECK(
+          MPI_Isend((const char *)sbuf + (size_t)off * es, sn, dt, peer, XCHG_TAG, c->mpi, &req[1]),
+          "exchange: MPI_Isend");
     for (int k = 0; k < 2; k++)
       if (req[k] != MPI_REQUEST_NULL)
         GS_CHECK(gs_mpi_wait(&req[k], k ? "exchange: send" : "exchange: receive", NULL, NULL));
@@ -215,6 +219,6 @@ static gs_status_t mpi_exchange(gs_comm_t c, const void *sbuf, int64_t scount, v
 }
 
 const gs_transport_t gs_mpi_transport = {
-    "mpi", mpi_allreduce, mpi_broadcast, mpi_allgatherv, mpi_reduce_scatter, mpi_exchange,
-    NULL, NULL, NULL,
+    "mpi",        mpi_allreduce, mpi_broadcast, mpi_allgatherv, mpi_reduce_scatter,
+    mpi_exchange, NULL,          NULL,          NULL,
 };

@@ -143,6 +143,13 @@ static int staged_poll(gs_comm_t c, void *event, gs_status_t *err) {
 }
 
 const gs_transport_t gs_staged_transport = {
-    "mpi-staged", staged_allreduce, staged_broadcast, staged_allgatherv, staged_reduce_scatter,
-    staged_exchange, staged_poll, NULL, NULL,
+    "mpi-staged",
+    staged_allreduce,
+    staged_broadcast,
+    staged_allgatherv,
+    staged_reduce_scatter,
+    staged_exchange,
+    staged_poll,
+    NULL,
+    NULL,
 };

@@ -34,24 +34,19 @@ static gs_status_t pairwise_alltoallv(const gs_engine_t *e, gs_exchange_fn exch,
     int peer = ((k - me) % p + p) % p;
     const void *s = gs_at(x->send, bytes_at(x, x->sdispls[peer]));
     void *r = gs_at(x->recv, bytes_at(x, x->rdispls[peer]));
-    if (peer == me)
-      GS_CHECK(local_copy(e, x->dtype, r, s, x->scounts[me]));
-    else
-      GS_CHECK(exch(c, s, x->scounts[peer], r, x->rcounts[peer], x->dtype, peer));
+    if (peer == me) GS_CHECK(local_copy(e, x->dtype, r, s, x->scounts[me]));
+    else GS_CHECK(exch(c, s, x->scounts[peer], r, x->rcounts[peer], x->dtype, peer));
   }
   return GS_SUCCESS;
 }
 
-static gs_status_t pairwise_gatherv(const gs_engine_t *e, gs_exchange_fn exch,
-                                    const gs_xfer_t *x) {
+static gs_status_t pairwise_gatherv(const gs_engine_t *e, gs_exchange_fn exch, const gs_xfer_t *x) {
   gs_comm_t c = e->comm;
   if (c->rank != x->root) return exch(c, x->send, x->scount, NULL, 0, x->dtype, x->root);
   for (int r = 0; r < c->size; r++) {
     void *dst = gs_at(x->recv, bytes_at(x, x->rdispls[r]));
-    if (r == c->rank)
-      GS_CHECK(local_copy(e, x->dtype, dst, x->send, x->rcounts[r]));
-    else
-      GS_CHECK(exch(c, NULL, 0, dst, x->rcounts[r], x->dtype, r));
+    if (r == c->rank) GS_CHECK(local_copy(e, x->dtype, dst, x->send, x->rcounts[r]));
+    else GS_CHECK(exch(c, NULL, 0, dst, x->rcounts[r], x->dtype, r));
   }
   return GS_SUCCESS;
 }
@@ -62,10 +57,8 @@ static gs_status_t pairwise_scatterv(const gs_engine_t *e, gs_exchange_fn exch,
   if (c->rank != x->root) return exch(c, NULL, 0, x->recv, x->rcount, x->dtype, x->root);
   for (int r = 0; r < c->size; r++) {
     const void *src = gs_at(x->send, bytes_at(x, x->sdispls[r]));
-    if (r == c->rank)
-      GS_CHECK(local_copy(e, x->dtype, x->recv, src, x->scounts[r]));
-    else
-      GS_CHECK(exch(c, src, x->scounts[r], NULL, 0, x->dtype, r));
+    if (r == c->rank) GS_CHECK(local_copy(e, x->dtype, x->recv, src, x->scounts[r]));
+    else GS_CHECK(exch(c, src, x->scounts[r], NULL, 0, x->dtype, r));
   }
   return GS_SUCCESS;
 }
@@ -77,19 +70,15 @@ static gs_status_t host_run(const gs_engine_t *e, kind_t kind, gs_exchange_fn ex
                             const gs_xfer_t *x) {
   gs_comm_t c = e->comm;
   switch (kind) {
-    case KIND_ALLTOALLV:
-      return x->native ? gs_mpi_alltoallv(c, x) : pairwise_alltoallv(e, exch, x);
-    case KIND_GATHERV:
-      return x->native ? gs_mpi_gatherv(c, x) : pairwise_gatherv(e, exch, x);
-    case KIND_SCATTERV:
-      return x->native ? gs_mpi_scatterv(c, x) : pairwise_scatterv(e, exch, x);
+    case KIND_ALLTOALLV: return x->native ? gs_mpi_alltoallv(c, x) : pairwise_alltoallv(e, exch, x);
+    case KIND_GATHERV: return x->native ? gs_mpi_gatherv(c, x) : pairwise_gatherv(e, exch, x);
+    case KIND_SCATTERV: return x->native ? gs_mpi_scatterv(c, x) : pairwise_scatterv(e, exch, x);
   }
   return gs_fail(GS_ERR_INTERNAL, "xfer: unknown kind %d", (int)kind);
 }
 
 /* Elements this rank sends and receives in total, and where they sit. */
-static void totals(gs_comm_t c, kind_t kind, const gs_xfer_t *x, int64_t *sent,
-                   int64_t *received) {
+static void totals(gs_comm_t c, kind_t kind, const gs_xfer_t *x, int64_t *sent, int64_t *received) {
   int root = c->rank == x->root;
   *sent = *received = 0;
   if (kind == KIND_GATHERV) {
@@ -120,8 +109,8 @@ static gs_status_t staged_run(const gs_engine_t *e, kind_t kind, const gs_xfer_t
   h.recv = (char *)c->pinned + sbytes;
   if (sent) GS_CHECK(gs_cu_copy((void *)h.send, x->send, bytes_at(x, sent), e->stream));
   GS_CHECK(gs_cu_stream_wait(e->stream, "gradsync: staging device memory through the host"));
-  gs_engine_t host = {.comm = c, .call = e->call, .device = -1, .stream = NULL,
-                      .transport = &gs_mpi_transport};
+  gs_engine_t host = {
+      .comm = c, .call = e->call, .device = -1, .stream = NULL, .transport = &gs_mpi_transport};
   GS_CHECK(host_run(&host, kind, gs_mpi_transport.exchange, &h));
   if (received) GS_CHECK(gs_cu_copy(x->recv, h.recv, bytes_at(x, received), e->stream));
   return gs_cu_stream_wait(e->stream, "gradsync: staging device memory through the host");
@@ -174,8 +163,7 @@ gs_status_t gs_xfer_reduce(const gs_engine_t *e, const void *send, void *recv, i
     counts[root] = count;
     void *none = recv; /* a rank's empty block still needs memory MPI sees as unaliased */
     s = c->rank == root ? GS_SUCCESS : gs_scratch_reserve(e, 64, &none);
-    if (s == GS_SUCCESS)
-      s = e->transport->reduce_scatter(c, send, none, counts, dtype, op);
+    if (s == GS_SUCCESS) s = e->transport->reduce_scatter(c, send, none, counts, dtype, op);
     free(counts);
   }
   GS_TL_END("communicate", e->call, 1, t0, count * (int64_t)gs_dtype_size(dtype));

@@ -10,7 +10,11 @@
 
 static void pair(const double *a, const double *b, double *out, int64_t n) {
   double d = 0, A = 0, B = 0;
-  for (int64_t i = 0; i < n; i++) { d += a[i] * b[i]; A += a[i] * a[i]; B += b[i] * b[i]; }
+  for (int64_t i = 0; i < n; i++) {
+    d += a[i] * b[i];
+    A += a[i] * a[i];
+    B += b[i] * b[i];
+  }
   double ca = A >= sqrt(2.2250738585072014e-308) ? 1 - d / (2 * A) : 1;
   double cb = B >= sqrt(2.2250738585072014e-308) ? 1 - d / (2 * B) : 1;
   for (int64_t i = 0; i < n; i++) out[i] = ca * a[i] + cb * b[i];
@@ -41,14 +45,17 @@ int main(int argc, char **argv) {
 
   if (size == 2) {
     SECTION("exact 2-rank cases");
-    static const double cases[][3][2] = {{{1, 0}, {0, 1}, {1, 1}},   {{1, 2}, {2, 4}, {1.5, 3}},
-                                         {{0, 0}, {3, 4}, {3, 4}},   {{1, 0}, {-1, 0}, {0, 0}},
+    static const double cases[][3][2] = {{{1, 0}, {0, 1}, {1, 1}},
+                                         {{1, 2}, {2, 4}, {1.5, 3}},
+                                         {{0, 0}, {3, 4}, {3, 4}},
+                                         {{1, 0}, {-1, 0}, {0, 0}},
                                          {{1, 1}, {1, 0}, {1.25, 0.75}}};
     for (int c = 0; c < 5; c++) {
       double x[2] = {cases[c][rank][0], cases[c][rank][1]};
       gs_tensor_t t = GS_HOST_TENSOR(x, 2, GS_FLOAT64);
       GS_OK(gs_allreduce(comm, &t, NULL, 1, GS_OP_ADASUM, 1.0, 1.0));
-      CHECK(x[0] == cases[c][2][0] && x[1] == cases[c][2][1], "case %d: got [%g, %g]", c, x[0], x[1]);
+      CHECK(x[0] == cases[c][2][0] && x[1] == cases[c][2][1], "case %d: got [%g, %g]", c, x[0],
+            x[1]);
     }
   }
 
@@ -62,7 +69,8 @@ int main(int argc, char **argv) {
       gs_rng_t r = gs_rng_make((uint64_t)(trial * 100 + i), rank);
       mine[i] = malloc((size_t)(sizes[i] ? sizes[i] : 1) * sizeof(double));
       got[i] = malloc((size_t)(sizes[i] ? sizes[i] : 1) * sizeof(double));
-      for (int64_t k = 0; k < sizes[i]; k++) mine[i][k] = gs_rng_unit(&r) - 0.5 + (trial == 2 ? 1.0 : 0.0);
+      for (int64_t k = 0; k < sizes[i]; k++)
+        mine[i][k] = gs_rng_unit(&r) - 0.5 + (trial == 2 ? 1.0 : 0.0);
       in[i] = GS_HOST_TENSOR(mine[i], sizes[i], GS_FLOAT64);
       out[i] = GS_HOST_TENSOR(got[i], sizes[i], GS_FLOAT64);
     }
@@ -70,11 +78,13 @@ int main(int argc, char **argv) {
     double maxerr = 0;
     uint64_t h = 0;
     for (int i = 0; i < T; i++) {
-      double **g = malloc((size_t)size * sizeof *g), *ref = malloc((size_t)(sizes[i] ? sizes[i] : 1) * sizeof(double));
+      double **g = malloc((size_t)size * sizeof *g),
+             *ref = malloc((size_t)(sizes[i] ? sizes[i] : 1) * sizeof(double));
       for (int p = 0; p < size; p++) {
         gs_rng_t r = gs_rng_make((uint64_t)(trial * 100 + i), p);
         g[p] = malloc((size_t)(sizes[i] ? sizes[i] : 1) * sizeof(double));
-        for (int64_t k = 0; k < sizes[i]; k++) g[p][k] = gs_rng_unit(&r) - 0.5 + (trial == 2 ? 1.0 : 0.0);
+        for (int64_t k = 0; k < sizes[i]; k++)
+          g[p][k] = gs_rng_unit(&r) - 0.5 + (trial == 2 ? 1.0 : 0.0);
       }
       tree(g, size, sizes[i], ref);
       for (int64_t k = 0; k < sizes[i]; k++) {

@@ -66,8 +66,9 @@ int main(int argc, char **argv) {
           if (have_avx2) {
             double v[3] = {0};
             avx2_dots(dt, a, b, n, v);
-            CHECK(memcmp(p, v, sizeof p) == 0, "avx2 dots %.17g %.17g %.17g vs portable %.17g %.17g %.17g",
-                  v[0], v[1], v[2], p[0], p[1], p[2]);
+            CHECK(memcmp(p, v, sizeof p) == 0,
+                  "avx2 dots %.17g %.17g %.17g vs portable %.17g %.17g %.17g", v[0], v[1], v[2],
+                  p[0], p[1], p[2]);
             for (size_t c = 0; c < sizeof coef / sizeof coef[0]; c++) {
               portable_combine(dt, coef[c][0], a, coef[c][1], b, o1, n);
               avx2_combine(dt, coef[c][0], a, coef[c][1], b, o2, n);

@@ -24,8 +24,8 @@ int main(int argc, char **argv) {
   for (int j = 0; j < K; j++) {
     for (int i = 0; i < N; i++) x[j][i] = input(me, j, i);
     gs_tensor_t t = GS_HOST_TENSOR(x[j], N - j, GS_FLOAT64);
-    GS_OK(gs_allreduce_async(j % 2 ? b : a, &t, 1, j % 3 ? GS_OP_SUM : GS_OP_AVERAGE, 1.0,
-                             1.0, &req[j]));
+    GS_OK(gs_allreduce_async(j % 2 ? b : a, &t, 1, j % 3 ? GS_OP_SUM : GS_OP_AVERAGE, 1.0, 1.0,
+                             &req[j]));
   }
   for (int j = K - 1; j >= 0; j--) GS_OK(gs_request_wait(req[j]));
   for (int j = 0; j < K; j++) {
@@ -43,7 +43,8 @@ int main(int argc, char **argv) {
     GS_OK(gs_request_free(&req[j]));
     CHECK(req[j] == NULL, "free must clear the handle");
   }
-  CHECK(gs_requests_pending() == 0, "%lld requests still pending", (long long)gs_requests_pending());
+  CHECK(gs_requests_pending() == 0, "%lld requests still pending",
+        (long long)gs_requests_pending());
 
   SECTION("polled with gs_request_test");
   double y[64];
@@ -53,7 +54,8 @@ int main(int argc, char **argv) {
   GS_OK(gs_allreduce_async(a, &ty, 1, GS_OP_MAX, 1.0, 1.0, &r1));
   int polled = 0;
   gs_status_t st;
-  do st = gs_request_test(r1, &polled); while (st == GS_SUCCESS && !polled);
+  do st = gs_request_test(r1, &polled);
+  while (st == GS_SUCCESS && !polled);
   GS_OK(st);
   CHECK(y[0] == p - 1 && y[63] == p - 1, "max: %g", y[0]);
   GS_OK(gs_request_free(&r1));

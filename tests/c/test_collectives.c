@@ -176,7 +176,8 @@ static void list_free(list_t *L) {
 static void list_fill(const list_t *L, const gs_tensor_t *t, uint64_t seed, int r, int kind) {
   gs_rng_t rng = gs_rng_make(seed, r);
   for (int64_t i = 0; i < L->n; i++)
-    for (int64_t e = 0; e < L->counts[i]; e++) put(L->dts[i], t[i].data, e, draw(&rng, L->dts[i], kind));
+    for (int64_t e = 0; e < L->counts[i]; e++)
+      put(L->dts[i], t[i].data, e, draw(&rng, L->dts[i], kind));
 }
 
 static void list_garbage(const list_t *L, const gs_tensor_t *t) {
@@ -256,9 +257,11 @@ static int64_t compare(const list_t *L, const gs_tensor_t *t, const ref_t *R, co
       double g = get(L->dts[i], t[i].data, e);
       int ok = R->tol[k] == 0 ? g == R->val[k] : fabs(g - R->val[k]) <= R->tol[k];
       if (!ok && bad++ < 3)
-        CHECK(0, "%s: tensor %lld (%s, %lld elements) element %lld: got %.17g, expected %.17g "
-              "(tolerance %g)", what, (long long)i, gs_dtype_name(L->dts[i]),
-              (long long)L->counts[i], (long long)e, g, R->val[k], R->tol[k]);
+        CHECK(0,
+              "%s: tensor %lld (%s, %lld elements) element %lld: got %.17g, expected %.17g "
+              "(tolerance %g)",
+              what, (long long)i, gs_dtype_name(L->dts[i]), (long long)L->counts[i], (long long)e,
+              g, R->val[k], R->tol[k]);
     }
   CHECK(bad == 0, "%s: %lld wrong elements", what, (long long)bad);
   return bad;
@@ -304,9 +307,8 @@ static void check_hashes(void) {
  * out = NULL, bit 1: in place with out == in, bit 2: out of place) and checks
  * it against R. */
 enum { M_NULL = 1, M_SAME = 2, M_OUT = 4, M_ALL = 7 };
-static void run_allreduce_modes(const list_t *L, uint64_t seed, int kind, gs_op_t op,
-                                double pre, double post, const ref_t *R, const char *label,
-                                int modes) {
+static void run_allreduce_modes(const list_t *L, uint64_t seed, int kind, gs_op_t op, double pre,
+                                double post, const ref_t *R, const char *label, int modes) {
   static const char *const mode_name[3] = {"in place (out NULL)", "in place (out == in)",
                                            "out of place"};
   for (int mode = 0; mode < 3; mode++) {
@@ -354,9 +356,15 @@ static const char *const layout_name[NLAYOUTS] = {
 #define SMALL_THRESHOLD_ELEMS 600
 static void layout_counts(int layout, int64_t *counts, int64_t *n) {
   switch (layout) {
-    case L_ONE: *n = 1; counts[0] = 1037; break;
+    case L_ONE:
+      *n = 1;
+      counts[0] = 1037;
+      break;
     case L_MANY:
-    case L_MANY_SLAB: *n = 200; make_sizes(counts, 200, 11, 40); break;
+    case L_MANY_SLAB:
+      *n = 200;
+      make_sizes(counts, 200, 11, 40);
+      break;
     case L_THRESHOLD:
       *n = 16;
       make_sizes(counts, 16, 12, 100);
@@ -365,7 +373,11 @@ static void layout_counts(int layout, int64_t *counts, int64_t *n) {
       counts[11] = SMALL_THRESHOLD_ELEMS;     /* exactly at it: shares with nothing */
       break;
     case L_SMALL: /* small enough to travel with the validation message */
-      *n = 3; counts[0] = 10; counts[1] = 0; counts[2] = 21; break;
+      *n = 3;
+      counts[0] = 10;
+      counts[1] = 0;
+      counts[2] = 21;
+      break;
   }
 }
 
@@ -438,13 +450,13 @@ static void test_allreduce_scales(void) {
         int avg = scales[s][0] != 0;
         gs_op_t op = avg ? GS_OP_AVERAGE : GS_OP_SUM;
         double pre = scales[s][1], post = scales[s][2];
-        SECTION("allreduce %s %s prescale %g postscale %g, %s", gs_op_name(op),
-                gs_dtype_name(dt), pre, post, slab_name[slab]);
+        SECTION("allreduce %s %s prescale %g postscale %g, %s", gs_op_name(op), gs_dtype_name(dt),
+                pre, post, slab_name[slab]);
         uint64_t seed = 5000 + (uint64_t)(d * 100 + slab * 10 + s * 2 + avg);
         ref_t R = reference(&L, seed, K_DYADIC, op, pre, post, 1);
         char label[160];
-        snprintf(label, sizeof label, "%s %s pre %g post %g, %s", gs_op_name(op),
-                 gs_dtype_name(dt), pre, post, slab_name[slab]);
+        snprintf(label, sizeof label, "%s %s pre %g post %g, %s", gs_op_name(op), gs_dtype_name(dt),
+                 pre, post, slab_name[slab]);
         /* with one side back to back, out of place is the interesting mode */
         int modes = slab >= SLAB_IN_ONLY ? M_OUT : 1 << ((s * 2 + avg + d) % 3);
         run_allreduce_modes(&L, seed, K_DYADIC, op, pre, post, &R, label, modes);
@@ -501,7 +513,8 @@ static void test_allreduce_mixed(void) {
   SECTION("allreduce with a 1-byte threshold: every tensor alone");
   {
     int64_t c8[8] = {0, 3, 1, 0, 17, 2, 0, 5};
-    gs_dtype_t d8[8] = {GS_INT8, GS_FLOAT16, GS_INT8, GS_FLOAT32, GS_INT8, GS_FLOAT16, GS_INT8, GS_INT64};
+    gs_dtype_t d8[8] = {GS_INT8, GS_FLOAT16, GS_INT8, GS_FLOAT32,
+                        GS_INT8, GS_FLOAT16, GS_INT8, GS_INT64};
     list_t L;
     list_make(&L, 8, c8, d8, SLAB_NONE);
     GS_OK(gs_comm_set_fusion_threshold(comm, 1));
@@ -547,8 +560,7 @@ static void test_allreduce_nan(void) {
           else if ((ops[o] == GS_OP_MIN) == (e % 2 == 1)) w = e % 2 ? 1 : -1;
           else w = (e % 2 ? 1 : -1) * (double)size_;
           int ok = any_nan ? isnan(g) : g == w;
-          if (!ok && bad++ < 3)
-            CHECK(0, "element %lld: got %g, expected %g", (long long)e, g, w);
+          if (!ok && bad++ < 3) CHECK(0, "element %lld: got %g, expected %g", (long long)e, g, w);
         }
         CHECK(bad == 0, "%lld wrong elements", (long long)bad);
         record_hash(gs_hash_bytes(0, buf, (size_t)n * es), gs_test_section_);
@@ -588,9 +600,11 @@ static void test_allreduce_wrap(void) {
     for (int64_t i = 0; i < n; i++)
       if (((uint8_t)a[i] != wa || b[i] != wb || (uint32_t)c[i] != wc || (uint64_t)d[i] != wd) &&
           bad++ < 3)
-        CHECK(0, "element %lld: int8 %d (want %d), uint8 %u (want %u), int32 %d (want %d), "
-              "int64 %lld (want %lld)", (long long)i, a[i], (int8_t)wa, b[i], wb, c[i],
-              (int32_t)wc, (long long)d[i], (long long)(int64_t)wd);
+        CHECK(0,
+              "element %lld: int8 %d (want %d), uint8 %u (want %u), int32 %d (want %d), "
+              "int64 %lld (want %lld)",
+              (long long)i, a[i], (int8_t)wa, b[i], wb, c[i], (int32_t)wc, (long long)d[i],
+              (long long)(int64_t)wd);
     CHECK(bad == 0, "%d wrong elements", bad);
     free(a);
     free(b);
@@ -665,10 +679,11 @@ static void test_broadcast(void) {
         list_fill(&L, L.out, seed, root, K_RANDOM);
         int bad = 0;
         for (int i = 0; i < 120; i++)
-          if (counts[i] && memcmp(L.in[i].data, L.out[i].data,
-                                  (size_t)counts[i] * gs_dtype_size(dts[i])) != 0 && bad++ < 3)
-            CHECK(0, "tensor %d (%s, %lld elements) differs from root's", i,
-                  gs_dtype_name(dts[i]), (long long)counts[i]);
+          if (counts[i] &&
+              memcmp(L.in[i].data, L.out[i].data, (size_t)counts[i] * gs_dtype_size(dts[i])) != 0 &&
+              bad++ < 3)
+            CHECK(0, "tensor %d (%s, %lld elements) differs from root's", i, gs_dtype_name(dts[i]),
+                  (long long)counts[i]);
         CHECK(bad == 0, "%d tensors differ", bad);
         record_hash(list_hash(&L, L.in), gs_test_section_);
       }
@@ -687,15 +702,16 @@ static void test_broadcast(void) {
 
 static void test_allgather(void) {
   enum { N = 7 };
-  static const gs_dtype_t dts[N] = {GS_FLOAT32, GS_INT8, GS_FLOAT16, GS_FLOAT32,
+  static const gs_dtype_t dts[N] = {GS_FLOAT32, GS_INT8,     GS_FLOAT16, GS_FLOAT32,
                                     GS_INT64,   GS_BFLOAT16, GS_FLOAT32};
   static const int64_t row_elems[N] = {1, 3, 7, 2, 5, 1, 4};
   int64_t default_threshold = 0;
   GS_OK(gs_comm_fusion_threshold(comm, &default_threshold));
   for (int variant = 0; variant < 3; variant++) {
     /* 0: default threshold; 1: small threshold; 2: without row_elems */
-    SECTION("allgather_counts + allgatherv, %s",
-            variant == 0 ? "default threshold" : variant == 1 ? "threshold 64 B" : "row_elems NULL");
+    SECTION("allgather_counts + allgatherv, %s", variant == 0   ? "default threshold"
+                                                 : variant == 1 ? "threshold 64 B"
+                                                                : "row_elems NULL");
     GS_OK(gs_comm_set_fusion_threshold(comm, variant == 1 ? 64 : default_threshold));
     /* rank r's rows of tensor i: differ by rank, 0 included */
     int64_t rows[64][N];
@@ -731,7 +747,8 @@ static void test_allgather(void) {
     for (int r = 0; r < size_; r++) /* keep going with the true counts */
       for (int i = 0; i < N; i++) counts[r * N + i] = rows[r][i] * row_elems[i];
     for (int i = 0; i < N; i++) {
-      out[i] = GS_HOST_TENSOR(malloc((size_t)total[i] * gs_dtype_size(dts[i]) + 1), total[i], dts[i]);
+      out[i] =
+          GS_HOST_TENSOR(malloc((size_t)total[i] * gs_dtype_size(dts[i]) + 1), total[i], dts[i]);
       memset(out[i].data, 0x5a, (size_t)total[i] * gs_dtype_size(dts[i]));
     }
     GS_OK(gs_allgatherv(comm, in, out, N, counts));
@@ -747,8 +764,8 @@ static void test_allgather(void) {
         p += (size_t)c * es;
       }
       if (total[i] && memcmp(expect, out[i].data, (size_t)total[i] * es) != 0 && bad++ < 3)
-        CHECK(0, "gathered tensor %d (%s, %lld elements) is not the concatenation over ranks",
-              i, gs_dtype_name(dts[i]), (long long)total[i]);
+        CHECK(0, "gathered tensor %d (%s, %lld elements) is not the concatenation over ranks", i,
+              gs_dtype_name(dts[i]), (long long)total[i]);
       if (total[i]) h = gs_hash_bytes(h, out[i].data, (size_t)total[i] * es);
       free(expect);
     }
@@ -803,8 +820,15 @@ static void test_reduce_scatter(void) {
   int64_t default_threshold = 0;
   GS_OK(gs_comm_fusion_threshold(comm, &default_threshold));
   /* rows deliberately not divisible by size; 0 and 1 rows included */
-  const int64_t rows[N] = {(int64_t)size_ * 5 + 1, (int64_t)size_ * 3 + size_ - 1, 0, 1,
-                           7, (int64_t)size_ * 2, 13, 3, 101};
+  const int64_t rows[N] = {(int64_t)size_ * 5 + 1,
+                           (int64_t)size_ * 3 + size_ - 1,
+                           0,
+                           1,
+                           7,
+                           (int64_t)size_ * 2,
+                           13,
+                           3,
+                           101};
   const int64_t row_elems[N] = {3, 1, 4, 5, 2, 1, 6, 1, 1};
   int64_t counts[N];
   for (int i = 0; i < N; i++) counts[i] = rows[i] * row_elems[i];
@@ -828,13 +852,16 @@ static void test_reduce_scatter(void) {
         if (op == GS_OP_AVERAGE && !is_float(dt)) continue;
         /* every op on the fused list; one op (rotating) on the others */
         if (variant == 1 && o != d % 5 && !(o == 0 && d % 5 == 1 && !is_float(dt))) continue;
-        if (variant == 2 && o != (d + 2) % 5 && !(o == 0 && (d + 2) % 5 == 1 && !is_float(dt))) continue;
+        if (variant == 2 && o != (d + 2) % 5 && !(o == 0 && (d + 2) % 5 == 1 && !is_float(dt)))
+          continue;
         if (variant == 3 && op != (d % 2 ? GS_OP_AVERAGE : GS_OP_SUM)) continue;
         double pre = variant == 3 ? 0.5 : 1.0, post = variant == 3 ? 2.0 : 1.0;
         int kind = op == GS_OP_PROD ? K_PROD : variant == 3 ? K_DYADIC : K_RANDOM;
         SECTION("reduce_scatter %s %s, %s", gs_op_name(op), gs_dtype_name(dt),
-                variant == 0 ? "fused" : variant == 1 ? "threshold 64 B"
-                : variant == 2 ? "one tensor, rows NULL" : "prescale 0.5 postscale 2");
+                variant == 0   ? "fused"
+                : variant == 1 ? "threshold 64 B"
+                : variant == 2 ? "one tensor, rows NULL"
+                               : "prescale 0.5 postscale 2");
         uint64_t seed = 9000 + (uint64_t)(d * 100 + variant * 10 + o);
         list_fill(&L, L.in, seed, rank_, kind);
         uint64_t in_hash = list_hash(&L, L.in);
@@ -857,11 +884,14 @@ static void test_reduce_scatter(void) {
             double g = get(dt, out[i].data, e);
             int ok = R.tol[k] == 0 ? g == R.val[k] : fabs(g - R.val[k]) <= R.tol[k];
             if (!ok && bad++ < 3)
-              CHECK(0, "tensor %lld (%lld rows) element %lld of this rank's block (global %lld):"
-                    " got %.17g, expected %.17g", (long long)i, (long long)(variant == 2 ? cnt1[0] : rows[i]),
-                    (long long)e, (long long)(first[i] + e), g, R.val[k]);
+              CHECK(0,
+                    "tensor %lld (%lld rows) element %lld of this rank's block (global %lld):"
+                    " got %.17g, expected %.17g",
+                    (long long)i, (long long)(variant == 2 ? cnt1[0] : rows[i]), (long long)e,
+                    (long long)(first[i] + e), g, R.val[k]);
           }
-          if (out[i].count) h = gs_hash_bytes(h, out[i].data, (size_t)out[i].count * gs_dtype_size(dt));
+          if (out[i].count)
+            h = gs_hash_bytes(h, out[i].data, (size_t)out[i].count * gs_dtype_size(dt));
           free(out[i].data);
         }
         CHECK(bad == 0, "%lld wrong elements", (long long)bad);
@@ -889,8 +919,8 @@ static void test_shard_layout(void) {
           "total %lld padded %lld rank_count %lld", (long long)lay.total, (long long)lay.padded,
           (long long)lay.rank_count);
     CHECK(own[0] == 0 && own[1] == 0 && own[2] == 1, "owners %d %d %d", own[0], own[1], own[2]);
-    CHECK(off[0] == 0 && off[1] == 40 && off[2] == 64, "offsets %lld %lld %lld",
-          (long long)off[0], (long long)off[1], (long long)off[2]);
+    CHECK(off[0] == 0 && off[1] == 40 && off[2] == 64, "offsets %lld %lld %lld", (long long)off[0],
+          (long long)off[1], (long long)off[2]);
   }
   {
     const int64_t c[1] = {64};
@@ -945,8 +975,8 @@ static void test_shard_layout(void) {
                    : s == GS_ERR_INVALID_ARGUMENT;
     for (int64_t i = 0; ok && valid && i < n; i++) ok = off[i] == woff[i] && own[i] == wown[i];
     if (!ok && bad++ < 3)
-      CHECK(0, "trial %d: size %d, %lld tensors: status %d, expected %s", trial, size,
-            (long long)n, (int)s, valid ? "success" : "invalid argument");
+      CHECK(0, "trial %d: size %d, %lld tensors: status %d, expected %s", trial, size, (long long)n,
+            (int)s, valid ? "success" : "invalid argument");
   }
   CHECK(bad == 0, "%d random layouts wrong", bad);
 }
@@ -954,8 +984,17 @@ static void test_shard_layout(void) {
 /* A list that is a valid layout for this communicator's size. */
 static int64_t shard_counts(int64_t *c) {
   switch (size_) {
-    case 1: c[0] = 5; c[1] = 17; c[2] = 0; c[3] = 33; return 4;
-    case 2: c[0] = 40; c[1] = 24; c[2] = 8; return 3;
+    case 1:
+      c[0] = 5;
+      c[1] = 17;
+      c[2] = 0;
+      c[3] = 33;
+      return 4;
+    case 2:
+      c[0] = 40;
+      c[1] = 24;
+      c[2] = 8;
+      return 3;
     case 3: {
       static const int64_t k[7] = {40, 20, 4, 60, 4, 50, 10};
       memcpy(c, k, sizeof k);
@@ -976,7 +1015,11 @@ static void shard_collectives(int small) {
   int64_t c[64];
   /* small: everything inside rank 0's range, the other ranks own nothing */
   int64_t n = small ? 3 : shard_counts(c);
-  if (small) { c[0] = 8; c[1] = 0; c[2] = 5; }
+  if (small) {
+    c[0] = 8;
+    c[1] = 0;
+    c[2] = 5;
+  }
   gs_shard_layout_t lay;
   int64_t off[64];
   int own[64];
@@ -986,10 +1029,10 @@ static void shard_collectives(int small) {
     gs_op_t op;
     double pre, post;
   } cases[] = {
-      {GS_FLOAT32, GS_OP_SUM, 1.0, 1.0},   {GS_INT32, GS_OP_SUM, 1.0, 1.0},
-      {GS_INT64, GS_OP_MAX, 1.0, 1.0},     {GS_BFLOAT16, GS_OP_SUM, 1.0, 1.0},
+      {GS_FLOAT32, GS_OP_SUM, 1.0, 1.0},     {GS_INT32, GS_OP_SUM, 1.0, 1.0},
+      {GS_INT64, GS_OP_MAX, 1.0, 1.0},       {GS_BFLOAT16, GS_OP_SUM, 1.0, 1.0},
       {GS_FLOAT16, GS_OP_AVERAGE, 1.0, 1.0}, {GS_FLOAT64, GS_OP_AVERAGE, 0.5, 3.0},
-      {GS_UINT8, GS_OP_MIN, 1.0, 1.0},     {GS_FLOAT32, GS_OP_PROD, 1.0, 1.0},
+      {GS_UINT8, GS_OP_MIN, 1.0, 1.0},       {GS_FLOAT32, GS_OP_PROD, 1.0, 1.0},
   };
   for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
     if (small && k % 3) continue;
@@ -1126,12 +1169,12 @@ static void test_comm_basics(void) {
 }
 
 /* GS_TEST_TIMES=1 prints each group's time on rank 0. */
-#define RUN(fn)                                                                  \
-  do {                                                                           \
-    double t0_ = MPI_Wtime();                                                    \
-    fn();                                                                        \
-    if (rank_ == 0 && getenv("GS_TEST_TIMES"))                                   \
-      fprintf(stderr, "  %-24s %6.2f s\n", #fn, MPI_Wtime() - t0_);             \
+#define RUN(fn)                                                     \
+  do {                                                              \
+    double t0_ = MPI_Wtime();                                       \
+    fn();                                                           \
+    if (rank_ == 0 && getenv("GS_TEST_TIMES"))                      \
+      fprintf(stderr, "  %-24s %6.2f s\n", #fn, MPI_Wtime() - t0_); \
   } while (0)
 
 int main(int argc, char **argv) {

@@ -182,8 +182,10 @@ static void minmax_nan(gs_comm_t c) {
       GS_OK(gs_allreduce(c, &td, NULL, 1, op ? GS_OP_MAX : GS_OP_MIN, 1.0, 1.0));
       GS_OK(gs_memcpy(back, HOST, dv, DEV, bytes));
       CHECK(memcmp(h, want, bytes) == 0, "host %s: not the expected bits", gs_dtype_name(dt));
-      CHECK(memcmp(back, want, bytes) == 0, "device %s: not the expected bits (a NaN dropped "
-            "or a signed zero lost?)", gs_dtype_name(dt));
+      CHECK(memcmp(back, want, bytes) == 0,
+            "device %s: not the expected bits (a NaN dropped "
+            "or a signed zero lost?)",
+            gs_dtype_name(dt));
       gs_free(DEV, dv);
       free(h);
       free(want);

@@ -20,7 +20,8 @@ int main(int argc, char **argv) {
   int ok = fault && ndev > 0;
   MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!ok) {
-    if (gs_test_rank() == 0) printf("test_device_sticky: needs the emulated CUDA runtime, skipped\n");
+    if (gs_test_rank() == 0)
+      printf("test_device_sticky: needs the emulated CUDA runtime, skipped\n");
     return gs_test_finish();
   }
   const gs_device_t dev = {GS_DEVICE_CUDA, 0};

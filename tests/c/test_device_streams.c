@@ -112,8 +112,7 @@ static void refused_arguments(gs_comm_t c) {
   CHECK(strstr(gs_last_error(), "aligned") != NULL, "message: %s", gs_last_error());
   GS_EXPECT(gs_zero(&off, 1), GS_ERR_INVALID_ARGUMENT);
   GS_OK(gs_allreduce(c, &x, NULL, 1, GS_OP_SUM, 1.0, 1.0)); /* still usable */
-  CHECK(first_value(&x) == (float)gs_test_size(), "after the refusal: %g",
-        (double)first_value(&x));
+  CHECK(first_value(&x) == (float)gs_test_size(), "after the refusal: %g", (double)first_value(&x));
 
   SECTION("allgatherv into memory overlapping its input is refused on the device");
   int p = gs_test_size();

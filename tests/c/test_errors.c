@@ -135,7 +135,8 @@ static void test_tensor_arguments(void) {
   GS_EXPECT(gs_broadcast(comm, bad_dt, 2, 0), GS_ERR_TYPE);
   GS_EXPECT(gs_allreduce(comm, t, bad_dt, 2, GS_OP_SUM, 1.0, 1.0), GS_ERR_TYPE);
   CHECK_ERROR_MENTIONS("out[1]");
-  CHECK(gs_dtype_size((gs_dtype_t)99) == 0 && strcmp(gs_dtype_name((gs_dtype_t)99), "unknown") == 0);
+  CHECK(gs_dtype_size((gs_dtype_t)99) == 0 &&
+        strcmp(gs_dtype_name((gs_dtype_t)99), "unknown") == 0);
   CHECK(strcmp(gs_op_name((gs_op_t)99), "unknown") == 0);
   UNTOUCHED(h);
 
@@ -198,7 +199,8 @@ static void test_tensor_arguments(void) {
    * in[1]'s memory. (When both lists are back to back and large, an unchecked
    * overlap reaches MPI_Allreduce as aliased send/recv buffers, which MPICH
    * aborts on; this small case only checks that the overlap is rejected.) */
-  gs_tensor_t cross_out[2] = {GS_HOST_TENSOR(fb, NB, GS_FLOAT32), GS_HOST_TENSOR(fc, NB, GS_FLOAT32)};
+  gs_tensor_t cross_out[2] = {GS_HOST_TENSOR(fb, NB, GS_FLOAT32),
+                              GS_HOST_TENSOR(fc, NB, GS_FLOAT32)};
   GS_EXPECT(gs_allreduce(comm, t, cross_out, 2, GS_OP_SUM, 1.0, 1.0), GS_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("overlap");
   UNTOUCHED(h);
@@ -221,11 +223,14 @@ static void test_tensor_arguments(void) {
             GS_ERR_INVALID_ARGUMENT); /* 63 elements are 7 rows of 9, but out has 64 */
   CHECK_ERROR_MENTIONS("out[0]");
   rows[0] = 5; /* 63 is not a whole number of rows of 5 */
-  GS_EXPECT(gs_reduce_scatter(comm, &in63, o, 1, rows, GS_OP_SUM, 1.0, 1.0), GS_ERR_INVALID_ARGUMENT);
+  GS_EXPECT(gs_reduce_scatter(comm, &in63, o, 1, rows, GS_OP_SUM, 1.0, 1.0),
+            GS_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("rows");
   rows[0] = -1;
-  GS_EXPECT(gs_reduce_scatter(comm, &in63, o, 1, rows, GS_OP_SUM, 1.0, 1.0), GS_ERR_INVALID_ARGUMENT);
-  GS_EXPECT(gs_reduce_scatter(comm, t, NULL, 1, NULL, GS_OP_SUM, 1.0, 1.0), GS_ERR_INVALID_ARGUMENT);
+  GS_EXPECT(gs_reduce_scatter(comm, &in63, o, 1, rows, GS_OP_SUM, 1.0, 1.0),
+            GS_ERR_INVALID_ARGUMENT);
+  GS_EXPECT(gs_reduce_scatter(comm, t, NULL, 1, NULL, GS_OP_SUM, 1.0, 1.0),
+            GS_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("out");
   UNTOUCHED(h);
 
@@ -239,7 +244,8 @@ static void test_tensor_arguments(void) {
   GS_EXPECT(gs_allgatherv(comm, t, o, 1, NULL), GS_ERR_INVALID_ARGUMENT);
   CHECK_ERROR_MENTIONS("counts");
   for (int r = 0; r < size_; r++) counts[r] = NB;
-  GS_EXPECT(gs_allgatherv(comm, t, o, 1, counts), size_ == 1 ? GS_SUCCESS : GS_ERR_INVALID_ARGUMENT);
+  GS_EXPECT(gs_allgatherv(comm, t, o, 1, counts),
+            size_ == 1 ? GS_SUCCESS : GS_ERR_INVALID_ARGUMENT);
   if (size_ > 1) CHECK_ERROR_MENTIONS("out[0]");
   fill_pattern();
   h = pattern_hash();
@@ -259,7 +265,8 @@ static void test_tensor_arguments(void) {
     gs_tensor_t cross[2] = {GS_HOST_TENSOR(fa, 60, GS_FLOAT32), GS_HOST_TENSOR(fb, 10, GS_FLOAT32)};
     GS_EXPECT(gs_allgather_shards(comm, cross, 2), GS_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("a single rank must own the entire tensor");
-    GS_EXPECT(gs_reduce_scatter_shards(comm, cross, 2, GS_OP_SUM, 1.0, 1.0), GS_ERR_INVALID_ARGUMENT);
+    GS_EXPECT(gs_reduce_scatter_shards(comm, cross, 2, GS_OP_SUM, 1.0, 1.0),
+              GS_ERR_INVALID_ARGUMENT);
     CHECK_ERROR_MENTIONS("gs_reduce_scatter_shards");
   }
   gs_shard_layout_t lay;
@@ -300,15 +307,15 @@ static void test_check_off(void) {
 
 /* Runs `call` on every rank: expects GS_ERR_MISMATCH everywhere, a message
  * mentioning each of the needles, and untouched buffers. */
-#define EXPECT_MISMATCH(call, ...)                                                   \
-  do {                                                                               \
-    fill_pattern();                                                                  \
-    uint64_t h_ = pattern_hash();                                                    \
-    GS_EXPECT((call), GS_ERR_MISMATCH);                                              \
-    const char *needles_[] = {__VA_ARGS__};                                          \
-    for (size_t k_ = 0; k_ < sizeof needles_ / sizeof needles_[0]; k_++)             \
-      CHECK_ERROR_MENTIONS(needles_[k_]);                                            \
-    UNTOUCHED(h_);                                                                   \
+#define EXPECT_MISMATCH(call, ...)                                       \
+  do {                                                                   \
+    fill_pattern();                                                      \
+    uint64_t h_ = pattern_hash();                                        \
+    GS_EXPECT((call), GS_ERR_MISMATCH);                                  \
+    const char *needles_[] = {__VA_ARGS__};                              \
+    for (size_t k_ = 0; k_ < sizeof needles_ / sizeof needles_[0]; k_++) \
+      CHECK_ERROR_MENTIONS(needles_[k_]);                                \
+    UNTOUCHED(h_);                                                       \
   } while (0)
 
 static void test_mismatches(void) {
@@ -410,10 +417,12 @@ static void test_mismatches(void) {
     if (rank_ == 1) d[0].dtype = (gs_dtype_t)99;
     gs_status_t s = gs_allreduce(comm, d, NULL, 2, GS_OP_SUM, 1.0, 1.0);
     if (rank_ == 1) {
-      CHECK(s == GS_ERR_TYPE, "the failing rank gets its own status: %d (%s)", (int)s, gs_last_error());
+      CHECK(s == GS_ERR_TYPE, "the failing rank gets its own status: %d (%s)", (int)s,
+            gs_last_error());
       CHECK_ERROR_MENTIONS("dtype 99");
     } else {
-      CHECK(s == GS_ERR_MISMATCH, "the other ranks get a mismatch: %d (%s)", (int)s, gs_last_error());
+      CHECK(s == GS_ERR_MISMATCH, "the other ranks get a mismatch: %d (%s)", (int)s,
+            gs_last_error());
       CHECK_ERROR_MENTIONS("rank(s) 1");
       CHECK_ERROR_MENTIONS("dtype 99"); /* the failing rank's reason is passed on */
     }

@@ -78,7 +78,8 @@ static void test_alltoallv(gs_comm_t comm, int c, int async) {
     in[t] = alloc_tensor(total, a2a_dtypes[t]);
     int64_t off = 0;
     for (int d = 0; d < np; d++)
-      for (int64_t i = 0; i < send[d * N + t]; i++) put(in[t].dtype, in[t].data, off++, value(me, t, d, i));
+      for (int64_t i = 0; i < send[d * N + t]; i++)
+        put(in[t].dtype, in[t].data, off++, value(me, t, d, i));
   }
   GS_OK(gs_alltoall_counts(comm, in, N, NULL, send, got));
   int ok = 1;
@@ -120,7 +121,8 @@ static void test_alltoallv_mismatch(gs_comm_t comm) {
   int64_t *send = calloc((size_t)np, sizeof *send), *recv = calloc((size_t)np, sizeof *recv);
   for (int r = 0; r < np; r++) send[r] = recv[r] = 2;
   if (me == np - 1) recv[0] = 3; /* expects one more element from rank 0 than it gets */
-  gs_tensor_t in = alloc_tensor(2 * np, GS_INT32), out = alloc_tensor(2 * np + (me == np - 1), GS_INT32);
+  gs_tensor_t in = alloc_tensor(2 * np, GS_INT32),
+              out = alloc_tensor(2 * np + (me == np - 1), GS_INT32);
   for (int64_t i = 0; i < out.count; i++) ((int32_t *)out.data)[i] = -5;
   GS_EXPECT(gs_alltoallv(comm, &in, &out, 1, send, recv), GS_ERR_MISMATCH);
   CHECK_ERROR_MENTIONS("expects 3");
@@ -180,7 +182,8 @@ static void test_rooted(gs_comm_t comm, int async) {
     for (int t = 0; t < N; t++)
       for (int64_t i = 0; i < back[t].count; i++)
         if (get(dts[t], back[t].data, i) != value(me, t, 0, i) && bad < 0) bad = i;
-    CHECK(bad < 0, "scatterv of the gathered tensors: element %lld is not this rank's", (long long)bad);
+    CHECK(bad < 0, "scatterv of the gathered tensors: element %lld is not this rank's",
+          (long long)bad);
     for (int t = 0; t < N; t++) {
       free(in[t].data);
       free(whole[t].data);
@@ -290,7 +293,8 @@ static void test_reduce(gs_comm_t comm, int async) {
           }
         CHECK(bad < 0, "reduce: tensor %lld element %lld wrong", (long long)(bad / 100000),
               (long long)(bad % 100000));
-        CHECK(changed < 0, "reduce changed an input it only reads (element %lld)", (long long)changed);
+        CHECK(changed < 0, "reduce changed an input it only reads (element %lld)",
+              (long long)changed);
         for (int t = 0; t < N; t++) {
           free(in[t].data);
           free(out[t].data);
@@ -314,7 +318,8 @@ static void test_p2p(gs_comm_t comm) {
     for (int t = 0; t < N; t++) {
       out[tag][t] = alloc_tensor(sizes[t], GS_FLOAT32);
       in[tag][t] = alloc_tensor(sizes[t], GS_FLOAT32);
-      for (int64_t i = 0; i < sizes[t]; i++) put(GS_FLOAT32, out[tag][t].data, i, value(me, t, tag, i));
+      for (int64_t i = 0; i < sizes[t]; i++)
+        put(GS_FLOAT32, out[tag][t].data, i, value(me, t, tag, i));
     }
   gs_request_t r[4];
   /* receives posted in the opposite tag order to the sends: tags keep them apart */

@@ -56,7 +56,8 @@ static void exchange_collectives(gs_comm_t c, const char *path) {
   pair_t in[3], out[3];
   for (int t = 0; t < 3; t++) {
     int64_t total = 0;
-    for (int d = 0; d < np; d++) total += sc[d * 3 + t] = (me + 2 * d + t) % 4 == 0 ? 0 : 100 * (me + d + t) + 1;
+    for (int d = 0; d < np; d++)
+      total += sc[d * 3 + t] = (me + 2 * d + t) % 4 == 0 ? 0 : 100 * (me + d + t) + 1;
     in[t] = make(DTS[t], total, 10 + t);
   }
   gs_tensor_t ih[3] = {in[0].h, in[1].h, in[2].h}, id[3] = {in[0].d, in[1].d, in[2].d};
@@ -84,7 +85,8 @@ static void exchange_collectives(gs_comm_t c, const char *path) {
       red[t] = make(DTS[t], 777 - 300 * t, 50 + t);
     }
     /* gather every rank's block, then scatter the gathered tensors back */
-    gs_tensor_t mh[3] = {mine[0].h, mine[1].h, mine[2].h}, md[3] = {mine[0].d, mine[1].d, mine[2].d};
+    gs_tensor_t mh[3] = {mine[0].h, mine[1].h, mine[2].h},
+                md[3] = {mine[0].d, mine[1].d, mine[2].d};
     gs_tensor_t gh[3] = {g[0].h, g[1].h, g[2].h}, gd[3] = {g[0].d, g[1].d, g[2].d};
     GS_OK(gs_gatherv(c, mh, gh, 3, rc, root));
     GS_OK(gs_gatherv(c, md, gd, 3, rc, root));

@@ -21,8 +21,8 @@ static void check_f16_from_float(float f, long long *bad) {
   if (!isnan(f)) { /* the two references must agree, or the test is wrong */
     uint16_t cc = gs_ref_float_to_f16_cc(f);
     if (cc != want && (*bad)++ < 5)
-      CHECK(0, "references disagree for float %a: _Float16 0x%04x, arithmetic 0x%04x",
-            (double)f, cc, want);
+      CHECK(0, "references disagree for float %a: _Float16 0x%04x, arithmetic 0x%04x", (double)f,
+            cc, want);
   }
 #endif
   if (!ok && (*bad)++ < 5)
@@ -60,8 +60,8 @@ static void test_all_patterns(void) {
                     ((back | 0x0200u) == (h | 0x0200u)))
                  : back == h;
     if ((!ok || !rt) && bad++ < 5)
-      CHECK(0, "half 0x%04x -> float %a -> half 0x%04x (expected value %a)", h, (double)f,
-            back, want);
+      CHECK(0, "half 0x%04x -> float %a -> half 0x%04x (expected value %a)", h, (double)f, back,
+            want);
   }
   CHECK(bad == 0, "%lld float16 patterns failed", bad);
 
@@ -91,7 +91,8 @@ static void test_float_samples(void) {
   for (uint32_t hi = (uint32_t)rank_; hi < (1u << 19); hi += (uint32_t)size_) {
     for (size_t k = 0; k < sizeof low13 / sizeof low13[0]; k++)
       check_f16_from_float(gs_ref_bits_f32((hi << 13) | low13[k]), &bad16);
-    check_f16_from_float(gs_ref_bits_f32((hi << 13) | (uint32_t)(gs_rng_next(&rng) & 0x1fff)), &bad16);
+    check_f16_from_float(gs_ref_bits_f32((hi << 13) | (uint32_t)(gs_rng_next(&rng) & 0x1fff)),
+                         &bad16);
   }
   SECTION("float -> float16, midpoints between neighbours");
   for (uint32_t h = (uint32_t)rank_; h < 0x7c00u; h += (uint32_t)size_) {
@@ -132,7 +133,8 @@ static void test_float_samples(void) {
     for (size_t k = 0; k < sizeof low16 / sizeof low16[0]; k++)
       check_bf16_from_float(gs_ref_bits_f32((hi << 16) | low16[k]), &badbf);
     for (int k = 0; k < 4; k++)
-      check_bf16_from_float(gs_ref_bits_f32((hi << 16) | (uint32_t)(gs_rng_next(&rng) & 0xffff)), &badbf);
+      check_bf16_from_float(gs_ref_bits_f32((hi << 16) | (uint32_t)(gs_rng_next(&rng) & 0xffff)),
+                            &badbf);
   }
   SECTION("float -> bfloat16, specials");
   if (rank_ == 0) {
@@ -175,8 +177,7 @@ static void test_public_scale(gs_comm_t comm) {
       }
       int nan = bf ? gs_ref_bf16_isnan((uint16_t)i) : gs_ref_f16_isnan((uint16_t)i);
       int ok = nan ? (bf ? gs_ref_bf16_isnan(y[i]) : gs_ref_f16_isnan(y[i])) : y[i] == want;
-      if (!ok && bad++ < 5)
-        CHECK(0, "x = 0x%04x: got 0x%04x, expected 0x%04x", i, y[i], want);
+      if (!ok && bad++ < 5) CHECK(0, "x = 0x%04x: got 0x%04x, expected 0x%04x", i, y[i], want);
     }
     CHECK(bad == 0, "%lld patterns wrong", bad);
     /* prescale 0.5 (rounded to the dtype when packed), then postscale 2.0
@@ -194,8 +195,7 @@ static void test_public_scale(gs_comm_t comm) {
                          : gs_ref_double_to_f16((double)(float)(w * 2.0));
       int nan = bf ? gs_ref_bf16_isnan((uint16_t)i) : gs_ref_f16_isnan((uint16_t)i);
       int ok = nan ? (bf ? gs_ref_bf16_isnan(y[i]) : gs_ref_f16_isnan(y[i])) : y[i] == want;
-      if (!ok && bad++ < 5)
-        CHECK(0, "x = 0x%04x: got 0x%04x, expected 0x%04x", i, y[i], want);
+      if (!ok && bad++ < 5) CHECK(0, "x = 0x%04x: got 0x%04x, expected 0x%04x", i, y[i], want);
     }
     CHECK(bad == 0, "%lld patterns wrong", bad);
     free(x);

@@ -33,7 +33,6 @@ static gs_comm_t nccl_comm(gs_tensor_t *t) {
   return c;
 }
 
-
 int main(int argc, char **argv) {
   Dl_info self;
   if (dladdr((void *)&gs_allreduce, &self) && self.dli_fname) {
@@ -61,8 +60,8 @@ int main(int argc, char **argv) {
   gs_comm_t c = nccl_comm(&t);
   if (me == 0) {
     GS_EXPECT(gs_allreduce(c, &t, NULL, 1, GS_OP_SUM, 1.0, 1.0), GS_ERR_TIMEOUT);
-    CHECK(strstr(gs_last_error(), "allreduce") && strstr(gs_last_error(), "TIMEOUT"),
-          "message: %s", gs_last_error());
+    CHECK(strstr(gs_last_error(), "allreduce") && strstr(gs_last_error(), "TIMEOUT"), "message: %s",
+          gs_last_error());
     GS_EXPECT(gs_allreduce(c, &t, NULL, 1, GS_OP_SUM, 1.0, 1.0), GS_ERR_TIMEOUT);
     CHECK(strstr(gs_last_error(), "unusable") != NULL, "message: %s", gs_last_error());
   }
