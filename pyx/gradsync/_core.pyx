@@ -267,7 +267,9 @@ cdef class Comm:
         if type(tensors) is not np.ndarray and not device_array:
             self.allreduce(tensors, None, op, prescale, postscale, adasum)
             return tensors
-        with self.converting:
+        # `with self.converting` as everywhere else, spelled out: here, on the
+        # latency-bound path, its two method calls would cost 0.2 us a call.
+        try:
             cop = parse_op(op)
             if cop == GS_OP_ADASUM:
                 cop = adasum_mode(cop, self.adasum if adasum is None else adasum)
@@ -275,6 +277,9 @@ cdef class Comm:
                 fill_ref(&t, <_TensorRef>tensors, "tensor", 0, False, True, "comm.allreduce_")
             else:
                 fill_tensor(&t, tensors, "tensor", 0, False, True, "comm.allreduce_")
+        except BaseException as exc:
+            self.abandon(exc)
+            raise
         with nogil:
             CHKERR(gs_allreduce(h, &t, NULL, 1, cop, prescale, postscale))
         return tensors
@@ -392,6 +397,18 @@ cdef class Comm:
             tl = arguments(tensors, "tensors", True, "comm.reduce_scatter_shards_")
         with nogil:
             CHKERR(gs_reduce_scatter_shards(h, tl.t, tl.n, cop, prescale, postscale))
+
+
+cdef class CommunicatorBase:
+    """The base of gradsync.Communicator: the methods on the latency-bound
+    path, compiled, so a small in-place allreduce pays no Python frame
+    (0.2 us of a 0.7 us call)."""
+    cdef public Comm handle
+
+    def allreduce_(self, tensors, op="sum", *, double prescale=1.0, double postscale=1.0,
+                   adasum=None):
+        """Reduces in place over ranks; returns what it was given."""
+        return self.handle.allreduce_inplace(tensors, op, prescale, postscale, adasum)
 
 
 cdef class _Abandoning:

@@ -21,7 +21,7 @@ def default_communicator(comm=None):
     return _default
 
 
-class Communicator(ExchangeCollectives):
+class Communicator(_core.CommunicatorBase, ExchangeCollectives):
     """A group of ranks that run collectives together.
 
     ``Communicator()`` duplicates mpi4py's COMM_WORLD; ``Communicator(comm)``
@@ -114,9 +114,7 @@ class Communicator(ExchangeCollectives):
         self.handle.barrier()
 
     # ---- collectives ------------------------------------------------------
-    def allreduce_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
-        """Reduces in place over ranks; returns what it was given."""
-        return self.handle.allreduce_inplace(tensors, op, prescale, postscale, adasum)
+    # allreduce_ (in place) is CommunicatorBase's, compiled: see _core.pyx.
 
     def allreduce(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
         """Reduces over ranks into new arrays; the inputs are not changed."""
