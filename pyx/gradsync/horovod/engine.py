@@ -217,12 +217,7 @@ class Engine:
         """Waits for the call, recovering from failures (replaying it when
         other ranks have joined); returns what its finish() makes of it."""
         while True:
-            if call.state == _PENDING:
-                try:
-                    call.request.wait()
-                    call.state = _DONE
-                except (gs.Error, ValueError, TypeError) as exc:
-                    self._failed(call, exc)
+            self._settle(call)
             if call.state == _FAILED:
                 self._recover()
                 continue
@@ -235,15 +230,20 @@ class Engine:
                 out = out[:call.ndata]
             return call.finish(out) if call.finish is not None else out
 
+    def _settle(self, call):
+        """A pending call's request waited for: done, or failed (recorded)."""
+        if call.state != _PENDING:
+            return
+        try:
+            call.request.wait()
+            call.state = _DONE
+        except (gs.Error, ValueError, TypeError) as exc:
+            self._failed(call, exc)
+
     def drain(self):
         """Waits for every open call (errors stay with their calls)."""
         for call in list(self._open):
-            if call.state == _PENDING:
-                try:
-                    call.request.wait()
-                    call.state = _DONE
-                except (gs.Error, ValueError, TypeError) as exc:
-                    self._failed(call, exc)
+            self._settle(call)
         if any(c.state == _FAILED for c in self._open):
             self._recover()
 
