@@ -43,6 +43,15 @@ GS_API gs_status_t gs_broadcast(gs_comm_t comm, const gs_tensor_t *tensors, int6
 GS_API gs_status_t gs_allgather_counts(gs_comm_t comm, const gs_tensor_t *in, int64_t n,
                                        const int64_t *row_elems, int64_t *counts_out);
 
+/* Step 1 by rows, for tensors whose rows may hold zero elements (shape
+ * (k, 0)), which element counts cannot describe: rows[i] is this rank's dim
+ * 0 of tensor i and row_elems[i] its elements per row (>= 0; ranks must
+ * agree on it; in[i].count must be rows[i] * row_elems[i]). rows_out
+ * receives size * n values, rank-major: rank r's rows of tensor i. */
+GS_API gs_status_t gs_allgather_rows(gs_comm_t comm, const gs_tensor_t *in, int64_t n,
+                                     const int64_t *rows, const int64_t *row_elems,
+                                     int64_t *rows_out);
+
 /* Step 2: out[i] = concatenation over ranks r of rank r's in[i]. `counts` is
  * what gs_allgather_counts returned; out[i].count must be its column sum. */
 GS_API gs_status_t gs_allgatherv(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,

@@ -4,11 +4,21 @@
 
 #include "gs_collective.h"
 
+/* gs_allgather_counts (d->counts: row sizes, may be NULL) and
+ * gs_allgather_rows (d->counts2: rows, with the row sizes) share one path. */
 static gs_status_t counts_check(gs_comm_t c, gs_coll_t *d) {
-  const int64_t *row_elems = d->counts;
+  const int64_t *row_elems = d->counts, *rows = d->counts2;
   if (d->n > 0 && !d->extra)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: counts_out is NULL", d->fn);
-  for (int64_t i = 0; row_elems && i < d->n; i++)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s is NULL", d->fn,
+                   d->kind == GS_CALL_ALLGATHER_ROWS ? "rows_out" : "counts_out");
+  if (d->kind == GS_CALL_ALLGATHER_ROWS && d->n > 0 && (!rows || !row_elems))
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: %s is NULL", d->fn, rows ? "row_elems" : "rows");
+  for (int64_t i = 0; rows && i < d->n; i++)
+    if (rows[i] < 0 || row_elems[i] < 0 || rows[i] * row_elems[i] != d->in[i].count)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: in[%lld] has %lld elements, not %lld rows of %lld", d->fn, (long long)i,
+                     (long long)d->in[i].count, (long long)rows[i], (long long)row_elems[i]);
+  for (int64_t i = 0; !rows && row_elems && i < d->n; i++)
     if (row_elems[i] <= 0 || d->in[i].count % row_elems[i] != 0)
       return gs_fail(GS_ERR_INVALID_ARGUMENT,
                      "%s: in[%lld] has %lld elements, not a whole number of rows of %lld", d->fn,
@@ -20,7 +30,7 @@ static gs_status_t counts_check(gs_comm_t c, gs_coll_t *d) {
   return GS_SUCCESS;
 }
 
-/* Every rank's element counts, rank-major, into counts_out. */
+/* Every rank's element counts (or rows), rank-major, into d->extra. */
 static gs_status_t counts_run(const gs_engine_t *e, gs_coll_t *d) {
   (void)e;
   gs_comm_t c = d->comm;
@@ -28,13 +38,13 @@ static gs_status_t counts_run(const gs_engine_t *e, gs_coll_t *d) {
   if (n > 0x7fffffff) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: too many tensors", d->fn);
   int64_t *mine = malloc((size_t)n * sizeof *mine);
   if (!mine) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
-  for (int64_t i = 0; i < n; i++) mine[i] = d->in[i].count;
+  for (int64_t i = 0; i < n; i++) mine[i] = d->counts2 ? d->counts2[i] : d->in[i].count;
   MPI_Request req;
   int err =
       MPI_Iallgather(mine, (int)n, MPI_INT64_T, counts_out, (int)n, MPI_INT64_T, c->mpi, &req);
   gs_status_t s = err == MPI_SUCCESS
-                      ? gs_mpi_wait(&req, "gs_allgather_counts: MPI_Iallgather", NULL, NULL)
-                      : gs_mpi_fail(err, "gs_allgather_counts: MPI_Iallgather");
+                      ? gs_mpi_wait(&req, "allgather counts: MPI_Iallgather", NULL, NULL)
+                      : gs_mpi_fail(err, "allgather counts: MPI_Iallgather");
   free(mine);
   return s;
 }
@@ -150,6 +160,22 @@ gs_status_t gs_allgather_counts(gs_comm_t c, const gs_tensor_t *in, int64_t n,
                  .op = GS_OP_SUM,
                  .counts = row_elems,
                  .extra = counts_out,
+                 .check = counts_check,
+                 .run = counts_run};
+  return gs_collective(c, &d);
+}
+
+gs_status_t gs_allgather_rows(gs_comm_t c, const gs_tensor_t *in, int64_t n, const int64_t *rows,
+                              const int64_t *row_elems, int64_t *rows_out) {
+  gs_coll_t d = {.fn = "gs_allgather_rows",
+                 .name = "allgather",
+                 .kind = GS_CALL_ALLGATHER_ROWS,
+                 .in = in,
+                 .n = n,
+                 .op = GS_OP_SUM,
+                 .counts = row_elems,
+                 .counts2 = rows,
+                 .extra = rows_out,
                  .check = counts_check,
                  .run = counts_run};
   return gs_collective(c, &d);

@@ -22,6 +22,7 @@ const char *gs_call_name(gs_call_kind_t kind) {
     case GS_CALL_GATHERV: return "gather";
     case GS_CALL_SCATTERV: return "scatter";
     case GS_CALL_REDUCE: return "reduce";
+    case GS_CALL_ALLGATHER_ROWS: return "allgather (rows)";
   }
   return "unknown";
 }

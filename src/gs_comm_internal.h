@@ -30,7 +30,8 @@ typedef enum gs_call_kind {
   GS_CALL_ALLTOALLV = 10,
   GS_CALL_GATHERV = 11,
   GS_CALL_SCATTERV = 12,
-  GS_CALL_REDUCE = 13
+  GS_CALL_REDUCE = 13,
+  GS_CALL_ALLGATHER_ROWS = 14
 } gs_call_kind_t;
 
 const char *gs_call_name(gs_call_kind_t kind);

@@ -294,53 +294,33 @@ cdef class Comm:
 
     def allgather_counts(self, tensors):
         """(shapes, counts): each tensor's shape once gathered over the ranks
-        along dim 0, and gs_allgatherv's element counts (counts[r * n + i])."""
+        along dim 0, and gs_allgatherv's element counts (counts[r * n + i]),
+        from gs_allgather_rows (rows of zero elements included)."""
         cdef gs_comm_t h = self.live()
         cdef TensorList tin
-        cdef Py_ssize_t i, r, n
+        cdef Py_ssize_t i, n
         cdef int size = self.info()[1]
-        cdef int64_t[::1] rows_elems, counts
-        zero_width = []
+        cdef int64_t[::1] rows, row_elems, rows_out
         with self.converting:
             tin = arguments(tensors, "tensors", False)
             n = tin.n
-            rows_elems = np.ones(max(n, 1), dtype=np.int64)
-            counts = np.zeros(max(n * size, 1), dtype=np.int64)
+            rows = np.zeros(max(n, 1), dtype=np.int64)
+            row_elems = np.zeros(max(n, 1), dtype=np.int64)
+            rows_out = np.zeros(max(n * size, 1), dtype=np.int64)
             for i in range(n):
                 a = tin.arrays[i]
                 if a.ndim == 0:
                     raise ArgumentError(f"{tin.label(i)} is 0-d; allgather concatenates along "
                                         "dim 0 and needs at least one dimension",
                                         GS_ERR_INVALID_ARGUMENT)
-                rows_elems[i] = max(1, int(np.prod(a.shape[1:], dtype=np.int64)))
-                if a.ndim > 1 and 0 in a.shape[1:]:
-                    zero_width.append(i)
-        # Rows of zero elements: their element counts say nothing about dim 0,
-        # so the ranks exchange row counts for them (descriptors whose count is
-        # dim 0; the exchange reads no data), and gather zero elements.
-        cdef gs_tensor_t *desc = tin.t
-        cdef TensorList rows_only = None
-        if zero_width:
-            rows_only = TensorList()
-            rows_only.load([np.empty(0, np.int8)] * n, "tensors", True, False)
-            for i in range(n):
-                rows_only.t[i] = tin.t[i]
-            for i in zero_width:
-                rows_only.t[i].count = tin.arrays[i].shape[0]
-                rows_only.t[i].data = <void *>&rows_elems[i]  # never read
-            desc = rows_only.t
+                rows[i] = a.shape[0]
+                row_elems[i] = int(np.prod(a.shape[1:], dtype=np.int64))
         with nogil:
-            CHKERR(gs_allgather_counts(h, desc, n, &rows_elems[0], &counts[0]))
-        shapes = []
-        for i in range(n):
-            total = 0
-            for r in range(size):
-                total += counts[r * n + i]
-            shapes.append((total // rows_elems[i],) + tin.arrays[i].shape[1:])
-        for i in zero_width:
-            for r in range(size):
-                counts[r * n + i] = 0  # the gathered tensor holds no elements
-        return shapes, np.asarray(counts)
+            CHKERR(gs_allgather_rows(h, tin.t, n, &rows[0], &row_elems[0], &rows_out[0]))
+        gathered = np.asarray(rows_out)[:n * size].reshape(size, n) if n else None
+        shapes = [(int(gathered[:, i].sum()),) + tin.arrays[i].shape[1:] for i in range(n)]
+        counts = (gathered * np.asarray(row_elems)[:n]).reshape(-1) if n else np.zeros(1, np.int64)
+        return shapes, counts
 
     # ---- asynchronous, in place: a Request; errors surface at wait() ----------
     cdef Request async_request(self, tensors, str call):

@@ -10,6 +10,9 @@ cdef extern from "gs_collectives.h" nogil:
     gs_status_t gs_broadcast(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n, int root)
     gs_status_t gs_allgather_counts(gs_comm_t comm, const gs_tensor_t *inp, int64_t n,
                                     const int64_t *row_elems, int64_t *counts_out)
+    gs_status_t gs_allgather_rows(gs_comm_t comm, const gs_tensor_t *inp, int64_t n,
+                                  const int64_t *rows, const int64_t *row_elems,
+                                  int64_t *rows_out)
     gs_status_t gs_allgatherv(gs_comm_t comm, const gs_tensor_t *inp, const gs_tensor_t *out,
                               int64_t n, const int64_t *counts)
     gs_status_t gs_reduce_scatter(gs_comm_t comm, const gs_tensor_t *inp, const gs_tensor_t *out,
