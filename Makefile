@@ -216,12 +216,12 @@ cluster-test: build
 
 # Allreduce across 2 simulated hosts x 2 ranks at 10 and 1 Gbit/s: time and
 # bytes per host link, gradsync flat / hierarchical / default against mpi4py
-# (scripts/bench_cluster.py; docs/PERFORMANCE.md "Across hosts").
+# (gradsync.bench.cluster; docs/PERFORMANCE.md "Across hosts").
 CLUSTER_RATES ?= 10gbit 1gbit
 bench-cluster: build
 	@$(CLUSTER_CHECK); for rate in $(CLUSTER_RATES); do \
 	    $(SIMCLUSTER) --hosts 2 --ranks-per-host 2 --rate $$rate -- \
-	        $(PYTHON) scripts/bench_cluster.py --repeats 7 --json cluster-$$rate.json || exit 1; done
+	        $(PYTHON) -m gradsync.bench.cluster --repeats 7 --json cluster-$$rate.json || exit 1; done
 
 # On a machine with a GPU: the device C test on the real runtime, the GPU
 # pytest suite at 1 rank (NCCL) and at GPU_NP ranks sharing the GPU (staged
@@ -249,8 +249,8 @@ gpu-test: build tests/c/bin/test_device_paths tests/c/bin/test_device_streams
 	    echo "== compute-sanitizer --tool $$tool tests/c/bin/test_device_paths (1 rank)"; \
 	    GRADSYNC_NCCL=0 timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(SANITIZER) --tool $$tool \
 	        --error-exitcode 3 tests/c/bin/test_device_paths || exit 1; done; fi; \
-	echo "== scripts/bench_gpu.py"; \
-	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTHON) scripts/bench_gpu.py --json gpu-bench.json
+	echo "== gradsync.bench.gpu"; \
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTHON) -m gradsync.bench.gpu --json gpu-bench.json
 
 # make demo DEMO_ARGS="--backend torch-ddp": DDP on the gradsync torch backend
 DEMO_ARGS ?=
@@ -262,7 +262,7 @@ bench: build
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench --shapes resnet50 --baseline mpi4py
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench --collective reduce_scatter_shards --shapes resnet50 --baseline mpi4py
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench --collective accumulate -d float16 --shapes resnet50 --baseline mpi4py
-	timeout $(TEST_TIMEOUT) $(PYTHON) scripts/bench_kernels.py
+	timeout $(TEST_TIMEOUT) $(PYTHON) -m gradsync.bench.kernels
 
 # The C tests under valgrind (memcheck, leaks included) at 2 ranks.
 check-memory: build $(C_TESTS)

@@ -186,9 +186,9 @@ i = g.build_info(); print(\"cuda_devices\", i[\"cuda_devices\"], \"nccl\", i[\"n
 $MPIEXEC -n $NP2 tests/c/bin/test_device_streams" ;;
     pytest_np1) step pytest_np1 330 60 "$MPIEXEC -n 1 $PYTEST tests/gpu tests/python/test_dlpack.py" ;;
     pytest_np2) step pytest_np2 330 60 "$MPIEXEC -n $NP2 $PYTEST tests/gpu tests/python/test_dlpack.py" ;;
-    bench_np1) step bench_np1 240 60 "$MPIEXEC -n 1 $PY scripts/bench_gpu.py \
+    bench_np1) step bench_np1 240 60 "$MPIEXEC -n 1 $PY -m gradsync.bench.gpu \
 --only accumulate,bert,allreduce --max-seconds 20 --json $STATE/bench_np1.json" ;;
-    bench_np2) step bench_np2 300 90 "$MPIEXEC -n $NP2 $PY scripts/bench_gpu.py --only train \
+    bench_np2) step bench_np2 300 90 "$MPIEXEC -n $NP2 $PY -m gradsync.bench.gpu --only train \
 --max-seconds 90 --json $STATE/bench_np2.json --trace-dir $STATE/traces" ;;
     memcheck|racecheck)
       if [ -z "$SANITIZER" ]; then

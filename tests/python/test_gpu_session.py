@@ -26,6 +26,8 @@ sys.path.insert(0, SCRIPTS)
 
 import gpu_summary  # noqa: E402
 
+from gradsync.bench import gpu_figures  # noqa: E402
+
 C_LOG = "== something\ntest_device_paths (2 ranks): 24068 passed, 0 failed\n"
 C_SKIPPED = ("test_device_paths: no CUDA device, skipped\n"
              "test_device_paths (1 ranks): 1 passed, 0 failed\n")
@@ -116,12 +118,12 @@ def test_training_figures_and_trace_table():
              "gradsync_vs_ddp_params_max_rel_diff": 1e-7,
              "trace": {"gradsync": {"backward_span_ms": 30.0, "comm_busy_ms": 4.0,
                                     "comm_overlap_share": 0.75}}}
-    rows = {what: (v, goal) for what, v, goal, _ in gpu_summary.figure_rows({"train": train})}
+    rows = {what: (v, goal) for what, v, goal, _ in gpu_figures.figure_rows({"train": train})}
     assert rows["(d) ResNet-50 step: gradsync / DDP-gloo"] == (0.8, "< 1")
     hidden = rows["(d) share of comm hidden (compute+comm-step)/comm, DDP-gloo"][0]
     assert math.isnan(hidden)  # unknown
     out = io.StringIO()
-    gpu_summary.print_train(train, out)
+    gpu_figures.print_train(train, out)
     line = next(x for x in out.getvalue().splitlines() if x.strip().startswith("gradsync ")
                 and "ms" not in x)
     cells = line.split()

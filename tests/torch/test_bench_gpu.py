@@ -1,4 +1,4 @@
-"""scripts/bench_gpu.py without a GPU, so that its mistakes show here and not
+"""gradsync.bench.gpu without a GPU, so that its mistakes show here and not
 in a GPU lease:
 
 - its dry run (torch on the CPU, tiny sizes) goes through every section at
@@ -20,16 +20,10 @@ from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
 
-from gsutil import child_env, collectively  # noqa: E402
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SCRIPT = os.path.join(ROOT, "scripts", "bench_gpu.py")
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-
-import bench_gpu_train as bt  # noqa: E402
-import gpu_summary  # noqa: E402
-
+import gradsync.bench.gpu_train as bt  # noqa: E402
 from gradsync.bench.data import load_shapes  # noqa: E402
+from gradsync.bench.gpu_figures import figure_rows  # noqa: E402
+from gsutil import child_env, collectively  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 one_rank = pytest.mark.skipif(WORLD.size != 1, reason="runs at 1 rank (it starts its own jobs)")
@@ -96,7 +90,7 @@ def test_trace_summary_on_a_hand_made_trace(tmp_path):
 
 def run_dry(tmp_path, nranks):
     out = tmp_path / f"dry{nranks}.json"
-    cmd = [sys.executable, SCRIPT, "--dry-run", "--json", str(out),
+    cmd = [sys.executable, "-m", "gradsync.bench.gpu", "--dry-run", "--json", str(out),
            "--trace-dir", str(tmp_path / f"traces{nranks}")]
     if nranks == 1:
         cmd += ["--only", "accumulate,bert,allreduce,train"]
@@ -124,7 +118,7 @@ def test_dry_run_one_rank_every_section(tmp_path):
     assert set(train["modes"]) == {"compute", "comm", "gradsync", "ddp-gloo"}
     assert train["replicas_identical"] == {"gradsync": True, "ddp-gloo": True}
     assert set(train["trace"]) == {"compute", "gradsync", "ddp-gloo"}
-    names = [what for what, _, _, _ in gpu_summary.figure_rows(r)]
+    names = [what for what, _, _, _ in figure_rows(r)]
     assert len(names) == 3 + 4 + 3 + 5, names
     assert "DRY RUN" in stdout
 

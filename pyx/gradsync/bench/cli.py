@@ -5,7 +5,6 @@
 returns the results (on every rank) and raises instead of aborting.
 """
 
-import json
 import sys
 import traceback
 
@@ -33,6 +32,7 @@ from gradsync.bench.output import (
     ratio_medians,
     ratio_summary,
     tables,
+    write_json,
 )
 from gradsync.bench.runners import run_latency, run_row
 from gradsync.bench.timing import Ctx, Progress
@@ -219,7 +219,6 @@ def _bench(ctx, args):
         plot(tabs, args.plot, ctx, ctx.out)
     ctx.progress.clear()
     if args.json and is_root:
-        with open(args.json, "w") as fh:
-            json.dump(result, fh, indent=1, default=str)
+        write_json(args.json, result)
         ctx.out("# JSON written to %s" % args.json)
     return result

@@ -339,3 +339,20 @@ def plot(tabs, path, ctx, out):
     plt.close(fig)
     out("# plot written to %s" % path)
     return True
+
+
+def write_json(path, data):
+    """Writes ``data`` to ``path`` whole or not at all (a temporary file, then
+    a rename), so a run cut short leaves the last complete results. NumPy
+    scalars become numbers, anything else JSON does not know its str()."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=_plain)
+    os.replace(tmp, path)
+
+
+def _plain(value):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Benchmark of gradsync's gradient control kernels against NumPy, with the
 machine's memory bandwidth measured in the same run (no MPI needed).
 
-    python scripts/bench_kernels.py [--elements 64M] [--repeats 7]
+    python -m gradsync.bench.kernels [--elements 64M] [--repeats 7]
 
 Rows (median of --repeats; ratio = NumPy time / gradsync time):
   accumulate_ float32 += float16 on one 64M-element pair, vs NumPy `acc += grad`,
@@ -12,47 +11,20 @@ Rows (median of --repeats; ratio = NumPy time / gradsync time):
   64M-element float32 array vs their NumPy equivalents.
 """
 import argparse
-import json
 import os
-import sys
-import time
 
 import numpy as np
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-try:
-    import gradsync as gs
-except ImportError:  # running from a checkout after `make`
-    sys.path.insert(0, os.path.join(HERE, "..", "pyx"))
-    import gradsync as gs
-
-SHAPES = os.path.join(os.path.dirname(gs.__file__), "bench", "gradient_shapes.json")
-
-
-def size(text):
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
-
-
-def median_time(fn, repeats, warmup=1):
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return float(np.median(times))
-
-
-def resnet_shapes():
-    with open(SHAPES) as f:
-        return [tuple(s["shape"]) for s in json.load(f)["resnet50"]["shapes"]]
+import gradsync as gs
+from gradsync.bench.args import parse_size
+from gradsync.bench.data import load_shapes
+from gradsync.bench.output import write_json
+from gradsync.bench.timing import median_time
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--elements", type=size, default=64 << 20)
+    ap.add_argument("--elements", type=parse_size, default=64 << 20)
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--json", help="write the rows here")
     args = ap.parse_args()
@@ -81,7 +53,7 @@ def main():
         f"{moved / t_gs / 1e9:.1f} GB/s = {moved / t_gs / copy_bw * 100:.0f}% of copy "
         f"({copy_bw / 1e9:.1f} GB/s)")
 
-    shapes = resnet_shapes()
+    shapes = load_shapes("resnet50")[0]
     accs = [rng.standard_normal(s, dtype=np.float32) for s in shapes]
     grads = [rng.standard_normal(s, dtype=np.float32).astype(np.float16) for s in shapes]
 
@@ -104,8 +76,7 @@ def main():
     print(f"# simd {info['simd']}, threads {threads}"
           f", median of {r}, load average {os.getloadavg()[0]:.2f}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "build_info": info, "repeats": r}, f, indent=1)
+        write_json(args.json, {"rows": rows, "build_info": info, "repeats": r})
 
 
 if __name__ == "__main__":

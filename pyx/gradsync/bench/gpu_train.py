@@ -1,4 +1,4 @@
-"""Figure (d) of scripts/bench_gpu.py: one training step of a ResNet-50 at
+"""Figure (d) of gradsync.bench.gpu: one training step of a ResNet-50 at
 several ranks (on one GPU they share it, and gradsync takes the staged MPI
 path), timed four ways in the same run, round by round so drift hits all
 alike:
@@ -23,6 +23,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from gradsync.bench.timing import timed
 
 STEP, BACKWARD = "gs_bench_step", "gs_bench_backward"
 GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
@@ -167,10 +169,7 @@ def bench_training(comm, world, dev, args, dist, gst, log):
     rounds = 0
     for it in range(args.warmup + args.iters):
         for md in modes:
-            world.Barrier()
-            t0 = time.perf_counter()
-            md.step(sync)
-            dt = world.allreduce(time.perf_counter() - t0, op=MPI.MAX)
+            dt = timed(lambda: md.step(sync), world)
             if it >= args.warmup:
                 times[md.name].append(dt)
         rounds += 1

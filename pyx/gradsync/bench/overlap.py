@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """Does DistributedOptimizer hide gradient communication behind backward?
 
-    mpiexec -n 2 python scripts/bench_overlap.py [--batch 16] [--width 48] [--iters 7]
+    mpiexec -n 2 python -m gradsync.bench.overlap [--batch 16] [--width 48] [--iters 7]
 
 One training step of a small ResNet-style CNN on CPU (one torch thread per
 rank), timed five ways in the same run, the ways interleaved round by round
@@ -26,9 +25,7 @@ assertions.
 """
 import argparse
 import os
-import socket
 import sys
-import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -41,6 +38,8 @@ from mpi4py import MPI  # noqa: E402
 
 import gradsync as gs  # noqa: E402
 import gradsync.torch as gst  # noqa: E402
+from gradsync.bench.rendezvous import init_process_group  # noqa: E402
+from gradsync.bench.timing import interleaved  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
@@ -87,22 +86,6 @@ class ResNetSmall(torch.nn.Module):
 
 # ----------------------------------------------------------------- helpers
 
-def init_gloo():
-    """torch.distributed over gloo, rendezvous at rank 0's address (told to
-    the others through mpi4py)."""
-    if WORLD.rank == 0:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-        addr = ("127.0.0.1", port)
-    else:
-        addr = None
-    addr = WORLD.bcast(addr, root=0)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr[0], str(addr[1])
-    dist.init_process_group("gloo", rank=WORLD.rank, world_size=WORLD.size)
-
-
 class GlooHooks:
     """Horovod's approach over torch.distributed: per-tensor async allreduce
     started from each gradient's hook; step() waits, averages, steps."""
@@ -143,7 +126,7 @@ def main():
     torch.set_num_threads(1)
     rank, size = WORLD.rank, WORLD.size
     comm = gs.Communicator()
-    init_gloo()
+    init_process_group(WORLD, "gloo")
 
     g = torch.Generator().manual_seed(1234 + rank)
     x = torch.randn(args.batch, 3, args.image, args.image, generator=g)
@@ -206,16 +189,8 @@ def main():
              ("(b) gs-blocking", "backward, one blocking fused allreduce_, step", step_b),
              ("(c) gloo-hooks", "torch.distributed gloo, per-tensor async from hooks",
               step_c)]
-    times = {name: [] for name, _, _ in modes}
-    for it in range(args.warmup + max(args.iters, 5)):
-        for name, _, fn in modes:
-            WORLD.Barrier()
-            t0 = time.perf_counter()
-            fn()
-            dt = time.perf_counter() - t0
-            dt = WORLD.allreduce(dt, op=MPI.MAX)
-            if it >= args.warmup:
-                times[name].append(dt)
+    times = interleaved({name: fn for name, _, fn in modes}, WORLD, args.warmup,
+                        max(args.iters, 5))
 
     n_params = sum(q.numel() for q in m_a.parameters())
     same = len(set(WORLD.allgather(
@@ -225,7 +200,7 @@ def main():
         q = {k: (1e3 * float(np.percentile(v, 25)), 1e3 * float(np.percentile(v, 75)))
              for k, v in times.items()}
         info = gs.build_info()
-        print("bench_overlap: %d ranks, ResNet-style CNN width %d, %s parameters (%.1f MiB "
+        print("bench.overlap: %d ranks, ResNet-style CNN width %d, %s parameters (%.1f MiB "
               "float32 gradients in %d tensors), batch %d x %dx%d per rank, 1 torch thread "
               "per rank, %d cores; torch %s, %s"
               % (size, args.width, format(n_params, ","), 4 * n_params / 2**20,

@@ -1,38 +1,36 @@
-#!/usr/bin/env python3
 """What the Horovod shim costs: the training step of
 scripts/horovod/pytorch_synthetic_benchmark.py (its ResNet, SGD, synthetic
 data) through gradsync.horovod.torch's DistributedOptimizer and through
 gradsync.torch's own, alternating in one run (A B, B A, ...), median of
 the per-round step times::
 
-    mpiexec -n 2 python scripts/bench_horovod.py --rounds 9 --json horovod-bench.json
+    mpiexec -n 2 python -m gradsync.bench.horovod --rounds 9 --json horovod-bench.json
 
 Both wrap the same optimizer over identical models; the shim adds Horovod's
 argument handling and routes each bucket's allreduce through its ordered
-engine (what makes join() and name checks work).
+engine (what makes join() and name checks work). Horovod's example is read
+from the checkout's scripts/horovod, so this one runs from a checkout only.
 """
 import argparse
 import importlib.util
-import json
 import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
-HERE = os.path.dirname(os.path.realpath(__file__))
-if importlib.util.find_spec("gradsync") is None:
-    sys.path.insert(0, os.path.join(HERE, "..", "pyx"))
+import gradsync as gs
+import gradsync.horovod.torch as hvd
+import gradsync.torch as gst
+from gradsync.bench.output import write_json
 
-import gradsync as gs  # noqa: E402
-import gradsync.horovod.torch as hvd  # noqa: E402
-import gradsync.torch as gst  # noqa: E402
+EXAMPLES = os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "..", "..", "scripts",
+                        "horovod")
 
 
 def _example():
-    path = os.path.join(HERE, "horovod", "pytorch_synthetic_benchmark.py")
+    path = os.path.join(EXAMPLES, "pytorch_synthetic_benchmark.py")
     spec = importlib.util.spec_from_file_location("pytorch_synthetic_benchmark", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -114,8 +112,7 @@ def main():
               f"{1e3 * cpu_med['gradsync']:.1f} ms, shim {1e3 * cpu_med['horovod']:.1f} ms, "
               f"ratio {result['cpu_ratio_of_medians']:.3f}")
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
+            write_json(args.json, result)
     comm.close()
 
 

@@ -1,7 +1,6 @@
-#!/usr/bin/env python
 """The gradsync torch.distributed backend against gloo, in the same run.
 
-    mpiexec -n 2 python scripts/bench_torch_backend.py [--steps 15] [--json out.json]
+    mpiexec -n 2 python -m gradsync.bench.torch_backend [--steps 15] [--json out.json]
 
 Both backends live in one job: the default group is gradsync's (initialized
 from torchrun-style variables, so a TCP store exists) and a second group over
@@ -12,7 +11,7 @@ figure is the median over rounds of the slowest rank's time.
 1. dist.all_reduce latency and bandwidth, float32, 4 B to 64 MiB
    (busbw = 2 (n-1)/n * bytes / time, as nccl-tests count it).
 2. DDP training steps of a ResNet-style CNN (ResNet-18's shape at CIFAR
-   scale, scripts/bench_overlap.py) and a small transformer encoder, one torch
+   scale, gradsync.bench.overlap) and a small transformer encoder, one torch
    thread per rank:
      compute      forward + backward + SGD step without DDP
      ddp          the same step under DDP on the backend (25 MiB buckets)
@@ -22,12 +21,8 @@ figure is the median over rounds of the slowest rank's time.
 Timings only; nothing is asserted.
 """
 import argparse
-import json
 import os
-import socket
 import statistics
-import sys
-import time
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
@@ -40,9 +35,10 @@ from mpi4py import MPI  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import gradsync.torch.distributed  # noqa: E402,F401
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_overlap import ResNetSmall  # noqa: E402
+from gradsync.bench.output import write_json  # noqa: E402
+from gradsync.bench.overlap import ResNetSmall  # noqa: E402
+from gradsync.bench.rendezvous import init_process_group  # noqa: E402
+from gradsync.bench.timing import interleaved  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 
@@ -64,27 +60,8 @@ class Transformer(nn.Module):
 
 def init():
     """The default group on gradsync with a TCP store (so gloo can join)."""
-    if WORLD.rank == 0:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-        s.close()
-    else:
-        port = None
-    port = WORLD.bcast(port, root=0)
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                      RANK=str(WORLD.rank), WORLD_SIZE=str(WORLD.size))
-    dist.init_process_group("gradsync")
+    init_process_group(WORLD, "gradsync")
     return {"gloo": dist.new_group(backend="gloo"), "gradsync": dist.group.WORLD}
-
-
-def timed(fn, group):
-    """Seconds fn() takes, the slowest rank's (ranks start together)."""
-    dist.barrier(group=group)
-    t0 = time.perf_counter()
-    fn()
-    t = time.perf_counter() - t0
-    return WORLD.allreduce(t, op=MPI.MAX)
 
 
 def allreduce_table(groups, rounds):
@@ -93,14 +70,9 @@ def allreduce_table(groups, rounds):
     while nbytes <= 64 << 20:
         t = torch.ones(nbytes // 4)
         reps = max(1, min(200, (8 << 20) // nbytes))
-        times = {name: [] for name in groups}
-        for _ in range(rounds + 1):  # the first round warms up
-            for name, g in groups.items():
-                def run():
-                    for _ in range(reps):
-                        dist.all_reduce(t, group=g)
-                times[name].append(timed(run, g) / reps)
-        med = {k: statistics.median(v[1:]) for k, v in times.items()}
+        fns = {name: (lambda g=g: dist.all_reduce(t, group=g)) for name, g in groups.items()}
+        times = interleaved(fns, WORLD, reps, rounds, reps)
+        med = {k: statistics.median(v) for k, v in times.items()}
         factor = 2 * (WORLD.size - 1) / WORLD.size
         rows.append({"bytes": nbytes, **{f"{k}_us": v * 1e6 for k, v in med.items()},
                      **{f"{k}_busbw_GBs": factor * nbytes / v / 1e9 for k, v in med.items()}})
@@ -143,16 +115,14 @@ def model_rows(kind, groups, steps, batch):
         loss_of(models[name]).backward()
         opts[name].step()
 
-    times = {k: [] for k in list(models) + [f"{g}_collective" for g in groups]}
-    for _ in range(steps + 2):  # two warm-up rounds
-        for name in models:
-            times[name].append(timed(lambda: step(name), groups["gradsync"]))
-        for name, g in groups.items():
-            def collective():
-                for b in buckets:
-                    dist.all_reduce(b, op=dist.ReduceOp.AVG, group=g)
-            times[f"{name}_collective"].append(timed(collective, g))
-    med = {k: statistics.median(v[2:]) * 1e3 for k, v in times.items()}
+    def collective(g):
+        for b in buckets:
+            dist.all_reduce(b, op=dist.ReduceOp.AVG, group=g)
+
+    fns = {name: (lambda name=name: step(name)) for name in models}
+    fns.update({f"{name}_collective": (lambda g=g: collective(g)) for name, g in groups.items()})
+    times = interleaved(fns, WORLD, 2, steps)
+    med = {k: statistics.median(v) * 1e3 for k, v in times.items()}
     out = {"model": kind, "params": sum(p.numel() for p in base.parameters()),
            "buckets": len(buckets), "batch_per_rank": batch}
     out.update({f"{k}_ms": v for k, v in med.items()})
@@ -191,8 +161,7 @@ def main():
             print(f"  gradsync/gloo: step {r['gradsync_ms'] / r['gloo_ms']:.2f}, collective "
                   f"{r['gradsync_collective_ms'] / r['gloo_collective_ms']:.2f}")
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(result, f, indent=1)
+            write_json(args.json, result)
     dist.destroy_process_group()
 
 

@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """Allreduce across simulated hosts: time and bytes per host link.
 
 Run inside scripts/simcluster (the data link's counters are read from
 /sys/class/net/$SIMCLUSTER_DATA_IFACE in each host's namespace):
 
     scripts/simcluster --hosts 2 --ranks-per-host 2 --rate 10gbit -- \\
-        python scripts/bench_cluster.py --json cluster.json
+        python -m gradsync.bench.cluster --json cluster.json
 
 Cases (--cases): ResNet-50's gradient list (161 float32 tensors, 97.5 MiB)
 and one 64 MiB float32 tensor by default; any size for one tensor. Variants,
@@ -22,19 +21,17 @@ Time: the slowest rank's, median over --repeats. Bytes: what each host's
 data link sent during the timed calls, per call (the largest host's).
 """
 import argparse
-import json
 import os
 import statistics
-import sys
-import time
 
 import numpy as np
 from mpi4py import MPI
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "pyx"))
-import gradsync as gs  # noqa: E402
-from gradsync.bench.args import parse_size  # noqa: E402
-from gradsync.bench.data import load_shapes  # noqa: E402
+import gradsync as gs
+from gradsync.bench.args import parse_size
+from gradsync.bench.data import load_shapes
+from gradsync.bench.output import write_json
+from gradsync.bench.timing import interleaved, timed
 
 WORLD = MPI.COMM_WORLD
 
@@ -77,28 +74,21 @@ def measure(fns, warmup, repeats, iters):
     node = WORLD.Split_type(MPI.COMM_TYPE_SHARED, key=WORLD.rank)
     leader = node.rank == 0
     node.Free()
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    times = {k: [] for k in fns}
-    sent = {k: [] for k in fns}
-    for _ in range(repeats):
-        for name, fn in fns.items():
-            WORLD.Barrier()
-            b0 = link_bytes() if leader else None
-            t0 = time.perf_counter()
-            for _ in range(iters):
-                fn()
-            dt = (time.perf_counter() - t0) / iters
-            b1 = link_bytes() if leader else None
-            times[name].append(WORLD.allreduce(dt, op=MPI.MAX))
-            per_host = WORLD.allgather(None if b0 is None else (b1 - b0) / iters)
-            per_host = [b for b in per_host if b is not None]
-            sent[name].append(max(per_host) if per_host else None)
+
+    def sample(fn, comm, iters):
+        """(seconds per call, the busiest host link's bytes per call or None)."""
+        b0 = link_bytes() if leader else None
+        dt = timed(fn, comm, iters)
+        sent = None if b0 is None else (link_bytes() - b0) / iters
+        per_host = [b for b in comm.allgather(sent) if b is not None]
+        return dt, max(per_host) if per_host else None
+
+    samples = interleaved(fns, WORLD, warmup, repeats, iters, sample=sample)
     out = {}
-    for name in fns:
-        b = [x for x in sent[name] if x is not None]
-        out[name] = {"time_s": statistics.median(times[name]), "samples_s": times[name],
+    for name, pairs in samples.items():
+        times = [t for t, _ in pairs]
+        b = [x for _, x in pairs if x is not None]
+        out[name] = {"time_s": statistics.median(times), "samples_s": times,
                      "bytes_per_host": statistics.median(b) if b else None}
     return out
 
@@ -154,9 +144,8 @@ def main():
                     name, r["time_s"] * 1e3, "-" if b is None else "%.1f" % (b / 1e6),
                     "-" if b is None else "%.2f" % (b / nbytes), mpi / r["time_s"]))
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"ranks": WORLD.size, "hosts": hosts, "rate_bit_s": rate,
-                           "repeats": args.repeats, "results": results}, f, indent=1)
+            write_json(args.json, {"ranks": WORLD.size, "hosts": hosts, "rate_bit_s": rate,
+                                   "repeats": args.repeats, "results": results})
 
 
 if __name__ == "__main__":

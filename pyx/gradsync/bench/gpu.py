@@ -15,15 +15,15 @@ timed with CUDA events on the current stream (host clock on the CPU).
                call per tensor, flatten + one call + unflatten, and one call on
                data already flat (goal: <= 1.05 against the per-tensor list).
                Needs one GPU per rank (NCCL refuses two ranks on one GPU).
-  train        a ResNet-50 training step (scripts/bench_gpu_train.py):
+  train        a ResNet-50 training step (gradsync.bench.gpu_train):
                DistributedOptimizer vs torch DDP over gloo vs no
                communication, at 2+ ranks (on one GPU: the staged MPI path),
                with a torch.profiler trace summarised (overlap of the
                communication streams with backward's kernels).
 
-    mpiexec -n 1 python scripts/bench_gpu.py --only accumulate,bert,allreduce --json a.json
-    mpiexec -n 2 python scripts/bench_gpu.py --only train --json d.json --trace-dir traces
-    python scripts/bench_gpu.py --dry-run          # CPU, tiny sizes: checks the logic
+    mpiexec -n 1 python -m gradsync.bench.gpu --only accumulate,bert,allreduce --json a.json
+    mpiexec -n 2 python -m gradsync.bench.gpu --only train --json d.json --trace-dir traces
+    python -m gradsync.bench.gpu --dry-run          # CPU, tiny sizes: checks the logic
 
 Every section checks its result (bitwise against torch where the arithmetic
 is the same) and records "check": "ok" or what differed. Each section stops
@@ -32,7 +32,6 @@ run cut short keeps what it measured.
 """
 import argparse
 import datetime
-import json
 import os
 import socket
 import statistics
@@ -42,12 +41,11 @@ import time
 import numpy as np
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from gpu_summary import print_bench  # noqa: E402
-
-import gradsync as gs  # noqa: E402
-from gradsync.bench.data import load_shapes  # noqa: E402
+import gradsync as gs
+from gradsync.bench.data import load_shapes
+from gradsync.bench.gpu_figures import print_bench
+from gradsync.bench.output import write_json
+from gradsync.bench.rendezvous import init_process_group
 
 SECTIONS = ("accumulate", "bert", "allreduce", "train")
 
@@ -202,20 +200,6 @@ def bench_allreduce(comm, dev, shapes, clock, dist, group):
 
 # --------------------------------------------------------------- plumbing
 
-def init_dist(world, dist):
-    """torch.distributed over gloo, rendezvous at rank 0's address (sent to
-    the others through mpi4py)."""
-    addr = None
-    if world.rank == 0:
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        addr = ("127.0.0.1", s.getsockname()[1])
-        s.close()
-    addr = world.bcast(addr, root=0)
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = addr[0], str(addr[1])
-    dist.init_process_group("gloo", rank=world.rank, world_size=world.size)
-
-
 def environment(dev, comm):
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "host": socket.gethostname(), "ranks": comm.size, "torch": torch.__version__,
@@ -251,10 +235,7 @@ class Results:
     def put(self, key, value):
         self.data[key] = value
         if self.path and self.rank == 0:
-            tmp = self.path + ".tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.data, f, indent=2, default=float)
-            os.replace(tmp, self.path)
+            write_json(self.path, self.data)
 
 
 def parse_args(argv):
@@ -297,11 +278,11 @@ def pick_device(args, comm):
     cuda = torch.cuda.is_available()
     kind = args.device or ("cuda" if cuda else "cpu")
     if kind == "cpu" and not args.dry_run:
-        raise SystemExit("bench_gpu: no CUDA device (torch.cuda.is_available() is False); "
+        raise SystemExit("gradsync.bench.gpu: no CUDA device (torch.cuda.is_available() is False); "
                          "--dry-run runs the logic on the CPU")
     if kind == "cuda":
         if not cuda:
-            raise SystemExit("bench_gpu: --device cuda but torch sees no CUDA device")
+            raise SystemExit("gradsync.bench.gpu: --device cuda but torch sees no CUDA device")
         ordinal = comm.local_rank % torch.cuda.device_count()
         torch.cuda.set_device(ordinal)
         return torch.device("cuda", ordinal)
@@ -320,15 +301,15 @@ def run(argv=None):
         ["accumulate", "bert", "allreduce"] if comm.size == 1 else ["train"])
     unknown = set(sections) - set(SECTIONS)
     if unknown:
-        raise SystemExit(f"bench_gpu: unknown sections {sorted(unknown)}; know {SECTIONS}")
+        raise SystemExit(f"gradsync.bench.gpu: unknown sections {sorted(unknown)}; know {SECTIONS}")
     os.makedirs(args.trace_dir, exist_ok=True)
     res = Results(args.json, comm.rank)
 
     def log(msg):
         if comm.rank == 0:
-            print(f"[bench_gpu {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+            print(f"[bench.gpu {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
-    init_dist(world, dist)
+    init_process_group(world, "gloo")
     res.put("environment", environment(dev, comm))
     res.put("dry_run", args.dry_run)
     clock = Clock(dev, args.repeats, args.warmup, args.max_seconds)
@@ -368,9 +349,8 @@ def section(name, args, comm, world, dev, clock, dist, log):
                                f"{torch.cuda.device_count()} GPU(s)"}
         group = dist.new_group(backend="nccl") if dev.type == "cuda" else None
         return bench_allreduce(comm, dev, shapes, clock, dist, group)
-    from bench_gpu_train import bench_training
-
     import gradsync.torch as gst
+    from gradsync.bench.gpu_train import bench_training
     return bench_training(comm, world, dev, args, dist, gst, log)
 
 
