@@ -8,10 +8,11 @@ The tests transcribe the numerical assertions of Horovod's own PyTorch tests
 the CPU, with the collective helpers of tests/python/gsutil.py so that a
 failure on one rank fails every rank. hvd.init() is called once per session.
 """
+# isort: off
+import gradsync as gs  # noqa: F401  (first: it initializes MPI at the level it needs)
+# isort: on
 import os
 import sys
-
-import gradsync as gs  # noqa: F401  (first: it initializes MPI at the level it needs)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 

@@ -11,13 +11,14 @@ re-exported here:
     Inputs / inputs fixture         per-test, per-rank deterministic inputs
 """
 
+# isort: off
+import gradsync as gs  # noqa: F401  (first: it initializes MPI at the level it needs)
+# isort: on
 import os
 import sys
 
 import pytest
 from mpi4py import MPI
-
-import gradsync as gs  # noqa: F401  (first: it initializes MPI at the level it needs)
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 

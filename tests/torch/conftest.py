@@ -6,10 +6,11 @@ Run with:
 The collective helpers (collective_assert, collectively, seed_for) come from
 tests/python/gsutil.py.
 """
+# isort: off
+import gradsync as gs  # noqa: F401  (first: it initializes MPI at the level it needs)
+# isort: on
 import os
 import sys
-
-import gradsync as gs  # noqa: F401  (first: it initializes MPI at the level it needs)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
