@@ -7,9 +7,6 @@ NP_LIST ?= 1 2 3 4
 ADASUM_NP_LIST ?= 5 6 7 8
 # Partitions with fixed worker counts (the 2x3 table, DistDL's 12 workers).
 PARTITION_NP_LIST ?= 6 12
-# The framework front doors (torch, Horovod, JAX) sit on the collectives the
-# suites above cover at 1-4 ranks: two sizes, one odd, keep make test short.
-FRAMEWORK_NP_LIST ?= 2 3
 TEST_TIMEOUT ?= 900
 SCRIPTS_DIR := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_path('scripts'))" 2>/dev/null)
 # mpiexec of the MPI we build with: next to $MPICC, else on PATH, else the wheel's.
@@ -74,13 +71,13 @@ py-tests: build
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_partition.py || exit 1; \
 	done
 	@if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
-	    for n in $(FRAMEWORK_NP_LIST); do \
+	    for n in $(NP_LIST); do \
 	        echo "== pytest tests/torch tests/horovod at $$n ranks"; \
 	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/torch tests/horovod || exit 1; \
 	    done; \
 	else echo "== tests/torch tests/horovod skipped: torch is not importable by $(PYTHON) (pip install torch)"; fi
 	@if $(PYTHON) -c "import jax" >/dev/null 2>&1; then \
-	    for n in $(FRAMEWORK_NP_LIST); do \
+	    for n in $(NP_LIST); do \
 	        echo "== pytest tests/jax at $$n ranks"; \
 	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/jax || exit 1; \
 	    done; \
