@@ -125,7 +125,7 @@ def allreduce(x, comm=None, op="sum", *, prescale=1.0, postscale=1.0, adasum=Non
     in ``Communicator.allreduce``."""
     comm = default_communicator(comm)
     leaves, treedef, paths = _leaves(x, "x")
-    outs = _new_like(leaves, paths)
+    outs = comm._checked(lambda: _new_like(leaves, paths))  # a bad leaf: others fail too
     _named(paths, comm.handle.allreduce, leaves, outs, op, float(prescale), float(postscale),
            adasum)
     return _answer(treedef, outs)
@@ -144,7 +144,7 @@ def broadcast(x, comm=None, root=0):
     rank's shapes and dtypes, which must match root's)."""
     comm = default_communicator(comm)
     leaves, treedef, paths = _leaves(x, "x")
-    outs = _new_like(leaves, paths, copy=True)
+    outs = comm._checked(lambda: _new_like(leaves, paths, copy=True))
     _named(paths, comm.handle.broadcast, outs, int(root))
     return _answer(treedef, outs)
 
