@@ -23,10 +23,7 @@ static gs_status_t counts_check(gs_comm_t c, gs_coll_t *d) {
       return gs_fail(GS_ERR_INVALID_ARGUMENT,
                      "%s: in[%lld] has %lld elements, not a whole number of rows of %lld", d->fn,
                      (long long)i, (long long)d->in[i].count, (long long)row_elems[i]);
-  d->call.extra = row_elems;
-  d->call.extra_name = "row size (elements per row)";
-  d->call.counts_vary = 1;
-  d->memory = NULL; /* moves counts only */
+  gs_coll_counts_only(d, row_elems);
   return GS_SUCCESS;
 }
 

@@ -29,10 +29,7 @@ static gs_status_t counts_check(gs_comm_t c, gs_coll_t *d) {
                      "%lld) is negative: %lld",
                      d->fn, (long long)k, (long long)(k % n), (long long)(k / n),
                      (long long)send[k]);
-  d->call.extra = d->extra; /* the row sizes */
-  d->call.extra_name = "row size (elements per row)";
-  d->call.counts_vary = 1;
-  d->memory = NULL; /* moves counts only */
+  gs_coll_counts_only(d, d->extra); /* extra: the row sizes */
   return GS_SUCCESS;
 }
 
@@ -55,21 +52,12 @@ static uint64_t edge_hash(int64_t from, int64_t to, int64_t tensor, int64_t coun
 static gs_status_t check_counts(const char *fn, const gs_tensor_t *t, const int64_t *counts,
                                 int64_t n, int p, const char *tname, const char *cname) {
   for (int64_t i = 0; i < n; i++) {
-    int64_t sum = 0;
-    for (int r = 0; r < p; r++) {
-      int64_t v = counts[(size_t)r * n + i];
-      if (v < 0 || v > INT64_MAX / 4 - sum)
-        return gs_fail(GS_ERR_INVALID_ARGUMENT,
-                       "%s: %s[%lld] (tensor %lld, rank %d) is "
-                       "invalid: %lld",
-                       fn, cname, (long long)(r * n + i), (long long)i, r, (long long)v);
-      sum += v;
-    }
+    int64_t sum;
+    GS_CHECK(gs_check_column(fn, cname, counts, n, p, i, &sum, NULL));
     if (sum != t[i].count)
       return gs_fail(GS_ERR_INVALID_ARGUMENT,
-                     "%s: %s[%lld] has %lld elements but %s add up "
-                     "to %lld for it",
-                     fn, tname, (long long)i, (long long)t[i].count, cname, (long long)sum);
+                     "%s: %s[%lld] has %lld elements but %s add up to %lld for it", fn, tname,
+                     (long long)i, (long long)t[i].count, cname, (long long)sum);
   }
   return GS_SUCCESS;
 }

@@ -154,3 +154,18 @@ gs_status_t gs_check_disjoint(const char *op_name, const gs_tensor_t *in, const 
                               int64_t n) {
   return check_aliasing(op_name, "in", in, "out", out, n, 0);
 }
+
+gs_status_t gs_check_column(const char *fn, const char *name, const int64_t *counts, int64_t n,
+                            int p, int64_t i, int64_t *sum, uint64_t *hash) {
+  *sum = 0;
+  for (int r = 0; r < p; r++) {
+    int64_t v = counts[(size_t)r * n + i];
+    if (v < 0 || v > INT64_MAX / 4 - *sum)
+      return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                     "%s: %s[%lld] (tensor %lld, rank %d) is invalid: %lld", fn, name,
+                     (long long)(r * n + i), (long long)i, r, (long long)v);
+    *sum += v;
+    if (hash) *hash = gs_hash_mix(*hash, (uint64_t)v);
+  }
+  return GS_SUCCESS;
+}

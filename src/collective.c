@@ -20,6 +20,13 @@ static gs_status_t check(gs_comm_t c, gs_coll_t *d) {
   return s;
 }
 
+void gs_coll_counts_only(gs_coll_t *d, const int64_t *row_elems) {
+  d->call.extra = row_elems;
+  d->call.extra_name = "row size (elements per row)";
+  d->call.counts_vary = 1;
+  d->memory = NULL;
+}
+
 static gs_status_t messages(const gs_engine_t *e, gs_coll_t *d) {
   gs_plan_t plan;
   GS_CHECK(gs_plan_tensors(&plan, d->plan_on, d->n, e->comm));

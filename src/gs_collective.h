@@ -55,6 +55,10 @@ struct gs_coll {
 
 /* Runs one collective call described by d (collective.c). */
 gs_status_t gs_collective(gs_comm_t c, gs_coll_t *d);
+/* For a call that exchanges counts only (no tensor data): the ranks
+ * validate the row sizes, their element counts may differ, and no engine
+ * opens. */
+void gs_coll_counts_only(gs_coll_t *d, const int64_t *row_elems);
 /* The postscale a reduction applies: average divides by the size. */
 double gs_postscale(gs_comm_t c, gs_op_t op, double postscale);
 

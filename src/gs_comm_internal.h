@@ -119,6 +119,11 @@ gs_status_t gs_check_outputs(const char *op_name, const gs_tensor_t *in, const g
 gs_status_t gs_check_pairs_disjoint(const char *op_name, const char *in_name, const gs_tensor_t *in,
                                     const char *out_name, const gs_tensor_t *out, int64_t n);
 /* No out[i] overlaps another output or any input (not even its own). */
+/* Column i of a rank-major count array (counts[r * n + i], p ranks): each
+ * count non-negative and the sum far from overflow; *sum receives it, and
+ * *hash (may be NULL) is mixed with every count. */
+gs_status_t gs_check_column(const char *fn, const char *name, const int64_t *counts, int64_t n,
+                            int p, int64_t i, int64_t *sum, uint64_t *hash);
 gs_status_t gs_check_disjoint(const char *op_name, const gs_tensor_t *in, const gs_tensor_t *out,
                               int64_t n);
 

@@ -16,17 +16,8 @@ static gs_status_t column_hashes(const char *fn, const int64_t *counts, int64_t 
   *native = 1;
   for (int64_t i = 0; i < n; i++) {
     uint64_t h = 0x726f6f746564ull;
-    int64_t sum = 0;
-    for (int r = 0; r < p; r++) {
-      int64_t v = counts[(size_t)r * n + i];
-      if (v < 0 || v > INT64_MAX / 4 - sum)
-        return gs_fail(GS_ERR_INVALID_ARGUMENT,
-                       "%s: counts[%lld] (tensor %lld, rank %d) is "
-                       "invalid: %lld",
-                       fn, (long long)(r * n + i), (long long)i, r, (long long)v);
-      sum += v;
-      h = gs_hash_mix(h, (uint64_t)v);
-    }
+    int64_t sum;
+    GS_CHECK(gs_check_column(fn, "counts", counts, n, p, i, &sum, &h));
     if (sum > limit) *native = 0;
     hash[i] = (int64_t)(h & 0x3fffffffffffffffull);
   }
