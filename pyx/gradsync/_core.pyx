@@ -256,7 +256,7 @@ cdef class Comm:
             CHKERR(gs_allreduce(h, tin.t, po, tin.n, cop, prescale, postscale))
 
     cpdef allreduce_inplace(self, tensors, op="sum", double prescale=1.0,
-                           double postscale=1.0, adasum=None):
+                            double postscale=1.0, adasum=None):
         """In-place allreduce that returns its argument. One ndarray or
         DeviceArray takes a path with no per-call allocation: small calls are
         latency bound."""
