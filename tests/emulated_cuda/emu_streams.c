@@ -211,11 +211,21 @@ static cudaError_t wait_until(emu_stream_t *s, uint64_t seq) {
   return sticky_error;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t h) {
+/* The calling thread's device's stream `h`, with `mu` held: on success the
+ * caller unlocks; *s is NULL for a handle of no stream. Without a device:
+ * the sticky error, nothing locked. */
+static cudaError_t lock_stream(cudaStream_t h, emu_stream_t **s) {
   int device = emu_current_device();
   if (device < 0) return emu_sticky();
   pthread_mutex_lock(&mu);
-  emu_stream_t *s = resolve(h, device);
+  *s = resolve(h, device);
+  return cudaSuccess;
+}
+
+cudaError_t cudaStreamSynchronize(cudaStream_t h) {
+  emu_stream_t *s;
+  cudaError_t locked = lock_stream(h, &s);
+  if (locked != cudaSuccess) return locked;
   uint64_t seq = 0;
   cudaError_t e = s ? push(s, NULL, NULL, NULL, &seq) : cudaErrorInvalidResourceHandle;
   if (e == cudaSuccess) e = wait_until(s, seq);
@@ -224,10 +234,9 @@ cudaError_t cudaStreamSynchronize(cudaStream_t h) {
 }
 
 cudaError_t cudaStreamQuery(cudaStream_t h) {
-  int device = emu_current_device();
-  if (device < 0) return emu_sticky();
-  pthread_mutex_lock(&mu);
-  emu_stream_t *s = resolve(h, device);
+  emu_stream_t *s;
+  cudaError_t locked = lock_stream(h, &s);
+  if (locked != cudaSuccess) return locked;
   cudaError_t e = !s ? cudaErrorInvalidResourceHandle
                   : sticky_error != cudaSuccess ? sticky_error
                   : s->completed < s->enqueued ? cudaErrorNotReady : cudaSuccess;
@@ -269,10 +278,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t h) {
 cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t stream) {
   emu_event_t *ev = (emu_event_t *)h;
   if (!ev || ev->magic != EVENT_MAGIC) return cudaErrorInvalidResourceHandle;
-  int device = emu_current_device();
-  if (device < 0) return emu_sticky();
-  pthread_mutex_lock(&mu);
-  emu_stream_t *s = resolve(stream, device);
+  emu_stream_t *s;
+  cudaError_t locked = lock_stream(stream, &s);
+  if (locked != cudaSuccess) return locked;
   uint64_t seq = 0;
   /* a marker operation: on the legacy stream it also covers the blocking
    * streams' earlier work, as recording there does */
@@ -308,10 +316,9 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t h, unsigned int
   (void)flags;
   emu_event_t *ev = (emu_event_t *)h;
   if (!ev || ev->magic != EVENT_MAGIC) return cudaErrorInvalidResourceHandle;
-  int device = emu_current_device();
-  if (device < 0) return emu_sticky();
-  pthread_mutex_lock(&mu);
-  emu_stream_t *s = resolve(stream, device);
+  emu_stream_t *s;
+  cudaError_t locked = lock_stream(stream, &s);
+  if (locked != cudaSuccess) return locked;
   dep_t dep = {ev->s, ev->seq};
   cudaError_t e = s ? push(s, NULL, NULL, &dep, NULL) : cudaErrorInvalidResourceHandle;
   pthread_mutex_unlock(&mu);

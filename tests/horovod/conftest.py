@@ -16,13 +16,8 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-from gsfixtures import make_watchdog  # noqa: E402
+from gsfixtures import import_torch, make_watchdog  # noqa: E402
 
 _watchdog = make_watchdog(180)
 
-try:
-    import torch
-except ImportError:  # the test modules skip themselves
-    torch = None
-else:
-    torch.set_num_threads(1)
+torch = import_torch()

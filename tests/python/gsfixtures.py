@@ -11,6 +11,17 @@ import gradsync as gs
 SMALL_THRESHOLD = 4096
 
 
+def import_torch():
+    """torch, set to one intra-op thread (several ranks share few cores), or
+    None when it is not installed (the torch suites then skip themselves)."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    torch.set_num_threads(1)
+    return torch
+
+
 def make_watchdog(default_seconds):
     """An autouse fixture: a test that hangs (a rank left waiting in a
     collective) dumps every thread's stack and exits this rank, so mpiexec

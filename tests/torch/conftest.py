@@ -14,19 +14,11 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
-from gsfixtures import comm, make_watchdog  # noqa: E402,F401
+from gsfixtures import comm, import_torch, make_watchdog  # noqa: E402,F401
 
 _watchdog = make_watchdog(180)
 
-try:
-    import torch
-except ImportError:  # the test modules skip themselves
-    torch = None
-else:
-    # several ranks share few cores: one intra-op thread per rank
-    torch.set_num_threads(1)
-
-
+torch = import_torch()
 
 
 import pytest  # noqa: E402
