@@ -45,18 +45,23 @@ def test_command_lines(tmp_path):
 
 
 @pytest.mark.skipif(hvd.size() != 1, reason="launches its own job: run at one rank")
-def test_launch_two_processes():
+def test_launch_two_processes(tmp_path):
+    """Each launched rank reports into its own file: the launcher merges the
+    ranks' stdout as it arrives, so lines from two ranks can interleave."""
     c = Checks()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPIR_", "OMPI_"))}
     env["PYTHONPATH"] = os.path.join(ROOT, "pyx") + os.pathsep + env.get("PYTHONPATH", "")
-    program = ("import gradsync.horovod.torch as hvd, torch; hvd.init(); "
-               "print(hvd.rank(), hvd.size(), int(hvd.allreduce(torch.ones(1), op=hvd.Sum)))")
+    program = ("import os, gradsync.horovod.torch as hvd, torch; hvd.init(); "
+               "s = int(hvd.allreduce(torch.ones(1), op=hvd.Sum)); "
+               f"open(os.path.join({str(tmp_path)!r}, str(hvd.rank())), 'w')"
+               ".write(f'{hvd.rank()} {hvd.size()} {s}')")
     out = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gradsyncrun"), "-np", "2",
                           sys.executable, "-c", program], env=env, capture_output=True, text=True,
                          timeout=300)
     c.check(out.returncode == 0, out.stderr[-2000:])
-    c.check(sorted(out.stdout.split("\n")[:2]) == ["0 2 2", "1 2 2"], out.stdout)
+    reports = sorted(f.read_text() for f in tmp_path.iterdir())
+    c.check(reports == ["0 2 2", "1 2 2"], reports)
     c.done()
 
 
