@@ -37,7 +37,7 @@ MAX_FUNCTION_LINES = 60
 LAYERS = [
     ("base", "status and last error, logging, every environment knob, dtypes, the clock, "
      "hashes, the timeline recorder",
-     ["gs_base.h", "status.c", "log.c", "env.c", "dtype.c", "clock.c", "hash.c", "timeline.c",
+     ["gs_base.h", "status.c", "log.c", "env.c", "dtype.c", "clock.c", "timeline.c",
       "half.h"]),
     ("kernels", "host kernels; CUDA kernels and their launchers (pure computation)",
      ["gs_kernels_internal.h", "simd.h", "cpu_simd.c", "cpu_kernels.c", "cpu_reduce.c",

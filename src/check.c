@@ -56,13 +56,17 @@ static gs_status_t swap(void *ctx, const void *mine, void *theirs, int peer) {
   if (mine)
     GS_MPI_CHECK(MPI_Isend(mine, (int)sizeof(check_msg_t), MPI_BYTE, peer, CHECK_TAG, c->mpi, &s),
                  "validation MPI_Isend");
-  /* a timeout's message names the collective the ranks were meeting for */
-  char what[96];
-  snprintf(what, sizeof what, "%s (call #%llu): validation exchange", gs_call_name(st->call->kind),
-           (unsigned long long)c->seq);
-  if (theirs) GS_CHECK(gs_mpi_wait(&r, what, c->stall_seconds > 0 ? gs_stall_tick : NULL, st));
-  if (mine) GS_CHECK(gs_mpi_wait(&s, what, NULL, NULL));
-  return GS_SUCCESS;
+  const char *what = "validation exchange";
+  gs_status_t e = GS_SUCCESS;
+  if (theirs) e = gs_mpi_wait(&r, what, c->stall_seconds > 0 ? gs_stall_tick : NULL, st);
+  if (mine && e == GS_SUCCESS) e = gs_mpi_wait(&s, what, NULL, NULL);
+  if (e == GS_SUCCESS) return e;
+  /* a timeout's message names the collective the ranks were meeting for
+   * (formatted here, on failure only: every call passes through) */
+  char why[GS_ERROR_MAX];
+  snprintf(why, sizeof why, "%s", gs_last_error());
+  return gs_fail(e, "%s (call #%llu): %s", gs_call_name(st->call->kind), (unsigned long long)c->seq,
+                 why);
 }
 
 /* gs_check_combine merges into its second argument: the upper one. */
@@ -79,7 +83,7 @@ static gs_status_t merge(void *ctx, const void *lower, const void *upper, void *
  * against 1.7 us for MPICH's MPI_Iallreduce) yet nonblocking, so waiting
  * ranks yield the core and can warn of stalls. */
 static gs_status_t agree(gs_comm_t c, const gs_call_t *call, check_msg_t *msg) {
-  gs_stall_t st = {c, call, gs_now(), 0};
+  gs_stall_t st = {c, call, 0.0, 0}; /* the clock starts at the first tick */
   check_msg_t other;
   gs_rd_t rd = {c->rank, c->size, swap, merge, NULL, &st};
   return gs_rdouble(&rd, msg, &other);

@@ -53,8 +53,10 @@ static void stall_warning(gs_comm_t c, const gs_call_t *call, MPI_Request *req, 
 
 void gs_stall_tick(void *ctx, MPI_Request *req, int *done, double waited) {
   gs_stall_t *st = ctx;
-  (void)waited; /* per wait; the stall counts from the start of the check */
-  double w = gs_now() - st->start;
+  (void)waited; /* per wait; the stall counts from the check's first tick */
+  double now = gs_now();
+  if (st->start == 0) st->start = now;
+  double w = now - st->start;
   if (st->warned || w < st->c->stall_seconds) return;
   st->warned = 1;
   stall_warning(st->c, st->call, req, done, w);

@@ -18,6 +18,8 @@ extern "C" {
 
 /* ---- errors (status.c) ------------------------------------------------- */
 
+/* The longest last error kept (longer ones are cut). */
+#define GS_ERROR_MAX 2048
 /* Records a formatted message as this thread's last error; returns status. */
 gs_status_t gs_fail(gs_status_t status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Clears the last error (start of a successful public call). */
@@ -95,8 +97,15 @@ static inline size_t gs_grow_size(size_t have, size_t need) {
   want = want < 4096 ? 4096 : want;
   return (want + 63) & ~(size_t)63;
 }
-/* A 64-bit hash of a few values (validation signatures of count vectors). */
-uint64_t gs_hash_mix(uint64_t h, uint64_t v);
+/* A 64-bit hash of a few values (validation signatures of count vectors,
+ * tensor lists): splitmix64's finalizer over a running value. Inline: every
+ * validated call hashes each of its tensors. */
+static inline uint64_t gs_hash_mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h ^= h >> 31;
+  h *= 0xbf58476d1ce4e5b9ull;
+  return h ^ (h >> 29);
+}
 
 /* ---- the clock (clock.c) -------------------------------------------------- */
 

@@ -98,7 +98,7 @@ void gs_format_ranks(char *buf, size_t cap, const unsigned char *mark, int p, in
 typedef struct gs_stall {
   gs_comm_t c;
   const gs_call_t *call;
-  double start;
+  double start; /* 0 until the first tick: most checks never tick */
   int warned;
 } gs_stall_t;
 void gs_stall_tick(void *ctx, MPI_Request *req, int *done, double waited);

@@ -16,8 +16,6 @@ void gs_leave_runtime(void);
 /* gs_enter_runtime without waiting for queued jobs: for point-to-point
  * calls, which are not ordered with collectives. */
 void gs_enter_runtime_unordered(void);
-/* Waits until nothing is queued or running. */
-void gs_async_drain(void);
 /* Waits for the device work of finished requests on `c` (its free is next). */
 void gs_async_settle_comm(gs_comm_t c);
 

@@ -19,13 +19,13 @@ extern "C" {
  * gs_enter_runtime, which first lets queued asynchronous work finish. */
 void gs_runtime_lock(void);
 void gs_runtime_unlock(void);
+/* gs_runtime_lock for an entry point: on an application thread's outermost
+ * entry it first counts the thread as one (once) and runs `first` (NULL:
+ * nothing) before taking the lock. */
+void gs_runtime_enter(void (*first)(void));
 /* Lets other threads in while this one waits (sleeping nap_us microseconds,
  * or just yielding for 0); returns with the lock again. */
 void gs_runtime_pause(int nap_us);
-/* Whether the calling thread holds the lock. */
-int gs_runtime_held(void);
-/* Counts the calling thread as an application thread (once). */
-void gs_runtime_register_thread(void);
 /* More than one application thread has entered the runtime: blocking MPI
  * calls (which would hold the lock while waiting) are then avoided. */
 int gs_runtime_shared(void);

@@ -52,18 +52,17 @@ static _Atomic int64_t pending;      /* queued or running */
 
 /* ---- entering the runtime ----------------------------------------------- */
 
-void gs_enter_runtime(void) {
-  if (!gs_runtime_held() && !gs_runtime_in_worker()) {
-    gs_runtime_register_thread();
-    gs_async_drain(); /* before the lock: the worker needs it to finish */
-  }
-  gs_runtime_lock();
+/* Before the lock: the worker needs it to finish the queued work. */
+static void drain_queued(void) {
+  if (atomic_load(&pending) == 0) return;
+  pthread_mutex_lock(&lock);
+  while (head) pthread_cond_wait(&work_done, &lock);
+  pthread_mutex_unlock(&lock);
 }
 
-void gs_enter_runtime_unordered(void) {
-  if (!gs_runtime_held()) gs_runtime_register_thread();
-  gs_runtime_lock();
-}
+void gs_enter_runtime(void) { gs_runtime_enter(drain_queued); }
+
+void gs_enter_runtime_unordered(void) { gs_runtime_enter(NULL); }
 
 void gs_leave_runtime(void) { gs_runtime_unlock(); }
 
@@ -185,13 +184,6 @@ static void *worker(void *arg) {
     pthread_cond_broadcast(&work_done);
   }
   return NULL;
-}
-
-void gs_async_drain(void) {
-  if (gs_runtime_in_worker() || atomic_load(&pending) == 0) return;
-  pthread_mutex_lock(&lock);
-  while (head) pthread_cond_wait(&work_done, &lock);
-  pthread_mutex_unlock(&lock);
 }
 
 /* CUDA memory: the call will follow the work queued on the submitter's work

@@ -7,30 +7,45 @@
 #include "gs_runtime.h"
 
 static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Thread_local int depth;      /* nested holds on this thread */
-static _Thread_local int registered; /* this application thread has entered */
-static _Thread_local int in_worker;
-static _Thread_local gs_fate_t *bound;
 static _Atomic int app_threads;
 
-void gs_runtime_register_thread(void) {
-  if (in_worker || registered) return;
-  registered = 1;
-  atomic_fetch_add(&app_threads, 1);
+/* Everything the runtime keeps per thread, in one thread-local struct: in a
+ * shared library each function then pays for one thread-local lookup (a
+ * call into the dynamic linker) however many fields it touches. */
+typedef struct thread_state {
+  int depth;      /* nested holds of the lock on this thread */
+  int registered; /* this application thread has entered */
+  int in_worker;  /* this is gradsync's background thread */
+  gs_fate_t *bound;
+} thread_state_t;
+static _Thread_local thread_state_t me;
+
+void gs_runtime_enter(void (*first)(void)) {
+  thread_state_t *t = &me;
+  if (t->depth == 0 && !t->in_worker) {
+    if (!t->registered) {
+      t->registered = 1;
+      atomic_fetch_add(&app_threads, 1);
+    }
+    if (first) first();
+  }
+  if (t->depth++ == 0) pthread_mutex_lock(&runtime_lock);
 }
 
 void gs_runtime_lock(void) {
-  if (depth++ > 0) return;
+  if (me.depth++ > 0) return;
   pthread_mutex_lock(&runtime_lock);
 }
 
 void gs_runtime_unlock(void) {
-  if (--depth > 0) return;
-  bound = NULL;
+  thread_state_t *t = &me;
+  if (--t->depth > 0) return;
+  t->bound = NULL;
   pthread_mutex_unlock(&runtime_lock);
 }
 
 void gs_runtime_pause(int nap_us) {
+  int depth = me.depth;
   if (depth > 0) pthread_mutex_unlock(&runtime_lock);
   if (nap_us > 0) {
     struct timespec t = {0, 1000L * nap_us};
@@ -41,19 +56,23 @@ void gs_runtime_pause(int nap_us) {
   if (depth > 0) pthread_mutex_lock(&runtime_lock);
 }
 
-int gs_runtime_held(void) { return depth > 0; }
 int gs_runtime_shared(void) { return atomic_load(&app_threads) > 1; }
-int gs_runtime_in_worker(void) { return in_worker; }
-void gs_runtime_set_worker(void) { in_worker = 1; }
+int gs_runtime_in_worker(void) { return me.in_worker; }
+void gs_runtime_set_worker(void) { me.in_worker = 1; }
 
 gs_fate_t *gs_runtime_bind(gs_fate_t *fate) {
-  gs_fate_t *before = bound;
-  bound = fate;
+  thread_state_t *t = &me;
+  gs_fate_t *before = t->bound;
+  t->bound = fate;
   return before;
 }
 
 void gs_runtime_mark_broken(gs_status_t why) {
-  if (bound) bound->broken = why;
+  gs_fate_t *f = me.bound;
+  if (f) f->broken = why;
 }
 
-int gs_runtime_owns_core(void) { return bound && bound->owns_core; }
+int gs_runtime_owns_core(void) {
+  gs_fate_t *f = me.bound;
+  return f && f->owns_core;
+}

@@ -4,7 +4,7 @@
 
 #include "gs_base.h"
 
-static _Thread_local char last_error[2048];
+static _Thread_local char last_error[GS_ERROR_MAX];
 
 const char *gs_status_string(gs_status_t status) {
   switch (status) {

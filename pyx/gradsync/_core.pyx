@@ -7,6 +7,7 @@ from libc.stdint cimport int32_t, int64_t, uint64_t, uintptr_t
 from cpython.mem cimport PyMem_Malloc, PyMem_Free
 cimport numpy as cnp
 import os
+import sys
 import numpy as np
 
 from gradsync.gs_status cimport *
@@ -33,7 +34,8 @@ include "_async.pxi"
 gs_set_interrupt_check(check_signals)
 
 # Op names and codes from the C table (gs_op_name); gradsync.ops builds Op on it.
-OPS = {gs_op_name(<gs_op_t>code).decode(): code for code in range(GS_NUM_OPS)}
+# (interned: a dict lookup of the literal "sum" is then an identity test)
+OPS = {sys.intern(gs_op_name(<gs_op_t>code).decode()): code for code in range(GS_NUM_OPS)}
 _OP_CODES = dict(OPS)
 _OP_CODES.update({v: v for v in OPS.values()})
 

@@ -4,6 +4,7 @@ communicator is unusable afterwards; Ctrl-C in a long wait raises
 KeyboardInterrupt promptly; two threads drive two communicators at once with
 the GIL released."""
 import os
+import re
 import signal
 import threading
 import time
@@ -48,6 +49,8 @@ def test_stopped_rank_times_out_everywhere(timeout):
             assert raised is not None, "a rank waiting on a stopped one must time out"
             assert isinstance(raised, TimeoutError)  # the builtin too
             assert "GRADSYNC_TIMEOUT_SECONDS" in str(raised) and "validation" in str(raised)
+            # the message names the collective the ranks were meeting for
+            assert re.search(r"allreduce \(call #\d+\): validation exchange", str(raised))
             assert waited < 1.9, waited
         # everyone's communicator is now unusable, with a message saying why
         with pytest.raises(gs.Error, match="unusable"):
