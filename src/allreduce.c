@@ -1,43 +1,72 @@
 /* Fused allreduce. */
 #include "gs_collective.h"
 
-/* One message. Memory that is already laid out like the message is reduced
- * where it is; otherwise the message goes through the fusion buffer. */
-static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
-                                  const gs_message_t *m, const gs_tensor_t *in,
-                                  const gs_tensor_t *out, gs_op_t op, double pre, double post) {
-  gs_comm_t c = e->comm;
-  const gs_transport_t *tr = e->transport;
-  void *ibase = NULL, *obase = NULL, *buf = NULL;
-  int icontig = gs_plan_contiguous(plan, m, in, &ibase);
-  int ocontig = out ? gs_plan_contiguous(plan, m, out, &obase) : icontig;
-  if (!out) obase = ibase;
+/* Where reduce_message works: `in` is the input laid out as the message
+ * (NULL: it is not), `at` the memory the message is reduced in (the
+ * output's, the input's in place, or the fusion buffer), `to_buf` whether
+ * `at` is the fusion buffer (results are unpacked from it). */
+typedef struct reduce_at {
+  const char *in;
+  char *at;
+  int to_buf;
+} reduce_at_t;
 
-  int64_t row = 1 + (m - plan->msgs), bytes = m->count * (int64_t)gs_dtype_size(m->dtype);
-  double t0;
-  if (ocontig) {
-    if (out && icontig && pre == 1.0 && ibase != obase) {
-      t0 = GS_TL_START();
-      GS_CHECK(tr->allreduce(c, ibase, obase, m->count, m->dtype, op));
-    } else {
-      if (out || pre != 1.0) GS_CHECK(gs_pack(e, plan, m, in, obase, pre)); /* into place */
-      t0 = GS_TL_START();
-      GS_CHECK(tr->allreduce(c, NULL, obase, m->count, m->dtype, op));
-    }
-    GS_TL_END("communicate", e->call, row, t0, bytes);
-    return gs_scale_copy(e, m->dtype, obase, obase, post == 1.0 ? 0 : m->count, post);
-  }
-  GS_CHECK(gs_buffer_reserve(e, (size_t)m->count * gs_dtype_size(m->dtype), &buf));
-  if (icontig && pre == 1.0) {
-    t0 = GS_TL_START();
-    GS_CHECK(tr->allreduce(c, ibase, buf, m->count, m->dtype, op));
+/* Message elements [first, first + count): into place, reduced, scaled or
+ * unpacked. */
+static gs_status_t reduce_range(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                                const gs_coll_t *d, const reduce_at_t *r, int64_t first,
+                                int64_t count) {
+  size_t es = gs_dtype_size(m->dtype);
+  char *at = r->at + (size_t)first * es;
+  const char *in = r->in ? r->in + (size_t)first * es : NULL;
+  const gs_tensor_t *out = d->out ? d->out : d->in;
+  if (in && in != at && d->pre == 1.0) {
+    double t0 = GS_TL_START();
+    GS_CHECK(e->transport->allreduce(e->comm, in, at, count, m->dtype, d->op));
+    GS_TL_END("communicate", e->call, 1 + (m - plan->msgs), t0, count * (int64_t)es);
   } else {
-    GS_CHECK(gs_pack(e, plan, m, in, buf, pre));
-    t0 = GS_TL_START();
-    GS_CHECK(tr->allreduce(c, NULL, buf, m->count, m->dtype, op));
+    if (r->to_buf || d->out || d->pre != 1.0)
+      GS_CHECK(gs_pack_range(e, plan, m, d->in, r->at, d->pre, first, count));
+    double t0 = GS_TL_START();
+    GS_CHECK(e->transport->allreduce(e->comm, NULL, at, count, m->dtype, d->op));
+    GS_TL_END("communicate", e->call, 1 + (m - plan->msgs), t0, count * (int64_t)es);
   }
-  GS_TL_END("communicate", e->call, row, t0, bytes);
-  return gs_unpack(e, plan, m, buf, out ? out : in, post);
+  if (r->to_buf) return gs_unpack_range(e, plan, m, r->at, out, d->post, first, count);
+  return gs_scale_copy(e, m->dtype, at, at, d->post == 1.0 ? 0 : count, d->post);
+}
+
+/* Elements per piece of a pipelined message (0: the message is one piece):
+ * host memory only, in multiples of 64 bytes. */
+static int64_t piece_count(const gs_engine_t *e, const gs_message_t *m) {
+  int64_t bytes = e->comm->pipeline_bytes / 64 * 64, es = (int64_t)gs_dtype_size(m->dtype);
+  if (gs_engine_on_device(e) || bytes <= 0 || m->count * es <= bytes) return 0;
+  return bytes / es;
+}
+
+/* One message, reduced where the memory already lies like the message, or
+ * in the fusion buffer. Large host messages go in pieces of the
+ * communicator's pipeline size, each packed, reduced and scaled or unpacked
+ * before the next: a piece stays in cache across those passes, where the
+ * whole message would go through memory three times. */
+static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
+                                  const gs_message_t *m, const gs_coll_t *d) {
+  void *ibase = NULL, *obase = NULL;
+  int icontig = gs_plan_contiguous(plan, m, d->in, &ibase);
+  int ocontig = d->out ? gs_plan_contiguous(plan, m, d->out, &obase) : icontig;
+  if (!d->out) obase = ibase;
+  reduce_at_t r = {icontig ? ibase : NULL, obase, !ocontig};
+  if (r.to_buf) {
+    void *buf = NULL;
+    GS_CHECK(gs_buffer_reserve(e, (size_t)m->count * gs_dtype_size(m->dtype), &buf));
+    r.at = buf;
+  }
+  gs_count_message(e->comm, m->count, m->dtype);
+  int64_t piece = piece_count(e, m);
+  if (piece == 0) return reduce_range(e, plan, m, d, &r, 0, m->count);
+  for (int64_t first = 0; first < m->count; first += piece)
+    GS_CHECK(reduce_range(e, plan, m, d, &r, first,
+                          m->count - first < piece ? m->count - first : piece));
+  return GS_SUCCESS;
 }
 
 /* Adasum of one message: it needs the message contiguous, so it runs in the
@@ -119,7 +148,7 @@ static gs_status_t allreduce_message(const gs_engine_t *e, const gs_plan_t *plan
   const int *sum_levels = d->extra;
   if (gs_op_is_adasum(d->op))
     return adasum_message(e, plan, m, d->in, d->out, d->pre, d->post, *sum_levels);
-  return reduce_message(e, plan, m, d->in, d->out, d->op, d->pre, d->post);
+  return reduce_message(e, plan, m, d);
 }
 
 /* Outputs like the inputs; hierarchical Adasum's group. */

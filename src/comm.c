@@ -78,6 +78,7 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   c->direct_bytes = (know_direct && cfg->direct_bytes > 0)
                         ? cfg->direct_bytes
                         : gs_env_direct_bytes_for(c->host_max < c->size);
+  c->pipeline_bytes = gs_env_pipeline_bytes_for(c->host_max < c->size);
   c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
   c->stall_seconds =
       (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds : gs_env_stall_seconds();
@@ -92,9 +93,11 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   *out = c;
   gs_log(GS_LOG_INFO,
          "communicator: rank %d of %d (%d on this node), fusion threshold %lld "
-         "bytes, direct from %lld bytes, validation %s, stall warning after %.0f s",
+         "bytes, direct from %lld bytes, pipeline pieces of %lld bytes, validation %s, stall "
+         "warning after %.0f s",
          c->rank, c->size, c->local_size, (long long)c->fusion_threshold,
-         (long long)c->direct_bytes, c->check ? "on" : "off", c->stall_seconds);
+         (long long)c->direct_bytes, (long long)c->pipeline_bytes, c->check ? "on" : "off",
+         c->stall_seconds);
   return GS_SUCCESS;
 }
 

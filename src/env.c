@@ -29,6 +29,12 @@ int64_t gs_env_direct_bytes_for(int spans_hosts) {
   return spans_hosts ? GS_DEFAULT_DIRECT_BYTES_HOSTS : GS_DEFAULT_DIRECT_BYTES;
 }
 
+int64_t gs_env_pipeline_bytes_for(int spans_hosts) {
+  int64_t v;
+  if (env_int64("GRADSYNC_PIPELINE_BYTES", &v) && v >= 0) return v;
+  return spans_hosts ? GS_DEFAULT_PIPELINE_BYTES_HOSTS : GS_DEFAULT_PIPELINE_BYTES;
+}
+
 int gs_env_simd_portable(void) {
   const char *s = getenv("GRADSYNC_SIMD");
   return s && (strcmp(s, "portable") == 0 || strcmp(s, "none") == 0);

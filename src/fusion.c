@@ -101,59 +101,80 @@ int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m, const gs_te
   return 1;
 }
 
-/* Pack and unpack on a device: every slot of the message in one launch. */
+/* The part of slot s inside message elements [first, end), as message
+ * elements [*lo, *hi); 0 when they do not overlap. */
+static int overlap(const gs_slot_t *s, int64_t first, int64_t end, int64_t *lo, int64_t *hi) {
+  *lo = s->offset > first ? s->offset : first;
+  *hi = s->offset + s->count < end ? s->offset + s->count : end;
+  return *lo < *hi;
+}
+
+/* Pack and unpack on a device: every slot in the range in one launch. */
 static gs_status_t device_copy_slots(const gs_engine_t *e, const gs_plan_t *plan,
                                      const gs_message_t *m, const gs_tensor_t *t, void *buf,
-                                     double scale, int unpack) {
+                                     double scale, int unpack, int64_t first, int64_t end) {
   size_t es = gs_dtype_size(m->dtype);
   gs_cu_run_t small[GS_PLAN_INLINE];
   gs_cu_run_t *runs =
       m->nslots <= GS_PLAN_INLINE ? small : malloc((size_t)m->nslots * sizeof *runs);
   if (!runs) return gs_fail(GS_ERR_NO_MEMORY, "gradsync: out of memory packing a message");
-  for (int64_t k = 0; k < m->nslots; k++) {
-    const gs_slot_t *s = &plan->slots[m->first + k];
-    char *slot = (char *)buf + (size_t)s->offset * es;
-    void *tensor = t[s->tensor].data;
-    runs[k] = (gs_cu_run_t){unpack ? tensor : slot, unpack ? slot : tensor, s->count,
-                            (int32_t)m->dtype, (int32_t)m->dtype};
+  int64_t n = 0, lo, hi;
+  for (int64_t k = m->first; k < m->first + m->nslots; k++) {
+    const gs_slot_t *s = &plan->slots[k];
+    if (!overlap(s, first, end, &lo, &hi)) continue;
+    char *slot = (char *)buf + (size_t)lo * es;
+    char *tensor = (char *)t[s->tensor].data + (size_t)(lo - s->offset) * es;
+    runs[n++] = (gs_cu_run_t){unpack ? (void *)tensor : slot, unpack ? (void *)slot : tensor,
+                              hi - lo, (int32_t)m->dtype, (int32_t)m->dtype};
   }
-  gs_status_t st = gs_cu_elementwise(GS_CU_COPY_SCALE, runs, m->nslots, scale, e->stream);
+  gs_status_t st = n ? gs_cu_elementwise(GS_CU_COPY_SCALE, runs, n, scale, e->stream) : GS_SUCCESS;
   if (runs != small) free(runs);
   return st;
 }
 
-gs_status_t gs_pack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
-                    const gs_tensor_t *t, void *buf, double scale) {
+/* Copies message elements [first, first + count) between the tensors and
+ * buf (laid out as the message), times scale. */
+static gs_status_t copy_slots(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                              const gs_tensor_t *t, void *buf, double scale, int unpack,
+                              int64_t first, int64_t count) {
   double t0 = GS_TL_START();
   size_t es = gs_dtype_size(m->dtype);
-  gs_status_t s = GS_SUCCESS;
+  int64_t end = first + count;
+  gs_status_t st = GS_SUCCESS;
   if (e->device >= 0) {
-    s = device_copy_slots(e, plan, m, t, buf, scale, 0);
+    st = device_copy_slots(e, plan, m, t, buf, scale, unpack, first, end);
   } else {
+    int64_t lo, hi;
     for (int64_t k = m->first; k < m->first + m->nslots; k++) {
-      const gs_slot_t *sl = &plan->slots[k];
-      gs_cpu_scale_copy(m->dtype, t[sl->tensor].data, (char *)buf + (size_t)sl->offset * es,
-                        sl->count, scale);
+      const gs_slot_t *s = &plan->slots[k];
+      if (!overlap(s, first, end, &lo, &hi)) continue;
+      char *slot = (char *)buf + (size_t)lo * es;
+      char *tensor = (char *)t[s->tensor].data + (size_t)(lo - s->offset) * es;
+      gs_cpu_scale_copy(m->dtype, unpack ? slot : tensor, unpack ? tensor : slot, hi - lo, scale);
     }
   }
-  GS_TL_END("pack", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
-  return s;
+  GS_TL_END(unpack ? "unpack" : "pack", e->call, 1 + (m - plan->msgs), t0, count * (int64_t)es);
+  return st;
+}
+
+gs_status_t gs_pack_range(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                          const gs_tensor_t *t, void *buf, double scale, int64_t first,
+                          int64_t count) {
+  return copy_slots(e, plan, m, t, buf, scale, 0, first, count);
+}
+
+gs_status_t gs_unpack_range(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                            const void *buf, const gs_tensor_t *t, double scale, int64_t first,
+                            int64_t count) {
+  return copy_slots(e, plan, m, t, (void *)buf, scale, 1, first, count);
+}
+
+gs_status_t gs_pack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                    const gs_tensor_t *t, void *buf, double scale) {
+  return copy_slots(e, plan, m, t, buf, scale, 0, 0, m->count);
 }
 
 gs_status_t gs_unpack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
                       const void *buf, const gs_tensor_t *t, double scale) {
-  double t0 = GS_TL_START();
-  size_t es = gs_dtype_size(m->dtype);
-  gs_status_t s = GS_SUCCESS;
-  if (e->device >= 0) {
-    s = device_copy_slots(e, plan, m, t, (void *)buf, scale, 1);
-  } else {
-    for (int64_t k = m->first; k < m->first + m->nslots; k++) {
-      const gs_slot_t *sl = &plan->slots[k];
-      gs_cpu_scale_copy(m->dtype, (const char *)buf + (size_t)sl->offset * es, t[sl->tensor].data,
-                        sl->count, scale);
-    }
-  }
-  GS_TL_END("unpack", e->call, 1 + (m - plan->msgs), t0, m->count * (int64_t)es);
-  return s;
+  return copy_slots(e, plan, m, t, (void *)buf, scale, 1, 0, m->count);
 }

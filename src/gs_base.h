@@ -49,11 +49,19 @@ void gs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
  * which outweigh packing copies for far larger tensors (docs/CLUSTER.md):
  * the default for communicators that span hosts. */
 #define GS_DEFAULT_DIRECT_BYTES_HOSTS ((int64_t)16 << 20)
+/* Host allreduce messages larger than this go in pieces of this size, each
+ * packed, reduced and scaled while it is in cache (docs/PERFORMANCE.md,
+ * "Pipelined host allreduce"). Across hosts MPI's own large-message
+ * algorithms already pipeline and every piece costs a network latency: 0
+ * (whole messages). */
+#define GS_DEFAULT_PIPELINE_BYTES ((int64_t)1 << 20)
+#define GS_DEFAULT_PIPELINE_BYTES_HOSTS ((int64_t)0)
 /* Device data staged through host memory moves in pieces this large, so
  * copies overlap MPI (4 MiB: PCIe and shared-memory MPI both near peak). */
 #define GS_DEFAULT_STAGE_CHUNK_BYTES ((int64_t)4 << 20)
 
 int64_t gs_env_direct_bytes_for(int spans_hosts); /* GRADSYNC_DIRECT_BYTES */
+int64_t gs_env_pipeline_bytes_for(int spans_hosts); /* GRADSYNC_PIPELINE_BYTES (0: off) */
 int64_t gs_env_stage_chunk_bytes(void);           /* GRADSYNC_STAGE_CHUNK_BYTES */
 int64_t gs_env_fusion_threshold(void);            /* GRADSYNC_FUSION_THRESHOLD */
 int gs_env_check(void);                           /* GRADSYNC_CHECK */

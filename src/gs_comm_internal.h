@@ -82,7 +82,19 @@ gs_status_t gs_begin_call(gs_comm_t comm, const gs_call_t *call, gs_status_t loc
 /* The longest argument error a rank shares with the others. */
 #define GS_REASON_LEN 200
 /* The validation signature's fields (check.c; check_explain.c names them). */
-enum { F_KIND, F_OP, F_ROOT, F_N, F_HASH, F_THRESHOLD, F_DIRECT, F_ERROR, F_PAYLOAD, NFIELDS };
+enum {
+  F_KIND,
+  F_OP,
+  F_ROOT,
+  F_N,
+  F_HASH,
+  F_THRESHOLD,
+  F_DIRECT,
+  F_PIPELINE,
+  F_ERROR,
+  F_PAYLOAD,
+  NFIELDS
+};
 /* The hash of a call's tensor list (dtypes, counts, extras, memory kind). */
 uint64_t gs_check_hash(const gs_call_t *call);
 /* Bytes a call moves (for logs, the timeline and the stall warning). */

@@ -16,6 +16,7 @@ struct gs_comm {
   int rank, size, local_rank, local_size;
   int64_t fusion_threshold;
   int64_t direct_bytes;    /* tensors of at least this many bytes go alone */
+  int64_t pipeline_bytes;  /* host allreduce messages go in pieces this large (0: whole) */
   int check;
   double stall_seconds;
   uint64_t seq;            /* checked calls made so far: names a call in notices */

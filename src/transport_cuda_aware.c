@@ -29,7 +29,6 @@ static gs_status_t aware_allreduce(gs_comm_t c, const void *send, void *recv, in
   if (!gs_mpi_op_is_builtin(dtype, op))
     return gs_staged_transport.allreduce(c, send, recv, count, dtype, op);
   GS_CHECK(device_ready(c));
-  gs_count_message(c, count, dtype);
   return gs_mpi_native_allreduce(c, send, recv, count, dtype, op);
 }
 

@@ -57,7 +57,6 @@ static gs_status_t rd_allreduce(gs_comm_t c, void *buf, int64_t count, gs_dtype_
 
 static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
                                  gs_dtype_t dtype, gs_op_t op) {
-  gs_count_message(c, count, dtype);
   if (gs_hier_wanted(c, count * (int64_t)gs_dtype_size(dtype)))
     return gs_hier_allreduce(c, send, recv, count, dtype, op);
   if (count * (int64_t)gs_dtype_size(dtype) <= RD_MAX_BYTES &&
