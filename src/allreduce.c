@@ -36,10 +36,12 @@ static gs_status_t reduce_range(const gs_engine_t *e, const gs_plan_t *plan, con
 }
 
 /* Elements per piece of a pipelined message (0: the message is one piece):
- * host memory only, in multiples of 64 bytes. */
+ * host memory only, in multiples of 64 bytes, and not for a message the
+ * hierarchical allreduce takes (it pipelines its own segments). */
 static int64_t piece_count(const gs_engine_t *e, const gs_message_t *m) {
   int64_t bytes = e->comm->pipeline_bytes / 64 * 64, es = (int64_t)gs_dtype_size(m->dtype);
   if (gs_engine_on_device(e) || bytes <= 0 || m->count * es <= bytes) return 0;
+  if (gs_hier_wanted(e->comm, m->count * es)) return 0;
   return bytes / es;
 }
 
