@@ -220,10 +220,6 @@ bench-cluster: build
 	    $(SIMCLUSTER) --hosts 2 --ranks-per-host 2 --rate $$rate -- \
 	        $(PYTHON) -m gradsync.bench.cluster --repeats 7 --json cluster-$$rate.json || exit 1; done
 
-# On a machine with a GPU: the device C test on the real runtime, the GPU
-# pytest suite at 1 rank (NCCL) and at GPU_NP ranks sharing the GPU (staged
-# MPI), then the figures for docs/GPU.md. Skipped cleanly without a GPU.
-GPU_NP ?= 2
 # On a machine with a GPU: the device C tests on the real runtime, then
 # under compute-sanitizer (memcheck, racecheck), the GPU pytest suite at 1
 # rank (NCCL) and at GPU_NP ranks sharing the GPU (staged MPI), then the
