@@ -64,7 +64,7 @@ static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
   }
   gs_count_message(e->comm, m->count, m->dtype);
   int64_t piece = piece_count(e, m);
-  if (piece == 0) return reduce_range(e, plan, m, d, &r, 0, m->count);
+  if (piece == 0) piece = m->count; /* messages of no elements never get here */
   for (int64_t first = 0; first < m->count; first += piece)
     GS_CHECK(reduce_range(e, plan, m, d, &r, first,
                           m->count - first < piece ? m->count - first : piece));
