@@ -1,12 +1,17 @@
 """Helpers shared by the tests/horovod modules: Horovod's dtype lists and
 thresholds, and local checks gathered into one collective verdict."""
+import os
+import shutil
+import tempfile
+import time
+
 import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 import gradsync.horovod.torch as hvd  # noqa: E402
-from gsutil import collective_assert  # noqa: E402
+from gsutil import WORLD, collective_assert  # noqa: E402
 
 hvd.init()
 
@@ -63,6 +68,7 @@ class Checks:
 
     def __init__(self):
         self.failures = []
+        self.folders = []  # submitted_pending's, removed by done()
 
     def check(self, ok, what):
         if not bool(ok):
@@ -82,5 +88,34 @@ class Checks:
         err = np.linalg.norm(np.asarray(expected, np.float64) - got.detach().double().numpy())
         self.check(err < 1e-8, f"{what}: gradient error {err}")
 
+    def submitted_pending(self, submit, what="hvd.poll()"):
+        """Asynchrony observed without timing: returns ``submit()``'s handle,
+        checking on rank 0 that it polls False while the operation cannot
+        have finished. The last rank submits only after rank 0 has polled
+        (it waits, at most a minute, for a file rank 0 then writes), so the
+        collective still lacks that rank's part when rank 0 polls."""
+        rank, size = hvd.rank(), hvd.size()
+        if size == 1:
+            return submit()
+        folder = WORLD.bcast(tempfile.mkdtemp(prefix="gs-hvd-poll-") if rank == 0 else None)
+        polled = os.path.join(folder, "polled")
+        if rank == size - 1:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(polled) and time.monotonic() < deadline:
+                time.sleep(0.001)
+            self.check(os.path.exists(polled), "rank 0 never signalled that it had polled")
+        handle = submit()
+        if rank == 0:
+            self.check(not hvd.poll(handle),
+                       f"{what} was True before the last rank submitted: not asynchronous?")
+            open(polled, "w").close()
+        self.folders.append(folder)
+        return handle
+
     def done(self):
-        collective_assert(not self.failures, "\n".join(self.failures[:8]))
+        try:  # after this exchange every rank is past its submitted_pending
+            collective_assert(not self.failures, "\n".join(self.failures[:8]))
+        finally:
+            if hvd.rank() == 0:
+                for folder in self.folders:
+                    shutil.rmtree(folder, ignore_errors=True)
