@@ -162,7 +162,12 @@ static gs_status_t settle(gs_comm_t c, ncclResult_t r, const char *what) {
 
 static int nccl_poll(gs_comm_t c, void *event, gs_status_t *err) {
   if (!c->nccl) {
-    *err = gs_fail(GS_ERR_NCCL, "the NCCL communicator was aborted");
+    /* Aborted by another wait on this communicator (the background watcher
+     * polls handed-off requests while a caller may wait on the same one):
+     * report that wait's reason, so whichever poll finishes the request, it
+     * fails the same way (a timeout stays a timeout). */
+    gs_status_t why = c->fate.broken ? c->fate.broken : GS_ERR_NCCL;
+    *err = gs_fail(why, "the NCCL communicator was aborted: %s", gs_status_string(why));
     return -1;
   }
   ncclResult_t state = ncclSuccess;
