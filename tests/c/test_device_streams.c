@@ -18,6 +18,8 @@
 #include "gs_test.h"
 
 static int (*emu_sleep)(uintptr_t stream, double seconds);
+static int (*emu_hold)(uintptr_t stream); /* busy until emu_release: no race with a clock */
+static void (*emu_release)(void);
 static int (*emu_busy)(uintptr_t stream);
 static int (*emu_sync)(uintptr_t stream);
 static long (*emu_pageable_uploads)(void);
@@ -45,19 +47,21 @@ static float first_value(const gs_tensor_t *t) {
 static void comm_stream_never_blocks_legacy(uintptr_t comm_stream) {
   SECTION("the communication stream is non-blocking");
   gs_tensor_t x = device_floats(1000, 2.0f);
-  emu_sleep(comm_stream, 1.0); /* a collective that takes a second */
-  GS_OK(gs_zero(&x, 1));       /* the caller's work: legacy default stream */
+  emu_hold(comm_stream);  /* a collective that has not finished */
+  GS_OK(gs_zero(&x, 1)); /* the caller's work: legacy default stream */
   CHECK(emu_sync(LEGACY) == 0, "legacy stream sync failed");
   CHECK(emu_busy(comm_stream), "the legacy default stream waited for gradsync's stream");
+  emu_release();
   SECTION("the gradient kernels run on the caller's stream without waiting");
   gs_tensor_t y = device_floats(1000, 3.0f);
-  emu_sleep(comm_stream, 1.0);
+  emu_hold(comm_stream);
   GS_OK(gs_accumulate(&x, &y, 1, 0));
   GS_OK(gs_scale(&x, 1, 2.0));
   int finite = 0;
   GS_OK(gs_all_finite(&x, 1, &finite));
   CHECK(finite == 1, "all_finite: %d", finite);
   CHECK(emu_busy(comm_stream), "a kernel waited for gradsync's communication stream");
+  emu_release();
   CHECK(first_value(&x) == 6.0f, "accumulate then scale: %g", (double)first_value(&x));
   emu_sync(comm_stream);
   gs_free(DEV, x.data);
@@ -68,11 +72,12 @@ static void request_hands_off_to_stream(gs_comm_t c, uintptr_t comm_stream) {
   SECTION("an asynchronous request hands its device work to the caller's stream");
   int p = gs_test_size();
   gs_tensor_t x = device_floats(5000, 1.0f);
-  emu_sleep(comm_stream, 0.5);
+  emu_hold(comm_stream);
   gs_request_t r = NULL;
   GS_OK(gs_allreduce_async(c, &x, 1, GS_OP_SUM, 1.0, 1.0, &r));
   GS_OK(gs_request_wait_stream(r, LEGACY));
   CHECK(emu_busy(comm_stream), "gs_request_wait_stream blocked the host until the end");
+  emu_release();
   emu_sync(LEGACY); /* the caller's stream waited for the collective */
   CHECK(!emu_busy(comm_stream), "the caller's stream did not wait for the collective");
   CHECK(first_value(&x) == (float)p, "allreduce result %g, want %d", (double)first_value(&x), p);
@@ -81,11 +86,12 @@ static void request_hands_off_to_stream(gs_comm_t c, uintptr_t comm_stream) {
 
   SECTION("a request freed after the hand-off does not block, and completes");
   x = device_floats(100, 2.0f);
-  emu_sleep(comm_stream, 0.3);
+  emu_hold(comm_stream);
   GS_OK(gs_allreduce_async(c, &x, 1, GS_OP_SUM, 1.0, 1.0, &r));
   GS_OK(gs_request_wait_stream(r, LEGACY));
   GS_OK(gs_request_free(&r));
   CHECK(emu_busy(comm_stream), "gs_request_free waited on the host after a hand-off");
+  emu_release();
   GS_OK(gs_barrier(c)); /* blocking calls order after the queue */
   emu_sync(LEGACY);
   CHECK(first_value(&x) == 2.0f * p, "allreduce result %g", (double)first_value(&x));
@@ -135,12 +141,15 @@ int main(int argc, char **argv) {
   }
   int provided = gs_test_init_thread(&argc, &argv, "test_device_streams", MPI_THREAD_SERIALIZED);
   emu_sleep = (int (*)(uintptr_t, double))dlsym(RTLD_DEFAULT, "gs_emulated_sleep");
+  emu_hold = (int (*)(uintptr_t))dlsym(RTLD_DEFAULT, "gs_emulated_hold");
+  emu_release = (void (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_release");
   emu_busy = (int (*)(uintptr_t))dlsym(RTLD_DEFAULT, "gs_emulated_busy");
   emu_sync = (int (*)(uintptr_t))dlsym(RTLD_DEFAULT, "gs_emulated_sync");
   emu_pageable_uploads = (long (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_pageable_uploads");
   int ndev = 0;
   GS_OK(gs_cuda_device_count(&ndev));
-  int ok = ndev > 0 && emu_sleep && emu_busy && emu_sync && provided >= MPI_THREAD_SERIALIZED;
+  int ok = ndev > 0 && emu_sleep && emu_hold && emu_release && emu_busy && emu_sync &&
+           provided >= MPI_THREAD_SERIALIZED;
   MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!ok) {
     if (gs_test_rank() == 0)

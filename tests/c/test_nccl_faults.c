@@ -22,14 +22,18 @@ static int interrupts;
 
 static int interrupt_now(void) { return interrupts; }
 
-/* A communicator whose NCCL path is up (its first device call chose it). */
-static gs_comm_t nccl_comm(gs_tensor_t *t) {
+/* A communicator whose NCCL path is up (its first device call chose it),
+ * then `timeout` set: NCCL's set-up may take seconds on a real GPU, which
+ * the short limit under test must not cut. */
+static gs_comm_t nccl_comm(gs_tensor_t *t, double timeout) {
   gs_config_t cfg = GS_CONFIG_INITIALIZER;
   cfg.check = 0; /* rank 0 alone reaches NCCL: no validation to meet in first */
   gs_comm_t c = NULL;
+  gs_set_timeout_seconds(0.0);
   GS_OK(gs_comm_create(MPI_COMM_WORLD, &cfg, &c));
   GS_OK(gs_zero(t, 1));
   GS_OK(gs_allreduce(c, t, NULL, 1, GS_OP_SUM, 1.0, 1.0));
+  gs_set_timeout_seconds(timeout);
   return c;
 }
 
@@ -54,10 +58,9 @@ int main(int argc, char **argv) {
   void *d = NULL;
   GS_OK(gs_malloc(DEV, 1024 * sizeof(float), &d));
   gs_tensor_t t = {d, 1024, GS_FLOAT32, DEV};
-  gs_set_timeout_seconds(2.0);
 
   SECTION("a peer that never joins: timeout");
-  gs_comm_t c = nccl_comm(&t);
+  gs_comm_t c = nccl_comm(&t, 2.0);
   if (me == 0) {
     GS_EXPECT(gs_allreduce(c, &t, NULL, 1, GS_OP_SUM, 1.0, 1.0), GS_ERR_TIMEOUT);
     CHECK(strstr(gs_last_error(), "allreduce") && strstr(gs_last_error(), "TIMEOUT"), "message: %s",
@@ -69,8 +72,7 @@ int main(int argc, char **argv) {
   GS_OK(gs_comm_free(&c));
 
   SECTION("peers that go away: NCCL's asynchronous error");
-  gs_set_timeout_seconds(60.0); /* the error must come from NCCL, not the clock */
-  c = nccl_comm(&t);
+  c = nccl_comm(&t, 60.0); /* the error must come from NCCL, not the clock */
   if (me == 0) {
     GS_EXPECT(gs_allreduce(c, &t, NULL, 1, GS_OP_SUM, 1.0, 1.0), GS_ERR_NCCL);
     CHECK(strstr(gs_last_error(), "lost its connection") != NULL,
@@ -84,7 +86,7 @@ int main(int argc, char **argv) {
 
   SECTION("an interrupt");
   gs_set_interrupt_check(interrupt_now);
-  c = nccl_comm(&t);
+  c = nccl_comm(&t, 60.0);
   if (me == 0) {
     interrupts = 1;
     GS_EXPECT(gs_allreduce(c, &t, NULL, 1, GS_OP_SUM, 1.0, 1.0), GS_ERR_INTERRUPTED);
@@ -95,8 +97,7 @@ int main(int argc, char **argv) {
   GS_OK(gs_comm_free(&c));
 
   SECTION("an asynchronous request's device work times out in the background");
-  gs_set_timeout_seconds(2.0);
-  c = nccl_comm(&t);
+  c = nccl_comm(&t, 2.0);
   if (me == 0) {
     /* Two requests: the first one's timeout aborts the NCCL communicator,
      * and the second, polled after that abort, must fail the same way (it

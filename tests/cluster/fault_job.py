@@ -3,7 +3,8 @@ scripts/simcluster: a stream of mixed collectives, every result checked,
 while one host fails part-way through.
 
   --mode linkdown   the first rank of the last host takes its host's data
-                    link down (ip link set data0 down) after --after seconds;
+                    link down (ip link set data0 down) --after seconds
+                    after its first checked batch of calls;
                     with GRADSYNC_TIMEOUT_SECONDS set, every rank should raise
   --mode kill       the same rank SIGKILLs every rank of its host (itself
                     last); the launcher should end the job
@@ -36,7 +37,11 @@ def note(out, **kw):
         f.write(json.dumps(kw) + "\n")
 
 
-def fail_host(mode, after, out, host_pids):
+def fail_host(mode, after, out, host_pids, streaming):
+    # `after` counts from the first checked batch, not from the start: on a
+    # slow machine the start-up alone could outlast a fixed delay, and the
+    # fault would then hit before any hierarchical message was counted.
+    streaming.wait(120)
     time.sleep(after)
     with open(os.path.join(out, "fault_at"), "w") as f:
         f.write("%r\n" % time.time())
@@ -48,9 +53,10 @@ def fail_host(mode, after, out, host_pids):
         os.kill(pid, signal.SIGKILL)
 
 
-def stream(comm, out, seconds, bad):
+def stream(comm, out, seconds, bad, streaming):
     """Mixed collectives, each result checked (what is wrong goes to `bad`);
-    returns the calls made when time is up."""
+    sets `streaming` once the first batch is noted; returns the calls made
+    when time is up."""
     p, r = comm.size, comm.rank
     big = np.empty(10 << 18, np.float32)       # 10 MiB: hierarchical by default
     mid = np.empty(3000, np.float32)           # 12 KB: flat
@@ -79,8 +85,9 @@ def stream(comm, out, seconds, bad):
         g = comm.allgather(np.full((2, 3), r, np.int64))
         if not np.array_equal(g[:, 0], np.repeat(np.arange(p), 2)):
             bad.append("call %d allgather" % i)
-        if i % 10 == 0:
+        if i == 1 or i % 10 == 0:
             note(out, calls=i, bad=bad, hierarchical=comm.stats()["hierarchical"])
+            streaming.set()
     return i
 
 
@@ -97,13 +104,15 @@ def main():
     last_host_first = WORLD.size - node.size if node.rank == 0 else -1
     is_injector = WORLD.allreduce(last_host_first, op=MPI.MAX) == WORLD.rank
     node.Free()
+    streaming = threading.Event()
     if is_injector:
-        threading.Thread(target=fail_host, args=(args.mode, args.after, args.out, host_pids),
+        threading.Thread(target=fail_host,
+                         args=(args.mode, args.after, args.out, host_pids, streaming),
                          daemon=True).start()
     t_start = time.time()
     bad = []
     try:
-        record = {"error": None, "calls": stream(comm, args.out, args.seconds, bad)}
+        record = {"error": None, "calls": stream(comm, args.out, args.seconds, bad, streaming)}
     except Exception as e:  # noqa: BLE001 - gs.Error or MPI's: the driver judges
         record = {"error": type(e).__name__, "gradsync": isinstance(e, gs.Error),
                   "message": str(e), "raised_at": time.time()}

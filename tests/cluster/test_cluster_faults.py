@@ -23,7 +23,8 @@ ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 SIMCLUSTER = os.path.join(ROOT, "scripts", "simcluster")
 JOB = os.path.join(HERE, "fault_job.py")
 TIMEOUT = 5.0     # GRADSYNC_TIMEOUT_SECONDS in the link-down runs
-SLACK = 10.0      # seconds past it a rank may take to report (a call in flight)
+SLACK = 20.0      # seconds past it a rank may take to report (a call in flight,
+                  # a loaded machine): the bound tells a timeout from a hang
 FAULT_AFTER = 3.0
 
 
@@ -45,9 +46,8 @@ def run_faulty_job(tmp_path, mode, hosts, ranks, **env):
     cmd = [sys.executable, SIMCLUSTER, "--hosts", str(hosts), "--ranks-per-host", str(ranks),
            "--timeout", "180", "--", sys.executable, JOB, "--mode", mode,
            "--after", str(FAULT_AFTER), "--out", str(out)]
-    t0 = time.time()
     r = subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=300)
-    took = time.time() - t0
+    ended = time.time()  # the job's clock too: one host
     fault_at = float(open(out / "fault_at").read()) if (out / "fault_at").exists() else None
     ranks_out = {}
     for f in glob.glob(str(out / "rank*.json")):
@@ -57,7 +57,9 @@ def run_faulty_job(tmp_path, mode, hosts, ranks, **env):
         if (out / "events.jsonl").exists() else []
     log = r.stdout + r.stderr
     prefix = re.search(r"\((gsc\d+)\)", log)
-    return r.returncode, took, fault_at, ranks_out, events, log, prefix and prefix.group(1)
+    # how long the job went on after the fault (None: no fault)
+    after_fault = ended - fault_at if fault_at is not None else None
+    return r.returncode, after_fault, fault_at, ranks_out, events, log, prefix and prefix.group(1)
 
 
 def assert_cleaned_up(prefix, log):
@@ -78,7 +80,7 @@ def test_link_down_raises_on_every_rank(tmp_path, hosts, ranks, hier_mode):
     env = {"GRADSYNC_TIMEOUT_SECONDS": str(TIMEOUT)}
     if hier_mode is not None:
         env["GRADSYNC_HIERARCHICAL"] = hier_mode
-    rc, took, fault_at, recs, events, log, prefix = run_faulty_job(
+    rc, after_fault, fault_at, recs, events, log, prefix = run_faulty_job(
         tmp_path, "linkdown", hosts, ranks, **env)
     n = hosts * ranks
     assert fault_at is not None, "the link was never taken down:\n" + log
@@ -92,17 +94,17 @@ def test_link_down_raises_on_every_rank(tmp_path, hosts, ranks, hier_mode):
     hier = max((e.get("hierarchical", 0) for e in events), default=0)
     assert (hier > 0) == (ranks > 1 and hier_mode != "0"), "hierarchical messages: %d" % hier
     assert rc != 0 and rc != 124, "the job should end with the ranks' failure: rc %d" % rc
-    assert took < FAULT_AFTER + TIMEOUT + SLACK + 30, took
+    assert after_fault < TIMEOUT + SLACK + 30, after_fault
     assert_cleaned_up(prefix, log)
 
 
 def test_killed_host_ends_the_job_with_a_message(tmp_path):
     """No timeout set: the launcher notices the dead ranks and ends the job."""
-    rc, took, fault_at, recs, events, log, prefix = run_faulty_job(tmp_path, "kill", 2, 2)
+    rc, after_fault, fault_at, recs, events, log, prefix = run_faulty_job(tmp_path, "kill", 2, 2)
     assert fault_at is not None, log
     assert rc not in (0, 124), "rc %d\n%s" % (rc, log)
     assert re.search(r"BAD TERMINATION|KILLED|terminated", log), log
     assert not any(rec.get("error") is None for rec in recs.values()), recs
     assert_no_bad_success(recs, events)
-    assert took < FAULT_AFTER + 60, took
+    assert after_fault < 60, after_fault
     assert_cleaned_up(prefix, log)

@@ -140,8 +140,7 @@ static emu_stream_t *resolve(cudaStream_t h, int device) {
 }
 
 /* Appends an operation; `extra` is one more dependency (a stream wait). */
-static cudaError_t push(emu_stream_t *s, emu_fn fn, void *arg, const dep_t *extra,
-                        uint64_t *seq) {
+static cudaError_t push(emu_stream_t *s, emu_fn fn, void *arg, const dep_t *extra, uint64_t *seq) {
   op_t *o = calloc(1, sizeof *o);
   int cap = 2;
   for (emu_stream_t *t = all_streams; t; t = t->next_all) cap++;
@@ -237,9 +236,10 @@ cudaError_t cudaStreamQuery(cudaStream_t h) {
   emu_stream_t *s;
   cudaError_t locked = lock_stream(h, &s);
   if (locked != cudaSuccess) return locked;
-  cudaError_t e = !s ? cudaErrorInvalidResourceHandle
+  cudaError_t e = !s                            ? cudaErrorInvalidResourceHandle
                   : sticky_error != cudaSuccess ? sticky_error
-                  : s->completed < s->enqueued ? cudaErrorNotReady : cudaSuccess;
+                  : s->completed < s->enqueued  ? cudaErrorNotReady
+                                                : cudaSuccess;
   pthread_mutex_unlock(&mu);
   return e;
 }
@@ -297,8 +297,9 @@ cudaError_t cudaEventQuery(cudaEvent_t h) {
   emu_event_t *ev = (emu_event_t *)h;
   if (!ev || ev->magic != EVENT_MAGIC) return cudaErrorInvalidResourceHandle;
   pthread_mutex_lock(&mu);
-  cudaError_t e = sticky_error != cudaSuccess ? sticky_error
-                  : ev->s && ev->s->completed < ev->seq ? cudaErrorNotReady : cudaSuccess;
+  cudaError_t e = sticky_error != cudaSuccess           ? sticky_error
+                  : ev->s && ev->s->completed < ev->seq ? cudaErrorNotReady
+                                                        : cudaSuccess;
   pthread_mutex_unlock(&mu);
   return e;
 }
@@ -345,6 +346,43 @@ static cudaError_t fault_op(void *arg) { return *(cudaError_t *)arg; }
 /* Queues `seconds` of device work on `stream` (of the current device). */
 HOOK int gs_emulated_sleep(uintptr_t stream, double seconds) {
   return emu_enqueue(as_handle(stream), sleep_op, &seconds, sizeof seconds);
+}
+
+/* A gate: device work that lasts until gs_emulated_release (or 30 s, so a
+ * test whose host waits behind a gate fails its check instead of hanging).
+ * Tests that ask "is the stream still busy?" hold it with a gate rather than
+ * a sleep, which a loaded machine could outlast. */
+static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t gate_opened = PTHREAD_COND_INITIALIZER;
+static unsigned long gate_generation; /* bumped by each release */
+
+static cudaError_t gate_op(void *arg) {
+  unsigned long closed_in = *(unsigned long *)arg;
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 30;
+  pthread_mutex_lock(&gate_mu);
+  int r = 0;
+  while (gate_generation == closed_in && r == 0)
+    r = pthread_cond_timedwait(&gate_opened, &gate_mu, &until);
+  pthread_mutex_unlock(&gate_mu);
+  return cudaSuccess;
+}
+
+/* Queues a closed gate on `stream`: it stays busy until the next release. */
+HOOK int gs_emulated_hold(uintptr_t stream) {
+  pthread_mutex_lock(&gate_mu);
+  unsigned long generation = gate_generation;
+  pthread_mutex_unlock(&gate_mu);
+  return emu_enqueue(as_handle(stream), gate_op, &generation, sizeof generation);
+}
+
+/* Opens every gate queued so far. */
+HOOK void gs_emulated_release(void) {
+  pthread_mutex_lock(&gate_mu);
+  gate_generation++;
+  pthread_cond_broadcast(&gate_opened);
+  pthread_mutex_unlock(&gate_mu);
 }
 
 /* Queues work that fails with `error` (a sticky one loses the context). */

@@ -6,7 +6,7 @@
   once, by all ranks together (a collective at the first such test, which
   every rank reaches in the same order), so every rank skips or runs alike.
 - ``spin_torch(stream)`` / ``spin_cupy(stream)``: keep a stream busy for
-  about half a second (1e9 GPU cycles), so that work queued behind it is
+  about 1.5-2 s (3e9 GPU cycles), so that work queued behind it is
   still pending when the host looks: a call that blocked the host, or work
   put on the wrong stream, shows.
 """
@@ -20,7 +20,7 @@ from mpi4py import MPI
 import gradsync as gs
 
 WORLD = MPI.COMM_WORLD
-SPIN_CYCLES = 1_000_000_000   # ~0.5-0.7 s at an H100's 1.5-2 GHz
+SPIN_CYCLES = 3_000_000_000   # ~1.5-2 s at an H100's 1.5-2 GHz: a margin for a busy host
 
 _nccl = {}
 

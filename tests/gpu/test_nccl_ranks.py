@@ -127,15 +127,24 @@ def _unchecked_comm():
     return c
 
 
+def _comm_on_nccl(x, timeout):
+    """_unchecked_comm() with its NCCL communicator made (by both ranks),
+    then `timeout` set: NCCL's set-up on a real GPU may itself take seconds,
+    which the short limit under test must not cut."""
+    gs.set_timeout(0)
+    c = _unchecked_comm()
+    with collectively():
+        c.allreduce_(x)
+        assert c.device_transport == "nccl"
+    gs.set_timeout(timeout)
+    return c
+
+
 @requires_gpus(2)
 def test_nccl_peer_that_never_joins_times_out(device):
     x = gs.to_device(np.ones(1024, np.float32), device)
-    gs.set_timeout(3.0)
     try:
-        c = _unchecked_comm()
-        with collectively():
-            c.allreduce_(x)  # both ranks: the NCCL communicator is made
-            assert c.device_transport == "nccl"
+        c = _comm_on_nccl(x, 3.0)
         with collectively():
             if WORLD.rank == 0:
                 with pytest.raises(gs.TimeoutError, match="allreduce"):
@@ -144,9 +153,7 @@ def test_nccl_peer_that_never_joins_times_out(device):
                     c.allreduce_(x)
         c.close()
 
-        c = _unchecked_comm()
-        with collectively():
-            c.allreduce_(x)
+        c = _comm_on_nccl(x, 3.0)
         with collectively(what="background timeout of a handed-off request"):
             if WORLD.rank == 0:
                 req = c.allreduce_async_(x)

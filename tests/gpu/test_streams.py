@@ -27,7 +27,11 @@ from gsutil import collectively, run_child
 try:
     _LIB = ctypes.CDLL("libgradsync.so")
     _SLEEP, _BUSY, _SYNC = _LIB.gs_emulated_sleep, _LIB.gs_emulated_busy, _LIB.gs_emulated_sync
+    # a gate holds a stream busy until _RELEASE: "still busy?" is then a
+    # question of order, not of how fast this machine is
+    _HOLD, _RELEASE = _LIB.gs_emulated_hold, _LIB.gs_emulated_release
     _SLEEP.argtypes = [ctypes.c_size_t, ctypes.c_double]
+    _HOLD.argtypes = [ctypes.c_size_t]
     _BUSY.argtypes = [ctypes.c_size_t]
     _SYNC.argtypes = [ctypes.c_size_t]
     EMULATED = True
@@ -51,11 +55,12 @@ def test_kernels_do_not_wait_for_communication(stream):
     x = gs.to_device(np.full(1000, 2.0, np.float32), 0)
     g = gs.to_device(np.full(1000, 0.5, np.float32), 0)
     with collectively():
-        _SLEEP(stream, 1.0)
+        _HOLD(stream)
         gs.zero_(x)
         gs.accumulate_(x, g)
         gs.scale_(x, 4.0)
         busy = bool(_BUSY(stream))
+        _RELEASE()
         _SYNC(stream)
         assert busy, "a gradient kernel waited for gradsync's communication stream"
         np.testing.assert_array_equal(x.numpy(), np.full(1000, 2.0, np.float32))
@@ -63,14 +68,18 @@ def test_kernels_do_not_wait_for_communication(stream):
 
 def test_request_wait_hands_off_to_the_stream(comm, stream):
     x = gs.to_device(np.full(3000, 1.0, np.float32), 0)
+    nccl = comm.device_transport == "nccl"  # device work from start to end
     with collectively():
-        _SLEEP(stream, 0.5)
+        # the staged path's host part waits for the stream itself: a gate
+        # would only time out there
+        _HOLD(stream) if nccl else _SLEEP(stream, 0.5)
         req = comm.allreduce_async_(x)
         assert req.wait() is x
         busy_after_wait = bool(_BUSY(stream))
+        _RELEASE()
         _SYNC(LEGACY)  # the caller's stream waited for the collective
         busy_after_sync = bool(_BUSY(stream))
-        if comm.device_transport == "nccl":  # device work from start to end
+        if nccl:
             assert busy_after_wait, "Request.wait() blocked the host on the NCCL path"
         assert not busy_after_sync, "the caller's stream did not wait for the collective"
         np.testing.assert_array_equal(x.numpy(), np.full(3000, comm.size, np.float32))
@@ -90,13 +99,15 @@ def test_request_synchronize_waits_on_the_host(comm, stream):
 
 def test_pending_device_array_exports_its_work(comm, stream):
     x = gs.to_device(np.full(500, 2.0, np.float32), 0)
+    nccl = comm.device_transport == "nccl"
     with collectively():
-        _SLEEP(stream, 0.5)
+        _HOLD(stream) if nccl else _SLEEP(stream, 0.5)
         req = comm.allreduce_async_(x)
         cai_stream = x.__cuda_array_interface__["stream"]
-        if comm.device_transport == "nccl":
-            assert cai_stream == stream, (cai_stream, stream)
         capsule = x.__dlpack__(stream=LEGACY)
+        _RELEASE()
+        if nccl:
+            assert cai_stream == stream, (cai_stream, stream)
         assert capsule is not None
         _SYNC(LEGACY)  # the consumer's stream waited for the collective
         assert not _BUSY(stream)
