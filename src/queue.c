@@ -98,7 +98,8 @@ static void device_finished(struct gs_request *r, gs_status_t s) {
   pthread_cond_broadcast(&work_done);
 }
 
-/* Polls one request's device work once (lock not held); 1 finished. */
+/* Polls one request's device work once (queue lock not held, runtime lock
+ * held: see wait_device_part); 1 finished. */
 static int poll_device(struct gs_request *r, gs_status_t *s) {
   gs_cu_scope_t scope;
   *s = gs_cu_enter(r->dev.device, &scope);
@@ -259,15 +260,20 @@ static int device_pending(struct gs_request *r) {
   return p;
 }
 
-/* Waits on the host for the request's device work, polling. */
+/* Waits on the host for the request's device work, polling. The runtime
+ * lock is held between polls as the background thread holds it for its own:
+ * an abort (which frees the NCCL communicator) never runs while another
+ * thread polls or aborts the same communicator. */
 static void wait_device_part(struct gs_request *r) {
   if (!device_pending(r)) return;
   gs_cu_scope_t scope;
+  gs_runtime_lock();
   gs_status_t s = gs_cu_enter(r->dev.device, &scope);
   if (s == GS_SUCCESS) {
     s = gs_device_wait(r->dev.comm, r->dev.transport, r->dev.event, r->fn);
     gs_cu_leave(&scope);
   }
+  gs_runtime_unlock();
   pthread_mutex_lock(&lock);
   device_finished(r, s);
   pthread_mutex_unlock(&lock);
@@ -300,7 +306,9 @@ gs_status_t gs_request_test(gs_request_t r, int *done) {
   pthread_mutex_unlock(&lock);
   if (poll) {
     gs_status_t s;
+    gs_runtime_lock(); /* as wait_device_part: one poll or abort at a time */
     int finished = poll_device(r, &s);
+    gs_runtime_unlock();
     pthread_mutex_lock(&lock);
     if (finished) device_finished(r, s);
     *done = !r->device_pending;

@@ -12,6 +12,11 @@
  * - a peer that disappears sets the asynchronous error ncclRemoteError, and
  *   the operation waiting on it stays blocked until ncclCommAbort (with
  *   GS_EMU_NCCL_SILENT_LOSS=1 no error is set: the wait only ends by abort);
+ * - ncclCommAbort and ncclCommDestroy free the communicator: any later call
+ *   with that handle (from another thread during the abort too) is reported
+ *   on stderr as a use after free and fails. The abort takes
+ *   GS_EMU_NCCL_ABORT_NAP_MS (default 50 ms), as NCCL's does (it stops
+ *   kernels and proxy threads), so a call racing with it is caught;
  * - GS_EMU_NCCL_VERSION (default 22300) is the version it reports. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -38,10 +43,19 @@ struct ncclComm {
   int *fd;              /* fd[peer] */
   char token[160];
   pthread_t init_thread;
-  volatile int aborted;
+  volatile int aborted; /* by ncclCommAbort/Destroy: NCCL has freed the handle */
   volatile ncclResult_t state; /* ncclInProgress while connecting, then the async error */
   char last[256];
 };
+
+/* A call with a handle NCCL has freed: the struct is kept (the stream
+ * threads still read it), so the emulation can say so instead of crashing. */
+static int freed(ncclComm_t comm, const char *fn) {
+  if (!comm->aborted) return 0;
+  fprintf(stderr, "emulated NCCL: %s on a communicator already aborted or destroyed "
+          "(NCCL has freed it: a use after free)\n", fn);
+  return 1;
+}
 
 static _Thread_local int group_depth;
 typedef struct op op_t;
@@ -305,7 +319,8 @@ static cudaError_t run_ops(void *arg) {
 
 static ncclResult_t submit(op_t proto, cudaStream_t stream) {
   struct ncclComm *c = proto.comm;
-  if (!c || c->aborted) return ncclInvalidArgument;
+  if (!c) return ncclInvalidArgument;
+  if (freed(c, "an NCCL collective")) return ncclInvalidUsage;
   if (c->state == ncclInProgress) return ncclInvalidUsage; /* not yet initialized */
   op_t *o = malloc(sizeof *o);
   if (!o) return ncclSystemError;
@@ -348,7 +363,10 @@ API const char *ncclGetErrorString(ncclResult_t r) {
   }
 }
 
-API const char *ncclGetLastError(ncclComm_t comm) { return comm ? comm->last : ""; }
+API const char *ncclGetLastError(ncclComm_t comm) {
+  if (comm && freed(comm, "ncclGetLastError")) return "emulated NCCL: use after free";
+  return comm ? comm->last : "";
+}
 
 API ncclResult_t ncclGetUniqueId(ncclUniqueId *id) {
   memset(id, 0, sizeof *id);
@@ -382,6 +400,7 @@ API ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueI
 
 API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state) {
   if (!comm) return ncclInvalidArgument;
+  if (freed(comm, "ncclCommGetAsyncError")) return ncclInvalidUsage;
   *state = comm->state;
   return ncclSuccess;
 }
@@ -391,14 +410,20 @@ static void close_comm(struct ncclComm *c) {
     if (p != c->rank && c->fd[p] > 0) shutdown(c->fd[p], SHUT_RDWR);
 }
 
-API ncclResult_t ncclCommAbort(ncclComm_t comm) {
+static ncclResult_t release_comm(ncclComm_t comm, const char *fn) {
   if (!comm) return ncclSuccess;
+  if (freed(comm, fn)) return ncclInvalidUsage;
   comm->aborted = 1; /* operations blocked on it end; the struct is kept (a test harness) */
   close_comm(comm);
+  const char *nap = getenv("GS_EMU_NCCL_ABORT_NAP_MS");
+  int ms = nap && *nap ? atoi(nap) : 50;
+  if (ms > 0) usleep((useconds_t)ms * 1000);
   return ncclSuccess;
 }
 
-API ncclResult_t ncclCommDestroy(ncclComm_t comm) { return ncclCommAbort(comm); }
+API ncclResult_t ncclCommAbort(ncclComm_t comm) { return release_comm(comm, "ncclCommAbort"); }
+
+API ncclResult_t ncclCommDestroy(ncclComm_t comm) { return release_comm(comm, "ncclCommDestroy"); }
 
 API ncclResult_t ncclGroupStart(void) {
   group_depth++;

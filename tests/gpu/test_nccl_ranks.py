@@ -11,6 +11,8 @@ machine with 2+ GPUs.
 - a peer that never joins: the NCCL wait ends in gs.TimeoutError naming the
   collective, the communicator is unusable afterwards, and an asynchronous
   request handed to a stream times out in the background;
+- the background thread's abort and this thread's polls of the same NCCL
+  communicator take turns (NCCL frees it in the abort);
 - a process that uses only GPU 1 creates no context on GPU 0 (NVML's list
   of compute processes).
 """
@@ -163,6 +165,33 @@ def test_nccl_peer_that_never_joins_times_out(device):
                 with pytest.raises(gs.Error):
                     c.barrier()  # unusable: fails at once
         c.close()
+    finally:
+        gs.set_timeout(float(os.environ.get("GRADSYNC_TIMEOUT_SECONDS") or 0))
+
+
+@requires_gpus(2)
+def test_polls_take_turns_with_the_background_abort(device, capfd):
+    """A handed-off request whose peer never joins, polled with test() in a
+    loop: the background thread and this one both poll it, and whichever
+    sees the timeout aborts the NCCL communicator, which frees it. A poll
+    running during that abort would use the freed communicator (a crash
+    with NCCL; the emulated NCCL takes 50 ms to abort and reports every call
+    on a freed handle). Polls and aborts take turns: the request ends in
+    TimeoutError and NCCL is never called on a freed communicator."""
+    x = gs.to_device(np.ones(1024, np.float32), device)
+    try:
+        c = _comm_on_nccl(x, 2.0)
+        with collectively():
+            if WORLD.rank == 0:
+                req = c.allreduce_async_(x)
+                req.wait(stream=1)
+                with pytest.raises(gs.TimeoutError):
+                    while not req.test():
+                        pass
+        c.close()
+        err = capfd.readouterr().err
+        with collectively():
+            assert "use after free" not in err, err
     finally:
         gs.set_timeout(float(os.environ.get("GRADSYNC_TIMEOUT_SECONDS") or 0))
 
