@@ -51,14 +51,24 @@ static gs_status_t distinct_gpus(gs_comm_t c, int device, int *yes) {
   struct cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) memcpy(mine, prop.uuid.bytes, 16);
   else cudaGetLastError();
-  int e = MPI_Allgather(mine, 16, MPI_BYTE, uuids, 16, MPI_BYTE, c->mpi);
+  MPI_Request req;
+  gs_status_t s =
+      gs_mpi_finish(MPI_Iallgather(mine, 16, MPI_BYTE, uuids, 16, MPI_BYTE, c->mpi, &req), &req,
+                    "gradsync: comparing GPUs (MPI_Iallgather)");
   *yes = 1;
-  for (int i = 0; e == MPI_SUCCESS && i < c->size && *yes; i++)
+  for (int i = 0; s == GS_SUCCESS && i < c->size && *yes; i++)
     for (int j = i + 1; j < c->size && *yes; j++)
       if (memcmp(uuids + 16 * (size_t)i, uuids + 16 * (size_t)j, 16) == 0) *yes = 0;
   free(uuids);
-  if (e != MPI_SUCCESS) return gs_mpi_fail(e, "gradsync: comparing GPUs (MPI_Allgather)");
-  return GS_SUCCESS;
+  return s;
+}
+
+/* The minimum of `*v` over the ranks, waited for like every MPI request (a
+ * rank that never comes ends in the timeout, not a hang). */
+static gs_status_t agree_min(gs_comm_t c, int *v, const char *what) {
+  MPI_Request req;
+  return gs_mpi_finish(MPI_Iallreduce(MPI_IN_PLACE, v, 1, MPI_INT, MPI_MIN, c->mpi, &req), &req,
+                       what);
 }
 
 /* Collective over c->mpi: every rank reaches it in the same call. */
@@ -66,21 +76,20 @@ static gs_status_t choose_path(gs_comm_t c, int device) {
   int want = 0;
   GS_CHECK(distinct_gpus(c, device, &want));
   want = want && !gs_env_nccl_off() && gs_nccl_loadable();
-  GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &want, 1, MPI_INT, MPI_MIN, c->mpi),
-               "gradsync: choosing the device path");
+  GS_CHECK(agree_min(c, &want, "gradsync: choosing the device path"));
   c->dev_id = device;
   if (want) {
-    int ok = gs_nccl_comm_init(c) == GS_SUCCESS;
+    gs_status_t init = gs_nccl_comm_init(c);
+    if (init == GS_ERR_INTERRUPTED) return init;
+    int ok = init == GS_SUCCESS;
     if (!ok) gs_log(GS_LOG_WARNING, "NCCL initialization failed (%s); using MPI", gs_last_error());
-    GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, c->mpi),
-                 "gradsync: NCCL initialization");
+    GS_CHECK(agree_min(c, &ok, "gradsync: NCCL initialization"));
     if (!ok) gs_nccl_comm_free(c); /* some rank failed: all fall back */
     want = ok;
   }
   int aware = gs_mpi_cuda_aware();
   if (!want) { /* every rank must take the same path */
-    GS_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, &aware, 1, MPI_INT, MPI_MIN, c->mpi),
-                 "gradsync: asking the ranks whether MPI is CUDA-aware");
+    GS_CHECK(agree_min(c, &aware, "gradsync: asking the ranks whether MPI is CUDA-aware"));
   }
   c->dev_path = want ? GS_PATH_NCCL : aware ? GS_PATH_CUDA_AWARE : GS_PATH_STAGED;
   gs_log(GS_LOG_INFO, "CUDA device %d: collectives go through %s", device,
@@ -142,11 +151,12 @@ typedef struct device_wait {
   gs_comm_t comm;
   const gs_transport_t *transport;
   void *event;
+  const char *what;
 } device_wait_t;
 
 static int device_poll(void *ctx, gs_status_t *err) {
   device_wait_t *w = ctx;
-  return w->transport->poll(w->comm, w->event, err);
+  return w->transport->poll(w->comm, w->event, w->what, err);
 }
 
 static void device_abort(void *ctx, gs_status_t why) {
@@ -160,7 +170,7 @@ static const char *device_detail(void *ctx) {
 }
 
 gs_status_t gs_device_wait(gs_comm_t c, const gs_transport_t *tr, void *event, const char *what) {
-  device_wait_t ctx = {c, tr, event};
+  device_wait_t ctx = {c, tr, event, what};
   gs_wait_t w = {device_poll, device_abort, NULL, device_detail, &ctx, what};
   gs_fate_t *saved = gs_runtime_bind(&c->fate); /* a wait that gives up marks c */
   gs_status_t s = gs_progress_wait(&w);

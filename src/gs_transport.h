@@ -32,10 +32,11 @@ typedef struct gs_transport {
   gs_exchange_fn exchange;
   /* Device transports (NULL for host memory): whether the work queued on the
    * communicator's stream up to `event` has finished (1), not yet (0), or
-   * failed (-1, *err set, message recorded); abort (may be NULL): what to do
+   * failed (-1, *err set, message recorded, naming `what`: the operation
+   * whose work it is); abort (may be NULL): what to do
    * when a wait gives up on it; detail (may be NULL): the transport's own
    * words on its last error, for messages. */
-  int (*poll)(gs_comm_t, void *event, gs_status_t *err);
+  int (*poll)(gs_comm_t, void *event, const char *what, gs_status_t *err);
   void (*abort)(gs_comm_t, gs_status_t why);
   const char *(*detail)(gs_comm_t);
 } gs_transport_t;

@@ -104,7 +104,7 @@ static int poll_device(struct gs_request *r, gs_status_t *s) {
   gs_cu_scope_t scope;
   *s = gs_cu_enter(r->dev.device, &scope);
   if (*s != GS_SUCCESS) return 1;
-  int done = r->dev.transport->poll(r->dev.comm, r->dev.event, s);
+  int done = r->dev.transport->poll(r->dev.comm, r->dev.event, r->fn, s);
   double timeout = gs_env_timeout_seconds();
   if (!done && timeout > 0 && gs_now() - r->queued_at > timeout) {
     r->dev.comm->fate.broken = GS_ERR_TIMEOUT;

@@ -60,8 +60,8 @@ static gs_status_t aware_exchange(gs_comm_t c, const void *sbuf, int64_t scount,
 
 /* The work queued on the stream ends on the host side: an event is all
  * there is to poll. */
-static int aware_poll(gs_comm_t c, void *event, gs_status_t *err) {
-  return gs_staged_transport.poll(c, event, err);
+static int aware_poll(gs_comm_t c, void *event, const char *what, gs_status_t *err) {
+  return gs_staged_transport.poll(c, event, what, err);
 }
 
 const gs_transport_t gs_cuda_aware_transport = {

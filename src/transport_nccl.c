@@ -160,25 +160,27 @@ static gs_status_t settle(gs_comm_t c, ncclResult_t r, const char *what) {
 
 #define NCCL_CALL(c, call, what) GS_CHECK(settle((c), (call), (what)))
 
-static int nccl_poll(gs_comm_t c, void *event, gs_status_t *err) {
+static int nccl_poll(gs_comm_t c, void *event, const char *what, gs_status_t *err) {
   if (!c->nccl) {
     /* Aborted by another wait on this communicator (the background watcher
      * polls handed-off requests while a caller may wait on the same one):
      * report that wait's reason, so whichever poll finishes the request, it
      * fails the same way (a timeout stays a timeout). */
     gs_status_t why = c->fate.broken ? c->fate.broken : GS_ERR_NCCL;
-    *err = gs_fail(why, "the NCCL communicator was aborted: %s", gs_status_string(why));
+    *err = gs_fail(why, "%s: the NCCL communicator was aborted: %s", what, gs_status_string(why));
     return -1;
   }
   ncclResult_t state = ncclSuccess;
   ncclResult_t r = api.ncclCommGetAsyncError((ncclComm_t)c->nccl, &state);
   if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
-    *err = nccl_fail(c, r != ncclSuccess ? r : state, "NCCL reported an asynchronous error");
+    char said[160];
+    snprintf(said, sizeof said, "%s: NCCL reported an asynchronous error", what);
+    *err = nccl_fail(c, r != ncclSuccess ? r : state, said);
     abort_comm(c, GS_ERR_NCCL);
     c->fate.broken = GS_ERR_NCCL;
     return -1;
   }
-  int done = gs_cu_event_poll(event, "gradsync: NCCL work");
+  int done = gs_cu_event_poll(event, what);
   if (done < 0) *err = GS_ERR_CUDA;
   return done;
 }
@@ -208,8 +210,11 @@ gs_status_t gs_nccl_comm_init(gs_comm_t c) {
   }
   /* rank 0 broadcasts the id even after a failure, so nobody waits */
   int ok = s == GS_SUCCESS;
-  GS_MPI_CHECK(MPI_Bcast(&ok, 1, MPI_INT, 0, c->mpi), "gradsync: NCCL bootstrap");
-  GS_MPI_CHECK(MPI_Bcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi), "gradsync: NCCL bootstrap");
+  MPI_Request req;
+  GS_CHECK(gs_mpi_finish(MPI_Ibcast(&ok, 1, MPI_INT, 0, c->mpi, &req), &req,
+                         "gradsync: NCCL bootstrap (MPI_Ibcast)"));
+  GS_CHECK(gs_mpi_finish(MPI_Ibcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi, &req), &req,
+                         "gradsync: NCCL bootstrap (MPI_Ibcast)"));
   if (!ok) return s != GS_SUCCESS ? s : gs_fail(GS_ERR_NCCL, "ncclGetUniqueId failed on rank 0");
   config_2_14_t cfg = {sizeof cfg,
                        NCCL_API_MAGIC,
@@ -232,7 +237,13 @@ gs_status_t gs_nccl_comm_init(gs_comm_t c) {
   s = settle(c, r, "ncclCommInitRankConfig"); /* polls the initialization */
   if (s != GS_SUCCESS) {
     abort_comm(c, s);
+    if (s == GS_ERR_INTERRUPTED) return s; /* the interrupt goes up; c stays unusable */
     c->fate.broken = GS_SUCCESS; /* the ranks agree on a fallback in choose_path */
+    if (s == GS_ERR_TIMEOUT)
+      s = gs_fail(s,
+                  "ncclCommInitRankConfig did not complete within "
+                  "GRADSYNC_TIMEOUT_SECONDS=%g s (NCCL's bootstrap did not reach every rank)",
+                  gs_env_timeout_seconds());
   }
   return s;
 }

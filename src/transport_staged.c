@@ -135,9 +135,9 @@ static gs_status_t staged_exchange(gs_comm_t c, const void *sbuf, int64_t scount
 
 /* The work of a device path that ends on the host side: an event is all
  * there is to poll (the CUDA-aware path shares it). */
-static int staged_poll(gs_comm_t c, void *event, gs_status_t *err) {
+static int staged_poll(gs_comm_t c, void *event, const char *what, gs_status_t *err) {
   (void)c;
-  int r = gs_cu_event_poll(event, "gradsync: device work of a staged collective");
+  int r = gs_cu_event_poll(event, what);
   if (r < 0) *err = GS_ERR_CUDA;
   return r;
 }

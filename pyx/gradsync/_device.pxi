@@ -278,6 +278,10 @@ cdef class DeviceArray(_TensorRef):
         cdef size_t nbytes = <size_t>self.count * gs_dtype_size(self.gsdtype)
         host.kind = GS_DEVICE_CPU
         host.id = 0
+        if self.dev.kind == GS_DEVICE_CUDA:
+            # follow the legacy default stream, not the work stream an earlier
+            # call left on this thread (a caller's stream, perhaps gone since)
+            CHKERR(gs_cuda_set_stream(1))
         with nogil:
             CHKERR(gs_memcpy(dst, host, self.data, self.dev, nbytes))
         return out

@@ -6,7 +6,8 @@
  *   collective, the NCCL communicator is aborted and the gradsync
  *   communicator is unusable;
  * - when the peers go away (their communicators destroyed), NCCL's
- *   asynchronous error ends it with GS_ERR_NCCL and ncclGetLastError's text;
+ *   asynchronous error ends it with GS_ERR_NCCL, the collective's name and
+ *   ncclGetLastError's text;
  * - an interrupt ends it with GS_ERR_INTERRUPTED;
  * - an asynchronous request's device work times out in the background.
  * Earlier the NCCL path waited with cudaStreamSynchronize under the runtime
@@ -77,6 +78,8 @@ int main(int argc, char **argv) {
     GS_EXPECT(gs_allreduce(c, &t, NULL, 1, GS_OP_SUM, 1.0, 1.0), GS_ERR_NCCL);
     CHECK(strstr(gs_last_error(), "lost its connection") != NULL,
           "message (ncclGetLastError's text expected): %s", gs_last_error());
+    CHECK(strstr(gs_last_error(), "allreduce") != NULL, "message (the call's name expected): %s",
+          gs_last_error());
   } else {
     usleep(200000);
     GS_OK(gs_comm_free(&c)); /* destroys this rank's NCCL communicator */

@@ -4,7 +4,10 @@
  * NCCL path on a machine without GPUs, with NCCL's semantics where gradsync
  * must cope with them:
  * - communicators are created non-blocking: ncclCommInitRankConfig returns
- *   ncclInProgress and the ranks connect on a thread of their own;
+ *   ncclInProgress and the ranks connect on a thread of their own; the
+ *   bootstrap gives up after 20 s, as NCCL's does (ncclSystemError), and
+ *   GS_EMU_NCCL_STALL_INIT_RANK=r makes rank r's bootstrap never reach the
+ *   others (a peer NCCL cannot connect to);
  * - collectives run later, on the stream's emulated thread, exchanging the
  *   ranks' buffers over Unix sockets (abstract names, nothing on disk), and
  *   reduce in rank order (every rank gets the same bits);
@@ -79,10 +82,40 @@ static int send_all(int fd, const void *p, size_t n) {
   return 0;
 }
 
+#define BOOTSTRAP_SECONDS 20
+
+static double seconds_now(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Whether the bootstrap must stop: aborted, or past its deadline (then the
+ * communicator's error says so). */
+static int bootstrap_over(struct ncclComm *c, double deadline) {
+  if (c->aborted) return 1;
+  if (seconds_now() < deadline) return 0;
+  snprintf(c->last, sizeof c->last, "emulated NCCL: bootstrap timed out after %d s",
+           BOOTSTRAP_SECONDS);
+  c->state = ncclSystemError;
+  return 1;
+}
+
+static int stalled(const struct ncclComm *c) {
+  const char *r = getenv("GS_EMU_NCCL_STALL_INIT_RANK");
+  return r && *r && atoi(r) == c->rank;
+}
+
 static void *connect_peers(void *arg) {
   struct ncclComm *c = arg;
   struct sockaddr_un a;
   socklen_t len;
+  double deadline = seconds_now() + BOOTSTRAP_SECONDS;
+  if (stalled(c)) { /* never reaches the others */
+    while (!bootstrap_over(c, deadline)) usleep(1000);
+    if (c->state == ncclInProgress) c->state = ncclInvalidUsage; /* aborted */
+    return NULL;
+  }
   int lfd = socket(AF_UNIX, SOCK_STREAM, 0);
   sock_name(&a, &len, c->token, c->rank);
   if (lfd < 0 || bind(lfd, (struct sockaddr *)&a, len) != 0 || listen(lfd, c->size) != 0) {
@@ -95,11 +128,21 @@ static void *connect_peers(void *arg) {
     struct sockaddr_un b;
     socklen_t blen;
     sock_name(&b, &blen, c->token, p);
-    while (!c->aborted && connect(fd, (struct sockaddr *)&b, blen) != 0) usleep(1000);
+    int over = 0;
+    while (!(over = bootstrap_over(c, deadline)) && connect(fd, (struct sockaddr *)&b, blen) != 0)
+      usleep(1000);
+    if (over) {
+      close(fd);
+      break;
+    }
     send_all(fd, &c->rank, sizeof c->rank);
     c->fd[p] = fd;
   }
-  for (int k = c->rank + 1; k < c->size && !c->aborted; k++) { /* accept the higher ones */
+  for (int k = c->rank + 1; k < c->size && c->state == ncclInProgress && !c->aborted; k++) {
+    /* accept the higher ranks, polling so an abort or the deadline ends it */
+    struct pollfd pl = {lfd, POLLIN, 0};
+    while (!bootstrap_over(c, deadline) && poll(&pl, 1, 10) == 0) continue;
+    if (c->state != ncclInProgress || c->aborted) break;
     int fd = accept(lfd, NULL, NULL);
     int peer = -1;
     if (fd < 0 || recv(fd, &peer, sizeof peer, MSG_WAITALL) != sizeof peer || peer <= c->rank ||

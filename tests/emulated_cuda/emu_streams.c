@@ -396,5 +396,14 @@ HOOK int gs_emulated_busy(uintptr_t stream) {
   return cudaStreamQuery(as_handle(stream)) == cudaErrorNotReady;
 }
 
+/* A stream of the test's own on the current device (non-blocking: the
+ * legacy default stream does not wait for it), as a caller's CAI stream. */
+HOOK uintptr_t gs_emulated_stream(int nonblocking) {
+  cudaStream_t s = NULL;
+  if (cudaStreamCreateWithFlags(&s, nonblocking ? cudaStreamNonBlocking : 0) != cudaSuccess)
+    return 0;
+  return (uintptr_t)s;
+}
+
 /* Waits on the host for `stream`. */
 HOOK int gs_emulated_sync(uintptr_t stream) { return cudaStreamSynchronize(as_handle(stream)); }

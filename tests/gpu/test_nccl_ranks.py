@@ -13,12 +13,18 @@ machine with 2+ GPUs.
   request handed to a stream times out in the background;
 - the background thread's abort and this thread's polls of the same NCCL
   communicator take turns (NCCL frees it in the abort);
+- an NCCL initialization that never completes (a rank's bootstrap cannot
+  reach the others) ends in the timeout, and every rank falls back to the
+  staged MPI path; Ctrl-C during it raises KeyboardInterrupt (emulated NCCL
+  only: its GS_EMU_NCCL_STALL_INIT_RANK stalls a rank's bootstrap);
 - a process that uses only GPU 1 creates no context on GPU 0 (NVML's list
   of compute processes).
 """
 import ctypes
 import json
 import os
+import signal
+import threading
 
 import numpy as np
 import pytest
@@ -194,6 +200,71 @@ def test_polls_take_turns_with_the_background_abort(device, capfd):
             assert "use after free" not in err, err
     finally:
         gs.set_timeout(float(os.environ.get("GRADSYNC_TIMEOUT_SECONDS") or 0))
+
+
+class _StalledInit:
+    """Rank 1's NCCL bootstrap never reaches the others (emulated NCCL), with
+    `timeout` as gradsync's limit, for a block."""
+
+    def __init__(self, timeout):
+        self.timeout = timeout
+
+    def __enter__(self):
+        if not EMULATED:
+            pytest.skip("needs the emulated NCCL (it stalls one rank's bootstrap)")
+        os.environ["GS_EMU_NCCL_STALL_INIT_RANK"] = "1"
+        gs.set_timeout(self.timeout)
+
+    def __exit__(self, *exc):
+        del os.environ["GS_EMU_NCCL_STALL_INIT_RANK"]
+        gs.set_timeout(float(os.environ.get("GRADSYNC_TIMEOUT_SECONDS") or 0))
+
+
+@requires_gpus(2)
+def test_nccl_initialization_that_never_completes_falls_back(device, capfd):
+    """A blocking ncclCommInitRank would wait here for NCCL's own bootstrap
+    limit (20 s in the emulation) and then report that; gradsync polls its
+    non-blocking initialization and gives up at GRADSYNC_TIMEOUT_SECONDS."""
+    mine = np.arange(1001, dtype=np.float32) * (WORLD.rank + 1)
+    want = np.arange(1001, dtype=np.float32) * sum(range(1, WORLD.size + 1))
+    with _StalledInit(2.0):
+        c = gs.Communicator()
+        x = gs.to_device(mine, device)
+        with collectively():
+            c.allreduce_(x)
+            assert c.device_transport == "mpi-staged", c.device_transport
+            np.testing.assert_array_equal(x.numpy(), want)
+        c.close()
+    err = capfd.readouterr().err
+    with collectively():
+        assert "NCCL initialization failed (ncclCommInitRankConfig did not complete within " \
+            "GRADSYNC_TIMEOUT_SECONDS=2 s" in err, err
+
+
+@requires_gpus(2)
+def test_interrupt_during_nccl_initialization(device):
+    """Ctrl-C (on every rank, as mpiexec forwards it) during a stalled NCCL
+    initialization raises KeyboardInterrupt: it is not taken for a failed
+    initialization to fall back from, and the communicator is unusable."""
+    x = gs.to_device(np.ones(64, np.float32), device)
+    got = None
+    with _StalledInit(0):
+        c = gs.Communicator()
+        pid = os.getpid()
+        timer = threading.Timer(1.0, lambda: os.kill(pid, signal.SIGINT))
+        timer.start()
+        try:
+            c.allreduce_(x)
+        except KeyboardInterrupt as exc:
+            got = exc
+        finally:
+            timer.join()
+    with collectively():
+        assert got is not None, "the allreduce ended without the interrupt"
+        # (the communicator keeps the status it was abandoned with)
+        with pytest.raises((gs.Error, KeyboardInterrupt), match="unusable.*interrupted"):
+            c.allreduce_(x)
+    c.close()
 
 
 _CONTEXTS = """

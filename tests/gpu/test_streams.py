@@ -3,8 +3,12 @@ against the emulated CUDA runtime (its test hooks slow a stream down and ask
 whether one is busy; on real hardware these tests skip, tests/gpu's others
 run there):
 
-- the gradient kernels run on the caller's work stream without waiting for
-  gradsync's communication stream;
+- the gradient kernels run on the caller's work stream (the legacy default
+  stream, or a CAI `stream` of the caller's own) and return without waiting
+  for it or for gradsync's communication stream;
+- a collective, blocking or asynchronous, follows the work queued before it
+  on the caller's work stream (the communication stream is non-blocking: only
+  the event orders it);
 - an asynchronous collective's Request.wait() hands its GPU work to the
   caller's stream (NCCL path: the host is not blocked); synchronize() waits;
 - a DeviceArray that an asynchronous collective is writing exports that work:
@@ -34,6 +38,8 @@ try:
     _HOLD.argtypes = [ctypes.c_size_t]
     _BUSY.argtypes = [ctypes.c_size_t]
     _SYNC.argtypes = [ctypes.c_size_t]
+    _NEW_STREAM = _LIB.gs_emulated_stream
+    _NEW_STREAM.argtypes, _NEW_STREAM.restype = [ctypes.c_int], ctypes.c_size_t
     EMULATED = True
 except (OSError, AttributeError):
     EMULATED = False
@@ -64,6 +70,77 @@ def test_kernels_do_not_wait_for_communication(stream):
         _SYNC(stream)
         assert busy, "a gradient kernel waited for gradsync's communication stream"
         np.testing.assert_array_equal(x.numpy(), np.full(1000, 2.0, np.float32))
+
+
+class OnStream:
+    """A DeviceArray seen through __cuda_array_interface__ with `stream` as
+    the caller's work stream."""
+
+    def __init__(self, array, stream):
+        self.array, self.stream = array, stream
+
+    @property
+    def __cuda_array_interface__(self):
+        return dict(self.array.__cuda_array_interface__, stream=self.stream)
+
+
+@pytest.fixture
+def own_stream():
+    """A non-blocking stream of the caller's own: the legacy default stream
+    does not wait for it, so only gradsync's ordering can."""
+    s = _NEW_STREAM(1)
+    assert s, "the emulated runtime made no stream"
+    return s
+
+
+@pytest.mark.parametrize("on", ["default stream", "CAI stream"])
+@pytest.mark.parametrize("call", ["blocking", "async"])
+def test_collective_follows_the_callers_stream(comm, own_stream, on, call):
+    s = own_stream if on == "CAI stream" else LEGACY
+    x = gs.to_device(np.full(2000, 1.0, np.float32), 0)
+    g = gs.to_device(np.full(2000, 2.0, np.float32), 0)
+    view = OnStream(x, s) if s != LEGACY else x
+    comm.allreduce_(gs.to_device(np.ones(4, np.float32), 0))  # the device path is up
+    with collectively():
+        _SLEEP(s, 0.3)
+        gs.accumulate_(view, g)  # queued behind the sleep: x becomes 3
+        if call == "blocking":
+            comm.allreduce_(view)
+        else:
+            comm.allreduce_async_(view).synchronize()
+        np.testing.assert_array_equal(x.numpy(), np.full(2000, 3.0 * comm.size, np.float32))
+
+
+def test_kernels_do_not_wait_for_the_default_stream(comm):
+    x = gs.to_device(np.full(1000, 2.0, np.float32), 0)
+    g = gs.to_device(np.full(1000, 0.5, np.float32), 0)
+    with collectively():
+        _HOLD(LEGACY)
+        gs.zero_(x)
+        gs.accumulate_(x, g)
+        gs.scale_(x, 4.0)
+        busy = bool(_BUSY(LEGACY))
+        _RELEASE()
+        assert busy, "a gradient kernel waited on the host for the caller's stream"
+        np.testing.assert_array_equal(x.numpy(), np.full(1000, 2.0, np.float32))
+
+
+def test_kernels_run_on_the_callers_cai_stream(comm, own_stream):
+    x = gs.to_device(np.full(1000, 2.0, np.float32), 0)
+    with collectively():
+        _HOLD(own_stream)
+        gs.scale_(OnStream(x, own_stream), 3.0)
+        gs.accumulate_(OnStream(x, own_stream), OnStream(x, own_stream))  # x = 12
+        busy = bool(_BUSY(own_stream))
+        before = x.numpy()  # a copy on the default stream, which does not wait for own_stream
+        _RELEASE()
+        _SYNC(own_stream)
+        assert busy, "a gradient kernel waited on the host for the caller's stream"
+        np.testing.assert_array_equal(before, np.full(1000, 2.0, np.float32),
+                                      err_msg="the kernels' result showed while their stream "
+                                      "was held: they ran elsewhere, or numpy() followed a "
+                                      "stream an earlier call named")
+        np.testing.assert_array_equal(x.numpy(), np.full(1000, 12.0, np.float32))
 
 
 def test_request_wait_hands_off_to_the_stream(comm, stream):
