@@ -300,7 +300,7 @@ cdef class Comm:
         from gs_allgather_rows (rows of zero elements included)."""
         cdef gs_comm_t h = self.live()
         cdef TensorList tin
-        cdef Py_ssize_t i, n
+        cdef Py_ssize_t i, n = 0  # (set in the block; GCC cannot tell)
         cdef int size = self.info()[1]
         cdef int64_t[::1] rows, row_elems, rows_out
         with self.converting:
