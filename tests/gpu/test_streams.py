@@ -6,6 +6,8 @@ run there):
 - the gradient kernels run on the caller's work stream (the legacy default
   stream, or a CAI `stream` of the caller's own) and return without waiting
   for it or for gradsync's communication stream;
+- a thread waiting for a collective's GPU work lets another thread's
+  collective on another communicator through;
 - a collective, blocking or asynchronous, follows the work queued before it
   on the caller's work stream (the communication stream is non-blocking: only
   the event orders it);
@@ -21,6 +23,8 @@ run there):
 import ctypes
 import json
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -141,6 +145,42 @@ def test_kernels_run_on_the_callers_cai_stream(comm, own_stream):
                                       "was held: they ran elsewhere, or numpy() followed a "
                                       "stream an earlier call named")
         np.testing.assert_array_equal(x.numpy(), np.full(1000, 12.0, np.float32))
+
+
+def test_a_device_wait_lets_another_thread_in(comm, stream):
+    if comm.size < 2:
+        pytest.skip("one rank reduces nothing: there is no GPU work to wait for")
+    other = gs.Communicator()
+    x = gs.to_device(np.full(500, 1.0, np.float32), 0)
+    host = np.full(10, float(comm.rank + 1))
+    waiter_started = threading.Event()
+    errors = []
+
+    def wait_on_the_gpu():
+        waiter_started.set()
+        try:
+            comm.allreduce_(x)  # its GPU work queues behind the gate
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    try:
+        with collectively():
+            _HOLD(stream)
+            t = threading.Thread(target=wait_on_the_gpu)
+            t.start()
+            waiter_started.wait()
+            time.sleep(0.2)  # into its wait (were it not, this test could only pass)
+            other.allreduce_(host)  # needs the runtime lock the waiter polls with
+            gate_closed = bool(_BUSY(stream))
+            _RELEASE()
+            t.join()
+            assert not errors, errors
+            assert gate_closed, ("a collective on another communicator had to wait until the "
+                                 "GPU work the first thread waits for was done")
+            np.testing.assert_array_equal(host, np.full(10, comm.size * (comm.size + 1) / 2))
+            np.testing.assert_array_equal(x.numpy(), np.full(500, comm.size, np.float32))
+    finally:
+        other.close()
 
 
 def test_request_wait_hands_off_to_the_stream(comm, stream):
