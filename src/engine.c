@@ -43,11 +43,15 @@ gs_status_t gs_check_memory(gs_comm_t c, const char *fn, const gs_tensor_t *a, i
 }
 
 #ifdef GS_HAVE_CUDA
+/* The agreements below are non-blocking MPI calls waited for by the one
+ * wait loop (a rank that never comes ends in the timeout, not a hang). A
+ * wait that gives up cannot take back a posted collective: MPI may still
+ * complete it into its buffers, so they are on the heap and kept then. */
+
 /* Whether every rank has a GPU of its own (collective over c->mpi). */
 static gs_status_t distinct_gpus(gs_comm_t c, int device, int *yes) {
-  unsigned char *uuids = malloc(16 * (size_t)c->size);
+  unsigned char *uuids = calloc((size_t)c->size + 1, 16), *mine = uuids + 16 * (size_t)c->size;
   if (!uuids) return gs_fail(GS_ERR_NO_MEMORY, "gradsync: out of memory");
-  unsigned char mine[16] = {0};
   struct cudaDeviceProp prop;
   if (cudaGetDeviceProperties(&prop, device) == cudaSuccess) memcpy(mine, prop.uuid.bytes, 16);
   else cudaGetLastError();
@@ -55,20 +59,27 @@ static gs_status_t distinct_gpus(gs_comm_t c, int device, int *yes) {
   gs_status_t s =
       gs_mpi_finish(MPI_Iallgather(mine, 16, MPI_BYTE, uuids, 16, MPI_BYTE, c->mpi, &req), &req,
                     "gradsync: comparing GPUs (MPI_Iallgather)");
+  if (s != GS_SUCCESS) return s; /* uuids kept (above) */
   *yes = 1;
-  for (int i = 0; s == GS_SUCCESS && i < c->size && *yes; i++)
+  for (int i = 0; i < c->size && *yes; i++)
     for (int j = i + 1; j < c->size && *yes; j++)
       if (memcmp(uuids + 16 * (size_t)i, uuids + 16 * (size_t)j, 16) == 0) *yes = 0;
   free(uuids);
-  return s;
+  return GS_SUCCESS;
 }
 
-/* The minimum of `*v` over the ranks, waited for like every MPI request (a
- * rank that never comes ends in the timeout, not a hang). */
+/* The minimum of `*v` over the ranks. */
 static gs_status_t agree_min(gs_comm_t c, int *v, const char *what) {
+  int *all = malloc(sizeof *all);
+  if (!all) return gs_fail(GS_ERR_NO_MEMORY, "gradsync: out of memory");
+  *all = *v;
   MPI_Request req;
-  return gs_mpi_finish(MPI_Iallreduce(MPI_IN_PLACE, v, 1, MPI_INT, MPI_MIN, c->mpi, &req), &req,
-                       what);
+  gs_status_t s = gs_mpi_finish(
+      MPI_Iallreduce(MPI_IN_PLACE, all, 1, MPI_INT, MPI_MIN, c->mpi, &req), &req, what);
+  if (s != GS_SUCCESS) return s; /* `all` kept (above) */
+  *v = *all;
+  free(all);
+  return GS_SUCCESS;
 }
 
 /* Collective over c->mpi: every rank reaches it in the same call. */
@@ -80,7 +91,8 @@ static gs_status_t choose_path(gs_comm_t c, int device) {
   c->dev_id = device;
   if (want) {
     gs_status_t init = gs_nccl_comm_init(c);
-    if (init == GS_ERR_INTERRUPTED) return init;
+    /* an interrupt, or a bootstrap wait that gave up: c is unusable */
+    if (init != GS_SUCCESS && c->fate.broken) return init;
     int ok = init == GS_SUCCESS;
     if (!ok) gs_log(GS_LOG_WARNING, "NCCL initialization failed (%s); using MPI", gs_last_error());
     GS_CHECK(agree_min(c, &ok, "gradsync: NCCL initialization"));

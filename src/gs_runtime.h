@@ -19,6 +19,8 @@ extern "C" {
  * gs_enter_runtime, which first lets queued asynchronous work finish. */
 void gs_runtime_lock(void);
 void gs_runtime_unlock(void);
+/* gs_runtime_lock if it is free (or already this thread's): 1 taken, 0 not. */
+int gs_runtime_trylock(void);
 /* gs_runtime_lock for an entry point: on an application thread's outermost
  * entry it first counts the thread as one (once) and runs `first` (NULL:
  * nothing) before taking the lock. */

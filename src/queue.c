@@ -304,9 +304,11 @@ gs_status_t gs_request_test(gs_request_t r, int *done) {
   *done = r->done && !r->device_pending;
   int poll = r->done && r->device_pending;
   pthread_mutex_unlock(&lock);
-  if (poll) {
+  /* as wait_device_part: one poll or abort at a time; a test never blocks,
+   * so with the lock busy it answers "not yet" (whoever holds the lock, or
+   * the background thread, polls the request meanwhile) */
+  if (poll && gs_runtime_trylock()) {
     gs_status_t s;
-    gs_runtime_lock(); /* as wait_device_part: one poll or abort at a time */
     int finished = poll_device(r, &s);
     gs_runtime_unlock();
     pthread_mutex_lock(&lock);
@@ -375,7 +377,11 @@ void gs_async_settle_comm(gs_comm_t c) {
     if (!found) return;
     wait_device_part(found);
     pthread_mutex_lock(&lock);
-    while (found->watched) pthread_cond_wait(&work_done, &lock);
+    while (found->watched) { /* the watcher's pass needs the runtime lock the caller holds */
+      pthread_mutex_unlock(&lock);
+      gs_runtime_pause(20);
+      pthread_mutex_lock(&lock);
+    }
     if (found->orphan) release(found);
     pthread_mutex_unlock(&lock);
   }

@@ -37,6 +37,16 @@ void gs_runtime_lock(void) {
   pthread_mutex_lock(&runtime_lock);
 }
 
+int gs_runtime_trylock(void) {
+  if (me.depth > 0) {
+    me.depth++;
+    return 1;
+  }
+  if (pthread_mutex_trylock(&runtime_lock) != 0) return 0;
+  me.depth = 1;
+  return 1;
+}
+
 void gs_runtime_unlock(void) {
   thread_state_t *t = &me;
   if (--t->depth > 0) return;

@@ -123,6 +123,16 @@ static void abort_comm(gs_comm_t c, gs_status_t why) {
 
 static const char *detail(gs_comm_t c) { return c->nccl ? last_error(c) : NULL; }
 
+/* A poll of a communicator that another wait has aborted (the background
+ * watcher polls handed-off requests while a caller may wait on the same
+ * one): it reports that wait's reason, so whichever poll finishes the
+ * request, it fails the same way (a timeout stays a timeout). -1. */
+static int aborted_already(gs_comm_t c, const char *what, gs_status_t *err) {
+  gs_status_t why = c->fate.broken ? c->fate.broken : GS_ERR_NCCL;
+  *err = gs_fail(why, "%s: the NCCL communicator was aborted: %s", what, gs_status_string(why));
+  return -1;
+}
+
 typedef struct settle_ctx {
   gs_comm_t c;
   const char *what;
@@ -130,6 +140,7 @@ typedef struct settle_ctx {
 
 static int settle_poll(void *ctx, gs_status_t *err) {
   settle_ctx_t *s = ctx;
+  if (!s->c->nccl) return aborted_already(s->c, s->what, err);
   ncclResult_t state = ncclSuccess;
   ncclResult_t r = api.ncclCommGetAsyncError((ncclComm_t)s->c->nccl, &state);
   if (r == ncclSuccess && state == ncclInProgress) return 0;
@@ -161,15 +172,7 @@ static gs_status_t settle(gs_comm_t c, ncclResult_t r, const char *what) {
 #define NCCL_CALL(c, call, what) GS_CHECK(settle((c), (call), (what)))
 
 static int nccl_poll(gs_comm_t c, void *event, const char *what, gs_status_t *err) {
-  if (!c->nccl) {
-    /* Aborted by another wait on this communicator (the background watcher
-     * polls handed-off requests while a caller may wait on the same one):
-     * report that wait's reason, so whichever poll finishes the request, it
-     * fails the same way (a timeout stays a timeout). */
-    gs_status_t why = c->fate.broken ? c->fate.broken : GS_ERR_NCCL;
-    *err = gs_fail(why, "%s: the NCCL communicator was aborted: %s", what, gs_status_string(why));
-    return -1;
-  }
+  if (!c->nccl) return aborted_already(c, what, err);
   ncclResult_t state = ncclSuccess;
   ncclResult_t r = api.ncclCommGetAsyncError((ncclComm_t)c->nccl, &state);
   if (r != ncclSuccess || (state != ncclSuccess && state != ncclInProgress)) {
@@ -201,20 +204,26 @@ typedef struct config_2_14 {
 
 gs_status_t gs_nccl_comm_init(gs_comm_t c) {
   if (!gs_nccl_loadable()) return gs_fail(GS_ERR_UNSUPPORTED, "%s", api.error);
-  ncclUniqueId id;
-  memset(&id, 0, sizeof id);
+  /* rank 0's id, and whether it has one (it broadcasts even after a failure,
+   * so nobody waits); on the heap and kept if the wait gives up, as MPI may
+   * still complete the broadcast into it */
+  struct {
+    ncclUniqueId id;
+    int ok;
+  } *boot = calloc(1, sizeof *boot);
+  if (!boot) return gs_fail(GS_ERR_NO_MEMORY, "gradsync: out of memory");
   gs_status_t s = GS_SUCCESS;
   if (c->rank == 0) {
-    ncclResult_t r = api.ncclGetUniqueId(&id);
+    ncclResult_t r = api.ncclGetUniqueId(&boot->id);
     if (r != ncclSuccess) s = nccl_fail(NULL, r, "ncclGetUniqueId");
   }
-  /* rank 0 broadcasts the id even after a failure, so nobody waits */
-  int ok = s == GS_SUCCESS;
+  boot->ok = s == GS_SUCCESS;
   MPI_Request req;
-  GS_CHECK(gs_mpi_finish(MPI_Ibcast(&ok, 1, MPI_INT, 0, c->mpi, &req), &req,
+  GS_CHECK(gs_mpi_finish(MPI_Ibcast(boot, (int)sizeof *boot, MPI_BYTE, 0, c->mpi, &req), &req,
                          "gradsync: NCCL bootstrap (MPI_Ibcast)"));
-  GS_CHECK(gs_mpi_finish(MPI_Ibcast(&id, (int)sizeof id, MPI_BYTE, 0, c->mpi, &req), &req,
-                         "gradsync: NCCL bootstrap (MPI_Ibcast)"));
+  ncclUniqueId id = boot->id;
+  int ok = boot->ok;
+  free(boot);
   if (!ok) return s != GS_SUCCESS ? s : gs_fail(GS_ERR_NCCL, "ncclGetUniqueId failed on rank 0");
   config_2_14_t cfg = {sizeof cfg,
                        NCCL_API_MAGIC,
@@ -237,7 +246,10 @@ gs_status_t gs_nccl_comm_init(gs_comm_t c) {
   s = settle(c, r, "ncclCommInitRankConfig"); /* polls the initialization */
   if (s != GS_SUCCESS) {
     abort_comm(c, s);
-    if (s == GS_ERR_INTERRUPTED) return s; /* the interrupt goes up; c stays unusable */
+    if (s == GS_ERR_INTERRUPTED) { /* the interrupt goes up; c is unusable */
+      c->fate.broken = s;
+      return s;
+    }
     c->fate.broken = GS_SUCCESS; /* the ranks agree on a fallback in choose_path */
     if (s == GS_ERR_TIMEOUT)
       s = gs_fail(s,

@@ -75,9 +75,12 @@ cdef class Request:
     def test(self):
         """True once the collective has finished (raises its error then)."""
         cdef int done = 0
+        cdef gs_status_t s
         if self.finished:
             return True
-        CHKERR(gs_request_test(self.req, &done))
+        with nogil:
+            s = gs_request_test(self.req, &done)
+        CHKERR(s)
         if done:
             self.finished = True
             self.keep = None

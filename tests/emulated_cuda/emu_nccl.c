@@ -17,8 +17,8 @@
  *   GS_EMU_NCCL_SILENT_LOSS=1 no error is set: the wait only ends by abort);
  * - ncclCommAbort and ncclCommDestroy free the communicator: any later call
  *   with that handle (from another thread during the abort too) is reported
- *   on stderr as a use after free and fails. The abort takes
- *   GS_EMU_NCCL_ABORT_NAP_MS (default 50 ms), as NCCL's does (it stops
+ *   on stderr as a use after free and fails. An abort takes
+ *   GS_EMU_NCCL_ABORT_NAP_MS (default 50 ms), as NCCL's takes time (it stops
  *   kernels and proxy threads), so a call racing with it is caught;
  * - GS_EMU_NCCL_VERSION (default 22300) is the version it reports. */
 #define _GNU_SOURCE
@@ -141,8 +141,14 @@ static void *connect_peers(void *arg) {
   for (int k = c->rank + 1; k < c->size && c->state == ncclInProgress && !c->aborted; k++) {
     /* accept the higher ranks, polling so an abort or the deadline ends it */
     struct pollfd pl = {lfd, POLLIN, 0};
-    while (!bootstrap_over(c, deadline) && poll(&pl, 1, 10) == 0) continue;
-    if (c->state != ncclInProgress || c->aborted) break;
+    int ready = 0;
+    while (!bootstrap_over(c, deadline) && (ready = poll(&pl, 1, 10)) <= 0)
+      if (ready < 0 && errno != EINTR) break;
+    if (ready < 0 && c->state == ncclInProgress && !c->aborted) {
+      snprintf(c->last, sizeof c->last, "emulated NCCL: poll failed (%s)", strerror(errno));
+      c->state = ncclSystemError;
+    }
+    if (c->state != ncclInProgress || c->aborted || ready <= 0) break;
     int fd = accept(lfd, NULL, NULL);
     int peer = -1;
     if (fd < 0 || recv(fd, &peer, sizeof peer, MSG_WAITALL) != sizeof peer || peer <= c->rank ||
@@ -453,20 +459,25 @@ static void close_comm(struct ncclComm *c) {
     if (p != c->rank && c->fd[p] > 0) shutdown(c->fd[p], SHUT_RDWR);
 }
 
-static ncclResult_t release_comm(ncclComm_t comm, const char *fn) {
+static ncclResult_t release_comm(ncclComm_t comm, const char *fn, int nap_ms) {
   if (!comm) return ncclSuccess;
   if (freed(comm, fn)) return ncclInvalidUsage;
   comm->aborted = 1; /* operations blocked on it end; the struct is kept (a test harness) */
   close_comm(comm);
-  const char *nap = getenv("GS_EMU_NCCL_ABORT_NAP_MS");
-  int ms = nap && *nap ? atoi(nap) : 50;
-  if (ms > 0) usleep((useconds_t)ms * 1000);
+  if (nap_ms > 0) usleep((useconds_t)nap_ms * 1000);
   return ncclSuccess;
 }
 
-API ncclResult_t ncclCommAbort(ncclComm_t comm) { return release_comm(comm, "ncclCommAbort"); }
+/* An abort takes its time (the window a racing call would fall into);
+ * destroying an idle communicator, at close, does not need to. */
+API ncclResult_t ncclCommAbort(ncclComm_t comm) {
+  const char *nap = getenv("GS_EMU_NCCL_ABORT_NAP_MS");
+  return release_comm(comm, "ncclCommAbort", nap && *nap ? atoi(nap) : 50);
+}
 
-API ncclResult_t ncclCommDestroy(ncclComm_t comm) { return release_comm(comm, "ncclCommDestroy"); }
+API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  return release_comm(comm, "ncclCommDestroy", 0);
+}
 
 API ncclResult_t ncclGroupStart(void) {
   group_depth++;
