@@ -20,7 +20,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: all deps build lint lint-c test check-bindings check-layers c-tests py-tests test-emulated gpu-test demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
+.PHONY: all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
 
 all: build
 
@@ -152,7 +152,7 @@ test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1; \
 	done
 
-test: lint check-bindings check-layers c-tests py-tests test-emulated cluster-smoke
+test: lint check-bindings check-layers c-tests py-tests test-emulated gpu-session-dry cluster-smoke
 
 # src/'s layering from the compiler's call graph (scripts/check_layers.py,
 # docs/ARCHITECTURE.md): every call and include goes down a layer or stays,
@@ -244,6 +244,22 @@ gpu-test: build tests/c/bin/test_device_paths tests/c/bin/test_device_streams
 	        --error-exitcode 3 tests/c/bin/test_device_paths || exit 1; done; fi; \
 	echo "== gradsync.bench.gpu"; \
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTHON) -m gradsync.bench.gpu --json gpu-bench.json
+
+# The GPU session script (scripts/gpu_session.sh, docs/GPU.md) dry-run here
+# so it cannot rot between the rare sessions with a GPU: its prepare step
+# builds a bundle against the emulated CUDA runtime in a copy of the tree,
+# and the session runs every step there (tiny budgets, bench --dry-run).
+GPU_DRY := build/gpu-dry
+gpu-session-dry: build
+	@echo "== scripts/gpu_session.sh dry run (emulated CUDA runtime)"
+	@GS_PREP_DRY=1 GS_PREP_DIR=$(CURDIR)/$(GPU_DRY) GS_PREP_OUT=$(CURDIR)/$(GPU_DRY)/bundle \
+	    bash scripts/gpu_prepare.sh > $(GPU_DRY).log 2>&1 || { cat $(GPU_DRY).log; exit 1; }
+	@cd $(GPU_DRY)/tree && GS_SESSION_DRY=1 GS_BUNDLE=$(CURDIR)/$(GPU_DRY)/bundle \
+	    OUT=$(CURDIR)/$(GPU_DRY)/out timeout $(TEST_TIMEOUT) bash scripts/gpu_session.sh > /dev/null 2>&1; \
+	$(PYTHON) scripts/gpu_summary.py build/gpu-session --expect-pass \
+	    build,visible,c_np1,c_np2,pytest_np1,memcheck,initcheck,nccl_shared,probes$(if $(shell $(PYTHON) -c "import torch" 2>/dev/null && echo y),$(comma)bench)
+
+comma := ,
 
 # make demo DEMO_ARGS="--backend torch-ddp": DDP on the gradsync torch backend
 DEMO_ARGS ?=

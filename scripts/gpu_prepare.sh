@@ -1,27 +1,40 @@
 #!/bin/bash
 # Run HERE (the machine without a GPU, in the repository the device tool
-# sends) before the GPU session: puts into two ignored folders what
-# scripts/gpu_session.sh needs on the device machine, which has no network.
+# sends) before the GPU session: builds everything the device machine
+# would otherwise spend lease minutes building, into two ignored folders.
 #
-#   .whl/        wheels for Python 3.12 x86-64: mpich (gradsync builds
-#                against it; the device has no MPI), mpi4py built for it,
+#   .whl/        wheels for Python 3.12 x86-64: mpich (gradsync links it;
+#                the device has no MPI library), mpi4py built for it,
 #                pytest-mpi (the device has pytest and hypothesis already)
-#   .gpu-cache/  src/cuda_kernels.cu compiled for sm_90 with setup.py's flags
-#                (scripts/nvcc_cache.sh's key), so the device does not spend
-#                lease minutes compiling it; if anything differs there, it
-#                compiles as usual
+#   .gpu-build/  gradsync built for the device: the extension for CPython
+#                3.12, libgradsync.so with the kernels compiled for sm_90
+#                and the real (static) CUDA runtime, the C test binaries,
+#                and MANIFEST (the sources' hash: scripts/gpu_session.sh
+#                uses the build only when its checkout has the same hash,
+#                and builds there otherwise)
 #
-# Then name both in the device tool's `carry` (docs/GPU.md has the calls).
-# Takes a few minutes (the CUDA compile); run again after changing src/.
+# The build runs in a copy of the checkout (build/gpu-prep/tree), so this
+# checkout's own build (the Python it runs `make` with) is untouched. It
+# needs a CPython 3.12 (GS_PREP_PYTHON, else python3.12 on PATH, else
+# pyenv's) and nvcc. Name both folders in the device tool's `carry`
+# (docs/GPU.md has the call). Takes a few minutes; run again after any
+# change to src/, include/, pyx/ or tests/c/.
+#
+#   GS_PREP_DRY=1   build against the emulated CUDA runtime instead (what
+#                   `make test` does to dry-run the session script here)
 set -eu
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
-grep -qx '/.whl/' .gitignore && grep -qx '/.gpu-cache/' .gitignore ||
-  { echo "gpu_prepare.sh: .gitignore must ignore /.whl/ and /.gpu-cache/" >&2; exit 1; }
+PREP=${GS_PREP_DIR:-$ROOT/build/gpu-prep}
+for ignored in /.whl/ /.gpu-build/; do
+  grep -qx "$ignored" .gitignore ||
+    { echo "gpu_prepare.sh: .gitignore must ignore $ignored" >&2; exit 1; }
+done
 
-# The versions tested with this repository (same as install_deps.sh picks here).
+# ---- wheels (the versions tested with this repository) ------------------
 WHEELS="mpich==5.0.2 mpi4py==4.1.2 pytest-mpi==0.6"
+[ "${GS_PREP_DRY:-0}" = 1 ] && WHEELS=""
 mkdir -p .whl
 for spec in $WHEELS; do
   name=${spec%%==*}
@@ -31,32 +44,72 @@ for spec in $WHEELS; do
     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 -d .whl "$spec"
 done
-# One version of each: two would stop the install on the device.
-for name in mpich mpi4py pytest_mpi; do
+for name in ${WHEELS:+mpich mpi4py pytest_mpi}; do # one of each: two stop the install there
   n=$(ls .whl/"$name"-*.whl 2>/dev/null | wc -l)
   [ "$n" = 1 ] || { echo "gpu_prepare.sh: $n wheels of $name in .whl (want 1)" >&2; exit 1; }
 done
 
-# The CUDA object, exactly as setup.py compiles it with GRADSYNC_CUDA_ARCHS=90
-# (its compile_cuda: keep the two in step, or the device just compiles).
-NVCC_REAL=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-if [ -x "$NVCC_REAL" ]; then
-  tmp=$(mktemp -d)
-  for cu in src/*.cu; do
-    GS_NVCC_CACHE=$ROOT/.gpu-cache GS_REAL_NVCC=$NVCC_REAL scripts/nvcc_cache.sh \
-      -std=c++17 -O3 --fmad=false -Xcompiler -fPIC,-fvisibility=hidden \
-      "-I$ROOT/include" "-I$ROOT/src" -DGS_BUILDING_LIBRARY \
-      -gencode arch=compute_90,code=sm_90 -gencode arch=compute_90,code=compute_90 \
-      -c "$ROOT/$cu" -o "$tmp/$(basename "$cu").o"
-  done
-  rm -rf "$tmp"
-  # keep only each source's newest object (the current key: a hit is touched)
-  for cu in src/*.cu; do
-    ls -t .gpu-cache/"$(basename "$cu" .cu)"-*.o | tail -n +2 | xargs -r rm -f
-  done
+# ---- a Python 3.12 with the carried MPI ---------------------------------
+DRY=${GS_PREP_DRY:-0}
+if [ "$DRY" = 1 ]; then # this machine's Python and MPI (make test's dry run)
+  BPY=$(command -v "$PY")
+  BMPICC=${MPICC:-$(command -v mpicc || echo "$("$PY" -c "import sysconfig; print(sysconfig.get_path('scripts'))")/mpicc")}
 else
-  echo "gpu_prepare.sh: no nvcc here: the device will compile the kernels itself"
+  PY312=${GS_PREP_PYTHON:-$(command -v python3.12 || true)}
+  [ -n "$PY312" ] || PY312=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3 \
+    2>/dev/null | tail -1)
+  [ -x "$PY312" ] || { echo "gpu_prepare.sh: no CPython 3.12 (set GS_PREP_PYTHON)" >&2; exit 1; }
+  VENV=$PREP/venv
+  if [ ! -x "$VENV/bin/mpicc" ]; then
+    "$PY312" -m venv "$VENV"
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check --no-deps .whl/*.whl
+    "$VENV/bin/python" -m pip install -q --disable-pip-version-check "numpy>=2" "cython>=3" \
+      setuptools nvidia-nccl-cu13 ml_dtypes
+  fi
+  BPY=$VENV/bin/python
+  BMPICC=$VENV/bin/mpicc
 fi
-mkdir -p .gpu-cache && git rev-parse --short HEAD > .gpu-cache/commit 2>/dev/null || true
-du -sh .whl .gpu-cache 2>/dev/null
-echo "gpu_prepare.sh: ready; carry [\".whl\", \".gpu-cache\"]"
+
+# ---- the build, in a copy of the tracked sources -------------------------
+TREE=$PREP/tree
+rm -rf "$TREE" && mkdir -p "$TREE"
+# what the device tool sends: tracked files and untracked ones git does not ignore
+git ls-files -z -co --exclude-standard | tar --null --ignore-failed-read -T - -cf - 2>/dev/null |
+  tar -C "$TREE" -xf -
+HASH=$(bash scripts/gpu_session.sh --source-hash)
+if [ "$DRY" = 1 ]; then
+  # this checkout's own builds (make build, and the emulated runtime that
+  # make test-emulated builds) stand in: the dry run proves the session
+  make --no-print-directory -s build/emulated/libgradsync.so tests/c/bin/test_device_paths \
+    tests/c/bin/test_device_streams tests/c/bin/test_nccl_faults > "$PREP/build.log" 2>&1 ||
+    { tail -30 "$PREP/build.log"; echo "gpu_prepare.sh: build failed" >&2; exit 1; }
+  mkdir -p "$TREE/tests/c/bin"
+  cp pyx/gradsync/_core.cpython-*.so "$TREE/pyx/gradsync/"
+  cp build/emulated/libgradsync.so "$TREE/pyx/gradsync/libgradsync.so"
+  cp tests/c/bin/test_device_paths tests/c/bin/test_device_streams tests/c/bin/test_nccl_faults \
+    "$TREE/tests/c/bin/"
+else
+  (
+    cd "$TREE"
+    export PATH=$(dirname "$BMPICC"):$PATH MPICC=$BMPICC PYTHON=$BPY
+    GRADSYNC_CUDA=1 GRADSYNC_CUDA_ARCHS=90 "$BPY" setup.py -q build_ext --inplace
+    make --no-print-directory -s tests/c/bin/test_device_paths tests/c/bin/test_device_streams \
+      tests/c/bin/test_nccl_faults
+  ) > "$PREP/build.log" 2>&1 ||
+    { tail -30 "$PREP/build.log"; echo "gpu_prepare.sh: build failed" >&2; exit 1; }
+fi
+
+OUTB=${GS_PREP_OUT:-$ROOT/.gpu-build}
+rm -rf "$OUTB" && mkdir -p "$OUTB/pyx/gradsync" "$OUTB/tests/c/bin"
+cp "$TREE"/pyx/gradsync/_core.cpython-*.so "$TREE/pyx/gradsync/libgradsync.so" \
+  "$OUTB/pyx/gradsync/"
+cp "$TREE"/tests/c/bin/test_device_paths "$TREE"/tests/c/bin/test_device_streams \
+  "$TREE"/tests/c/bin/test_nccl_faults "$OUTB/tests/c/bin/"
+{
+  echo "hash $HASH"
+  echo "commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD -- 2>/dev/null || echo +changes)"
+  echo "built $(date -u +%FT%TZ) on $(uname -n) with $("$BPY" --version), $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'no nvcc')"
+  echo "dry $DRY"
+} > "$OUTB/MANIFEST"
+du -sh .whl "$OUTB"
+echo "gpu_prepare.sh: ready ($(head -1 "$OUTB/MANIFEST")); carry [\".whl\", \".gpu-build\"]"

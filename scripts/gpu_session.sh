@@ -1,129 +1,210 @@
 #!/bin/bash
-# The GPU session of issue 13, on the device machine (docs/GPU.md gives the
-# exact device-tool calls). Usage:
+# The GPU session (issues 13 and 30), on the device machine: ONE call of at
+# most GS_SESSION_SECONDS (470 s) that yields the most evidence, in priority
+# order. docs/GPU.md gives the exact device-tool call. Usage:
 #
-#   bash scripts/gpu_session.sh STEP|GROUP ...
+#   bash scripts/gpu_session.sh [STEP|GROUP ...]      (default: all)
+#   bash scripts/gpu_session.sh --source-hash         (the build key; no run)
 #
-# Groups: tests (the `make gpu-test` pieces), bench, sanitizer, all;
-# `retry` reruns every step that did not pass in an earlier call on this
-# (still warm) machine. Steps run in the order given, each under its own
-# timeout, its log kept; a failing step never stops the ones after it. Every
-# call starts with `setup` (carried wheels, environment) and `build` (skipped
-# when the build of these same sources is already there), and ends with the
-# summary table (printed last, also $OUT/summary.txt).
+# Steps, in this order (GROUP all):
+#   visible      gradsync sees the GPU nvidia-smi lists
+#   c_np1 c_np2  tests/c/bin/test_device_paths on the real runtime, 1 rank
+#                (staged MPI, then NCCL) and 2 ranks sharing the GPU
+#   pytest_np1   tests/gpu and tests/python/test_dlpack.py at 1 rank
+#   memcheck     compute-sanitizer memcheck, test_device_paths at 2 ranks
+#   initcheck    compute-sanitizer initcheck, test_device_paths at 1 rank
+#   nccl_shared  NCCL 2.30+'s multi-rank-per-GPU mode (NCCL_MULTI_RANK_GPU_ENABLE=1):
+#                tests/gpu/test_nccl_ranks.py at 2 ranks over NCCL on one GPU
+#                (skipped when the device's NCCL is older)
+#   probes       scripts/gpu_probes.py: issue 30's defects on hardware
+#   bench        gradsync.bench.gpu: accumulate_ vs copy, BERT-base list,
+#                ResNet-50 allreduce vs torch.distributed NCCL (1 rank)
+# Also (not in all): pytest_np2, racecheck, bench_train (2-rank training).
 #
-# The whole call keeps inside GS_SESSION_SECONDS (default 560: the device
-# tool's 600 s limit less a margin): a step gets the time left, and one that
-# cannot get its minimum is recorded as skipped. Under $OUT (at most 8
-# files): session.log (every step's output, as it runs), summary.txt,
-# bench.json, logs.tar.gz (each step's log, info files, traces) at the end.
+# Each step runs under its own timeout and keeps its log; a failing step
+# never stops the next. A step's timeout is its cap, cut so the steps after
+# it keep their minimum; one that cannot get its own minimum is recorded
+# as skipped. After every step the results are rewritten under $OUT, so a
+# call cut short still returns them (at most 8 files): session.log (every
+# step's output as it runs), summary.txt (the table, printed last too),
+# info.txt, bench.json, probes.json, logs.tar.gz (each step's log).
 #
-# Without $OUT (trying it out elsewhere), the same files go to
-# build/gpu-session/out; the steps' records stay in build/gpu-session (remove
-# it to start over). GS_SANITIZER_SECONDS (240) bounds each sanitizer
-# step, GPU_NP (2) is the shared-GPU rank count.
+# The build comes from .gpu-build/ (scripts/gpu_prepare.sh, run before the
+# call on the machine without a GPU) when its MANIFEST's hash matches these
+# sources; otherwise it is built here (a minute or two of the lease).
+# Without $OUT the files go to build/gpu-session/out.
+#
+#   GS_SESSION_DRY=1  a dry run on a machine without a GPU (`make test`):
+#                     the emulated CUDA runtime, tiny budgets, bench
+#                     --dry-run; proves the script, not the hardware
 set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
+
+source_hash() {
+  cat setup.py Makefile src/* include/* pyx/gradsync/*.pyx pyx/gradsync/*.pxi \
+    pyx/gradsync/*.pxd tests/c/*.c tests/c/*.h tests/emulated_cuda/* 2>/dev/null |
+    sha1sum | cut -c1-40
+}
+if [ "${1:-}" = --source-hash ]; then
+  source_hash
+  exit 0
+fi
+
 T0=$(date +%s)
-BUDGET=${GS_SESSION_SECONDS:-560}
-STATE=$ROOT/build/gpu-session           # kept between calls while the machine is warm
+DRY=${GS_SESSION_DRY:-0}
+BUDGET=${GS_SESSION_SECONDS:-470}
+STATE=${GS_SESSION_STATE:-$ROOT/build/gpu-session}
+BUNDLE=${GS_BUNDLE:-$ROOT/.gpu-build}
 LOGS=$STATE/logs
 OUTD=${OUT:-$STATE/out}
 SITE=${GS_SITE:-/tmp/gs-site}
-mkdir -p "$LOGS" "$OUTD" "$STATE/traces"
-touch "$STATE/steps.tsv"
+rm -rf "$LOGS" "$STATE/steps.tsv"
+mkdir -p "$LOGS" "$OUTD"
+: > "$STATE/steps.tsv"
 SESSION_LOG=$OUTD/session.log
+: > "$SESSION_LOG"
 export PYTHONUNBUFFERED=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
-export GRADSYNC_CUDA_ARCHS=${GRADSYNC_CUDA_ARCHS:-90}
-export GRADSYNC_TIMEOUT_SECONDS=${GRADSYNC_TIMEOUT_SECONDS:-120}  # a hang is an error
+export GRADSYNC_TIMEOUT_SECONDS=${GRADSYNC_TIMEOUT_SECONDS:-60} # a hang is an error
 PY=${PYTHON:-python3}
-NP2=${GPU_NP:-2}
+PYTEST="$PY -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider -rs"
+# the dry run proves the command lines, not the suites (make test-emulated runs them)
+GPU_TESTS=${GS_GPU_TESTS:-tests/gpu tests/python/test_dlpack.py}
+[ "$DRY" = 1 ] && GPU_TESTS=${GS_GPU_TESTS:-tests/gpu/test_device_arrays.py}
 
-note() { echo "[gpu_session $(date +%H:%M:%S) +$(( $(date +%s) - T0 ))s] $*" | tee -a "$SESSION_LOG"; }
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+note() { echo "[gpu_session $(date +%H:%M:%S) +$(($(date +%s) - T0))s] $*" | tee -a "$SESSION_LOG"; }
+left() { echo $((BUDGET - ($(date +%s) - T0))); }
 
-# step NAME MAX_SECONDS MIN_SECONDS COMMAND: runs COMMAND (bash) with a
-# timeout of min(MAX, time left - 25 s), unless less than MIN is left.
-# Records "name<TAB>status<TAB>seconds<TAB>rc" in steps.tsv.
+# ---------------------------------------------------------------- the plan
+# name cap min (seconds): the cap bounds the step; the min is what it needs
+# to be worth starting, and what earlier steps leave it.
+declare -A CAP MIN
+plan() {
+  CAP[$1]=$2
+  MIN[$1]=$3
+}
+plan visible 40 5
+plan c_np1 70 15
+plan c_np2 70 15
+plan pytest_np1 130 40
+plan memcheck 100 30
+plan initcheck 60 20
+plan nccl_shared 60 20
+plan probes 70 25
+plan bench 90 40
+plan pytest_np2 150 40
+plan racecheck 150 40
+plan bench_train 200 90
+ALL="visible c_np1 c_np2 pytest_np1 memcheck initcheck nccl_shared probes bench"
+if [ "$DRY" = 1 ]; then # proves the script: each step a few seconds
+  for k in "${!CAP[@]}"; do
+    CAP[$k]=${GS_DRY_CAP:-60}
+    MIN[$k]=1
+  done
+fi
+
+# ---------------------------------------------------------------- results
+write_results() {
+  "$PY" scripts/gpu_summary.py "$STATE" > "$OUTD/summary.txt" 2>&1 || true
+  cp -f "$STATE/info.txt" "$OUTD/info.txt" 2>/dev/null
+  [ -f "$STATE/bench_np1.json" ] && cp -f "$STATE/bench_np1.json" "$OUTD/bench.json"
+  [ -f "$STATE/probes.json" ] && cp -f "$STATE/probes.json" "$OUTD/probes.json"
+  tar -C "$STATE" -czf "$OUTD/logs.tar.gz.tmp" logs steps.tsv 2>/dev/null &&
+    mv -f "$OUTD/logs.tar.gz.tmp" "$OUTD/logs.tar.gz"
+}
+
+# step NAME REST COMMAND: runs COMMAND (bash) under a timeout of its cap,
+# cut so the steps named in REST keep their minimum.
 step() {
-  local name=$1 max=$2 min=$3 cmd=$4 avail t rc start
-  avail=$(( $(left) - 25 ))
-  if [ "$avail" -lt "$min" ]; then
-    note "$name: SKIPPED (${avail}s left, needs ${min}s)"
+  local name=$1 rest=$2 cmd=$3 reserve=0 r avail t rc start status
+  for r in $rest; do reserve=$((reserve + ${MIN[$r]:-0})); done
+  avail=$(($(left) - 10 - reserve))
+  if [ "$avail" -lt "${MIN[$name]}" ]; then
+    note "$name: SKIPPED (${avail}s left after the later steps' minimum, needs ${MIN[$name]}s)"
     printf '%s\tskipped\t0\t-\n' "$name" >> "$STATE/steps.tsv"
     return 0
   fi
-  t=$(( max < avail ? max : avail ))
+  t=${CAP[$name]}
+  [ "$avail" -lt "$t" ] && t=$avail
   note "== $name (timeout ${t}s): $cmd"
   start=$(date +%s)
-  # timeout signals the whole process group it leads: mpiexec and its ranks too
-  timeout -k 10 "$t" bash -c "$cmd" 2>&1 | tee "$LOGS/$name.log" >> "$SESSION_LOG"
-  rc=${PIPESTATUS[0]}
-  local status=pass
+  # timeout signals the process group it leads: mpiexec and its ranks too
+  timeout -k 5 "$t" bash -c "$cmd" > "$LOGS/$name.log" 2>&1
+  rc=$?
+  cat "$LOGS/$name.log" >> "$SESSION_LOG"
+  status=pass
   [ "$rc" = 0 ] || status=fail
-  [ "$rc" = 124 ] || [ "$rc" = 137 ] && status=timeout
-  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$(( $(date +%s) - start ))" "$rc" >> "$STATE/steps.tsv"
-  note "$name: $status (rc $rc, $(( $(date +%s) - start ))s)"
-  write_summary
-  return 0
+  { [ "$rc" = 124 ] || [ "$rc" = 137 ]; } && status=timeout
+  printf '%s\t%s\t%s\t%s\n' "$name" "$status" "$(($(date +%s) - start))" "$rc" >> "$STATE/steps.tsv"
+  note "$name: $status (rc $rc, $(($(date +%s) - start))s)"
+  write_results
 }
 
-write_summary() {
-  "$PY" scripts/gpu_summary.py "$STATE" > "$OUTD/summary.txt" 2>&1 || true
+skip_step() {
+  note "$1: SKIPPED ($2)"
+  printf '%s\tskipped\t0\t-\n' "$1" >> "$STATE/steps.tsv"
 }
 
 # ---------------------------------------------------------------- setup
 setup() {
   # --prefix, not --target: the mpich wheel's libraries are data files that
   # pip --target drops (its lib/ clashes with the target's own)
-  if ls .whl/*.whl >/dev/null 2>&1; then
+  if [ "$DRY" != 1 ] && ls .whl/*.whl > /dev/null 2>&1; then
     "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --ignore-installed \
       --prefix "$SITE" .whl/*.whl || note "setup: installing the carried wheels FAILED"
-  else
+  elif [ "$DRY" != 1 ]; then
     note "setup: no .whl/ carried (scripts/gpu_prepare.sh makes it): using what is installed"
   fi
-  # where pip put them depends on the Python's install scheme: look
-  local pkgs bin lib
+  local pkgs bin lib nccl
   pkgs=$(find "$SITE" -maxdepth 6 -type d \( -name site-packages -o -name dist-packages \) \
-    2>/dev/null | head -1)
-  bin=$(dirname "$(find "$SITE" -maxdepth 4 -path '*/bin/mpicc' 2>/dev/null | head -1)")
-  lib=$(dirname "$(find "$SITE" -maxdepth 4 -name 'libmpi.so.12' 2>/dev/null | head -1)")
-  [ -n "$pkgs" ] && export PYTHONPATH=$pkgs${PYTHONPATH:+:$PYTHONPATH}
-  export PYTHONPATH=$ROOT/pyx${PYTHONPATH:+:$PYTHONPATH}
-  [ "$bin" != . ] && export PATH=$bin:$PATH MPICC=$bin/mpicc
-  [ "$lib" != . ] && export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  export HYDRA_LAUNCHER=fork  # one machine: no ssh
-  MPIEXEC=$(command -v mpiexec || true)
-  export MPIEXEC
-  # NVIDIA's tools live beside nvcc when not on PATH
+    2> /dev/null | head -1)
+  bin=$(dirname "$(find "$SITE" -maxdepth 4 -path '*/bin/mpicc' 2> /dev/null | head -1)")
+  lib=$(dirname "$(find "$SITE" -maxdepth 4 -name 'libmpi.so.12' 2> /dev/null | head -1)")
+  [ -n "$pkgs" ] && [ "$DRY" != 1 ] && export PYTHONPATH=$pkgs${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=$ROOT/pyx:$ROOT/tests/python${PYTHONPATH:+:$PYTHONPATH}
+  [ "$bin" != . ] && [ "$DRY" != 1 ] && export PATH=$bin:$PATH MPICC=$bin/mpicc
+  [ "$lib" != . ] && [ "$DRY" != 1 ] &&
+    export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # the C tests find libgradsync here (their RUNPATH names the build machine's tree)
+  export LD_LIBRARY_PATH=$ROOT/pyx/gradsync${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export HYDRA_LAUNCHER=fork # one machine: no ssh
+  MPIEXEC=${MPIEXEC:-$(command -v mpiexec || true)}
+  # NCCL: the device's own wheel (torch's), not the build machine's path
+  nccl=$("$PY" -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], \
+'lib', 'libnccl.so.2'))" 2> /dev/null)
+  [ "$DRY" != 1 ] && [ -f "$nccl" ] && export GRADSYNC_NCCL_LIBRARY=${GRADSYNC_NCCL_LIBRARY:-$nccl}
   local nv
   nv=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   [ -x "$nv" ] && export PATH=$PATH:$(dirname "$nv")
   SANITIZER=$(command -v compute-sanitizer || true)
-  if [ -d .gpu-cache ]; then
-    export GS_REAL_NVCC=$nv GS_NVCC_CACHE=$ROOT/.gpu-cache NVCC=$ROOT/scripts/nvcc_cache.sh
+  if [ "$DRY" = 1 ]; then # a stand-in: runs the program, says what the tool would
+    SANITIZER=$STATE/dry-sanitizer
+    printf '%s\n' '#!/bin/bash' 'while [ "${1#-}" != "$1" ]; do case $1 in' \
+      '--tool|--print-limit|--error-exitcode|--kernel-name-exclude) shift 2 ;; *) shift ;;' \
+      'esac; done; "$@" && echo "========= ERROR SUMMARY: 0 errors (dry run)"' > "$SANITIZER"
+    chmod +x "$SANITIZER"
   fi
-  GS_COMMIT=$(git rev-parse --short HEAD 2>/dev/null || cat .gpu-cache/commit 2>/dev/null || echo unknown)
+  GS_COMMIT=$(git rev-parse --short HEAD 2> /dev/null || echo unknown)
   export GS_COMMIT
 }
 
 info() {
   {
-    echo "date: $(date -u +%FT%TZ)   commit: $GS_COMMIT"
-    nvidia-smi || echo "nvidia-smi: not available"
-    nvidia-smi -L || true
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv || true
-    echo "uname: $(uname -a)"; echo "nproc: $(nproc)"
-    "$PY" --version; echo "python: $(command -v "$PY")"
-    "${NVCC:-nvcc}" --version 2>/dev/null | tail -2 || echo "nvcc: not found"
+    echo "date: $(date -u +%FT%TZ)   commit: $GS_COMMIT   dry: $DRY"
+    echo "bundle: $(tr '\n' ' ' < "$BUNDLE/MANIFEST" 2> /dev/null || echo none)"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>&1 ||
+      echo "nvidia-smi: not available"
+    echo "uname: $(uname -a)"
+    echo "nproc: $(nproc)"
+    "$PY" --version
+    nvcc --version 2> /dev/null | tail -2 || echo "nvcc: not found"
     echo "compute-sanitizer: ${SANITIZER:-not found}"
-    [ -n "$SANITIZER" ] && "$SANITIZER" --version | tail -1
-    echo "mpicc: ${MPICC:-$(command -v mpicc || echo none)}   mpiexec: ${MPIEXEC:-none}"
-    "$PY" - <<'EOF'
+    [ -n "$SANITIZER" ] && [ "$DRY" != 1 ] && "$SANITIZER" --version | tail -1
+    echo "mpiexec: ${MPIEXEC:-none}   GRADSYNC_NCCL_LIBRARY: ${GRADSYNC_NCCL_LIBRARY:-unset}"
+    "$PY" - << 'EOF'
 import importlib
-for name in ("numpy", "torch", "cupy", "jax", "mpi4py", "Cython", "ml_dtypes", "pytest",
-             "pytest_mpi", "hypothesis", "pycuda", "nvidia.nccl"):
+for name in ("numpy", "torch", "cupy", "mpi4py", "ml_dtypes", "pytest", "pytest_mpi",
+             "nvidia.nccl"):
     try:
         m = importlib.import_module(name)
         print(f"{name}: {getattr(m, '__version__', '')} {getattr(m, '__file__', '')}")
@@ -135,8 +216,6 @@ try:
           "devices", torch.cuda.device_count())
     if torch.cuda.is_available():
         print("torch nccl", torch.cuda.nccl.version(), "gpu", torch.cuda.get_device_name())
-    print("torch.Tensor.__dlpack_c_exchange_api__:",
-          hasattr(torch.Tensor, "__dlpack_c_exchange_api__"))
 except Exception as exc:
     print("torch:", exc)
 try:
@@ -144,115 +223,119 @@ try:
     print("mpi4py MPI library:", MPI.Get_library_version().splitlines()[0])
 except Exception as exc:
     print("mpi4py.MPI:", exc)
+try:
+    import gradsync as gs
+    i = gs.build_info()
+    print("gradsync:", {k: i.get(k) for k in ("cuda_devices", "cuda_archs", "cuda_error",
+                                              "nccl", "cuda", "mpi_library")})
+except Exception as exc:
+    print("gradsync: not importable:", exc)
 EOF
   } > "$STATE/info.txt" 2>&1
-  cat "$STATE/info.txt"
 }
 
 # ---------------------------------------------------------------- build
-source_hash() {
-  { echo "$GRADSYNC_CUDA_ARCHS ${MPICC:-}"; cat setup.py src/* include/* pyx/gradsync/*.pyx \
-      pyx/gradsync/*.pxi pyx/gradsync/*.pxd tests/c/*.c tests/c/*.h; } | sha1sum | cut -c1-40
-}
-
+# The bundle when it matches these sources, else a build here.
 build() {
-  local want
+  local want have
   want=$(source_hash)
-  if [ -f "$STATE/build.sha" ] && [ "$(cat "$STATE/build.sha")" = "$want" ] &&
-     [ -x tests/c/bin/test_device_paths ] && "$PY" -c "import gradsync" 2>/dev/null; then
-    note "build: these sources are built already (warm machine): skipped"
-    return 0
+  have=$(sed -n 's/^hash //p' "$BUNDLE/MANIFEST" 2> /dev/null)
+  if [ -n "$have" ] && [ "$have" = "$want" ]; then
+    cp -f "$BUNDLE"/pyx/gradsync/* pyx/gradsync/ && mkdir -p tests/c/bin &&
+      cp -f "$BUNDLE"/tests/c/bin/* tests/c/bin/
+    if "$PY" -c "import gradsync" > "$LOGS/build.log" 2>&1 &&
+      ! ldd tests/c/bin/test_device_paths | grep -q 'not found'; then
+      note "build: the carried build ($BUNDLE, hash ${have:0:12}) imports and links: no compile"
+      printf 'build\tpass\t0\t0\n' >> "$STATE/steps.tsv"
+      return 0
+    fi
+    note "build: the carried build does not load here ($(tail -1 "$LOGS/build.log")): building"
+  else
+    note "build: no carried build for these sources (have ${have:-none}, want $want): building"
   fi
-  rm -f "$STATE/build.sha"
-  step build 420 60 "set -e; $PY setup.py -q build_ext --inplace && $PY -c 'import gradsync, json; \
-print(json.dumps(gradsync.build_info(), indent=1))' && make --no-print-directory \
-tests/c/bin/test_device_paths tests/c/bin/test_device_streams MPICC=\$MPICC"
-  if tail -1 "$STATE/steps.tsv" | grep -q "^build	pass"; then
-    echo "$want" > "$STATE/build.sha"
-  fi
+  CAP[build]=300
+  MIN[build]=60
+  step build "" "set -e; GRADSYNC_CUDA=1 GRADSYNC_CUDA_ARCHS=90 $PY setup.py -q build_ext --inplace \
+&& $PY -c 'import gradsync' && make --no-print-directory -s tests/c/bin/test_device_paths \
+tests/c/bin/test_device_streams tests/c/bin/test_nccl_faults MPICC=\$MPICC"
 }
 
 # ---------------------------------------------------------------- steps
-PYTEST="$PY -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider -rs"
-
 run_named() {
-  case $1 in
-    visible) step visible 60 10 "$PY scripts/gpu_visible.py && $PY -c 'import gradsync as g; \
+  local name=$1 rest=$2 c=tests/c/bin/test_device_paths
+  case $name in
+    visible) step visible "$rest" "$PY scripts/gpu_visible.py && $PY -c 'import gradsync as g; \
 i = g.build_info(); print(\"cuda_devices\", i[\"cuda_devices\"], \"nccl\", i[\"nccl\"], \
 \"archs\", i[\"cuda_archs\"], \"error\", i[\"cuda_error\"]); assert i[\"cuda_devices\"] > 0'" ;;
-    c_np1) step c_np1 150 20 "$MPIEXEC -n 1 tests/c/bin/test_device_paths" ;;
-    c_np2) step c_np2 200 20 "$MPIEXEC -n $NP2 tests/c/bin/test_device_paths" ;;
-    c_streams) step c_streams 90 10 "$MPIEXEC -n 1 tests/c/bin/test_device_streams && \
-$MPIEXEC -n $NP2 tests/c/bin/test_device_streams" ;;
-    pytest_np1) step pytest_np1 330 60 "$MPIEXEC -n 1 $PYTEST tests/gpu tests/python/test_dlpack.py" ;;
-    pytest_np2) step pytest_np2 330 60 "$MPIEXEC -n $NP2 $PYTEST tests/gpu tests/python/test_dlpack.py" ;;
-    bench_np1) step bench_np1 240 60 "$MPIEXEC -n 1 $PY -m gradsync.bench.gpu \
---only accumulate,bert,allreduce --max-seconds 20 --json $STATE/bench_np1.json" ;;
-    bench_np2) step bench_np2 300 90 "$MPIEXEC -n $NP2 $PY -m gradsync.bench.gpu --only train \
---max-seconds 90 --json $STATE/bench_np2.json --trace-dir $STATE/traces" ;;
-    memcheck|racecheck)
-      if [ -z "$SANITIZER" ]; then
-        note "$1: compute-sanitizer not found: SKIPPED"
-        printf '%s\tskipped\t0\t-\n' "$1" >> "$STATE/steps.tsv"
+    c_np1) step c_np1 "$rest" "$MPIEXEC -n 1 $c" ;;
+    c_np2) step c_np2 "$rest" "$MPIEXEC -n 2 $c" ;;
+    pytest_np1) step pytest_np1 "$rest" "$MPIEXEC -n 1 $PYTEST $GPU_TESTS" ;;
+    pytest_np2) step pytest_np2 "$rest" "$MPIEXEC -n 2 $PYTEST $GPU_TESTS" ;;
+    memcheck) sanitize memcheck "$rest" 2 ;;
+    initcheck) sanitize initcheck "$rest" 1 ;;
+    racecheck) sanitize racecheck "$rest" 1 ;;
+    nccl_shared)
+      if [ "$DRY" != 1 ] && ! "$PY" -c "import gradsync as g, sys; \
+v = (g.build_info()['nccl'] or '0.0').split('.'); sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 30) else 1)" \
+        2> /dev/null; then
+        skip_step nccl_shared "the device's NCCL is older than 2.30 (no multi-rank-per-GPU mode)"
       else
-        # racecheck: gradsync's kernels (races inside NCCL's are NCCL's)
-        local only=""
-        [ "$1" = racecheck ] && "$SANITIZER" --help 2>/dev/null | grep -q kernel-name-exclude &&
-          only="--kernel-name-exclude kns=nccl"
-        step "$1" "${GS_SANITIZER_SECONDS:-240}" 60 "GRADSYNC_NCCL=0 $MPIEXEC -n 1 $SANITIZER --tool $1 $only \
---error-exitcode 3 --print-limit 50 tests/c/bin/test_device_paths"
+        step nccl_shared "$rest" "NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PYTEST \
+tests/gpu/test_nccl_ranks.py tests/gpu/test_device_exchange.py"
       fi ;;
-    *) note "unknown step $1"; return 1 ;;
+    probes) step probes "$rest" "GS_PROBE_MPIEXEC=$MPIEXEC $PY scripts/gpu_probes.py --json $STATE/probes.json \
+$([ "$DRY" = 1 ] && echo --dry-run --timeout 12 || echo --timeout 35)" ;;
+    bench) step bench "$rest" "$MPIEXEC -n 1 $PY -m gradsync.bench.gpu \
+--only accumulate,bert,allreduce --max-seconds 15 --json $STATE/bench_np1.json \
+$([ "$DRY" = 1 ] && echo --dry-run)" ;;
+    bench_train) step bench_train "$rest" "$MPIEXEC -n 2 $PY -m gradsync.bench.gpu --only train \
+--max-seconds 90 --json $STATE/bench_np2.json --trace-dir $STATE/traces \
+$([ "$DRY" = 1 ] && echo --dry-run)" ;;
+    *)
+      note "unknown step $name"
+      return 1
+      ;;
   esac
 }
 
-TESTS="visible c_np1 c_np2 c_streams pytest_np1 pytest_np2"
-BENCH="bench_np1 bench_np2"
-SANI="memcheck racecheck"
+# sanitize TOOL REST RANKS: compute-sanitizer on the C device-path test
+# (NCCL's own kernels are NCCL's: left out of racecheck and initcheck)
+sanitize() {
+  local tool=$1 rest=$2 np=$3 only=""
+  if [ -z "$SANITIZER" ]; then
+    skip_step "$tool" "compute-sanitizer not found"
+    return 0
+  fi
+  [ "$tool" != memcheck ] && [ "$DRY" != 1 ] &&
+    "$SANITIZER" --help 2> /dev/null | grep -q kernel-name-exclude &&
+    only="--kernel-name-exclude kns=nccl"
+  step "$tool" "$rest" "$MPIEXEC -n $np $SANITIZER --tool $tool $only \
+--error-exitcode 3 --print-limit 50 tests/c/bin/test_device_paths"
+}
+
 expand() {
   local w
   for w in "$@"; do
     case $w in
-      tests) echo $TESTS ;; bench) echo $BENCH ;; sanitizer) echo $SANI ;;
-      all) echo $TESTS $BENCH $SANI ;;
-      retry) awk -F'\t' '!($1 in s) {o[++n] = $1} {s[$1] = $2}
-               END {for (i = 1; i <= n; i++) if (s[o[i]] != "pass") print o[i]}' \
-               "$STATE/steps.tsv" | grep -vx build ;;
+      all) echo $ALL ;;
       *) echo "$w" ;;
     esac
   done
 }
 
-finish() {
-  write_summary
-  cp -f "$STATE"/bench_np*.json "$OUTD"/ 2>/dev/null
-  "$PY" - "$STATE" "$OUTD/bench.json" <<'EOF' 2>/dev/null
-import glob, json, os, sys
-merged = {}
-for p in sorted(glob.glob(os.path.join(sys.argv[1], "bench_np*.json"))):
-    with open(p) as f:
-        merged[os.path.basename(p)[:-5]] = json.load(f)
-with open(sys.argv[2], "w") as f:
-    json.dump(merged, f, indent=1)
-EOF
-  rm -f "$OUTD"/bench_np*.json
-  # traces can be large: they go alone, and only while under 15 MiB compressed
-  tar -C "$STATE" -czf "$OUTD/logs.tar.gz" logs info.txt steps.tsv $(cd "$STATE" && ls *.json 2>/dev/null) 2>/dev/null
-  if [ -n "$(ls "$STATE/traces" 2>/dev/null)" ]; then
-    tar -C "$STATE" -czf "$OUTD/traces.tar.gz" traces
-    [ "$(stat -c %s "$OUTD/traces.tar.gz")" -lt $((15 * 1024 * 1024)) ] ||
-      { rm -f "$OUTD/traces.tar.gz"; note "traces over 15 MiB compressed: not returned"; }
-  fi
-  echo; cat "$OUTD/summary.txt"
-}
-trap finish EXIT
+trap 'write_results; echo; cat "$OUTD/summary.txt"' EXIT
 
 setup
-note "session: $* (budget ${BUDGET}s; state in $STATE)"
-info > "$LOGS/info.log" 2>&1
-head -30 "$STATE/info.txt" >> "$SESSION_LOG"
+note "session: ${*:-all} (budget ${BUDGET}s; state in $STATE; dry $DRY)"
 build
-for s in $(expand "${@:-tests}"); do
+info
+cat "$STATE/info.txt" >> "$SESSION_LOG"
+write_results
+STEPS=$(expand "${@:-all}")
+set -- $STEPS
+while [ $# -gt 0 ]; do
+  s=$1
+  shift
   [ "$s" = build ] && continue
-  run_named "$s"
+  run_named "$s" "$*"
 done

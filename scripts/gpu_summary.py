@@ -35,7 +35,7 @@ C_LINE = re.compile(r"^(test_\w+) \((\d+) ranks\): (\d+) passed, (\d+) failed", 
 C_SKIP = re.compile(r"^(test_\w+): .*skipped", re.M)
 PYTEST_LINE = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s", re.M)
 RAN = re.compile(r"\b[1-9]\d* passed")
-RUNS_TESTS = ("c_np1", "c_np2", "pytest_np1", "pytest_np2")
+RUNS_TESTS = ("c_np1", "c_np2", "pytest_np1", "pytest_np2", "nccl_shared")
 SANITIZER = re.compile(r"(ERROR SUMMARY: \d+ errors?|RACECHECK SUMMARY: .*)")
 
 
@@ -94,10 +94,41 @@ def summary(state, out=sys.stdout):
                 print_bench(json.load(f), out)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"{os.path.basename(path)}: unreadable ({exc})", file=out)
+    probes = os.path.join(state, "probes.json")
+    if os.path.exists(probes):
+        try:
+            with open(probes) as f:
+                found = json.load(f)
+            print("\nprobe             verdict    secs  detail", file=out)
+            for name, r in found.items():
+                if isinstance(r, dict):
+                    print(f"{name:<17} {r['verdict']:<8} {r.get('seconds', 0):>6}  "
+                          f"{r['detail'][:160]}", file=out)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"probes.json: unreadable ({exc})", file=out)
     bad = [n for n, (s, _, _) in steps.items() if s != "pass"]
     bad += [n for n in empty if n not in bad]
     print(f"\nsteps not passed: {' '.join(bad) if bad else 'none'}", file=out)
+    return bad
+
+
+def main(argv):
+    """summary [STATE] [--expect-pass A,B,...]: exit 1 if a step named there
+    did not pass (make test's dry run of the session uses it)."""
+    expect = []
+    if "--expect-pass" in argv:
+        i = argv.index("--expect-pass")
+        expect = argv[i + 1].split(",")
+        argv = argv[:i] + argv[i + 2:]
+    state = argv[0] if argv else "build/gpu-session"
+    bad = summary(state)
+    steps = last_steps(state)
+    missing = [n for n in expect if n in bad or n not in steps]
+    if missing:
+        print(f"expected to pass: {' '.join(missing)}")
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    summary(sys.argv[1] if len(sys.argv) > 1 else "build/gpu-session")
+    sys.exit(main(sys.argv[1:]))

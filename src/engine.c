@@ -86,7 +86,9 @@ static gs_status_t agree_min(gs_comm_t c, int *v, const char *what) {
 static gs_status_t choose_path(gs_comm_t c, int device) {
   int want = 0;
   GS_CHECK(distinct_gpus(c, device, &want));
-  want = want && !gs_env_nccl_off() && gs_nccl_loadable();
+  /* ranks sharing a GPU: NCCL refuses them unless its multi-rank mode is on
+   * (2.30+); an older NCCL then fails its init and every rank takes MPI */
+  want = (want || gs_env_nccl_multi_rank_gpu()) && !gs_env_nccl_off() && gs_nccl_loadable();
   GS_CHECK(agree_min(c, &want, "gradsync: choosing the device path"));
   c->dev_id = device;
   if (want) {

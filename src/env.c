@@ -117,6 +117,13 @@ int gs_env_cuda_aware_mpi(void) {
 }
 
 const char *gs_env_nccl_library(void) { return env_text("GRADSYNC_NCCL_LIBRARY"); }
+
+/* NCCL 2.30+ runs several ranks on one GPU only when this, NCCL's own knob,
+ * is 1: gradsync then lets ranks that share a GPU try NCCL too. */
+int gs_env_nccl_multi_rank_gpu(void) {
+  const char *s = env_text("NCCL_MULTI_RANK_GPU_ENABLE");
+  return s && strcmp(s, "1") == 0;
+}
 int gs_env_debug_nccl(void) { return getenv("GRADSYNC_DEBUG_NCCL") != NULL; }
 const char *gs_env_log_level(void) { return env_text("GRADSYNC_LOG_LEVEL"); }
 const char *gs_env_timeline(void) { return env_text("GRADSYNC_TIMELINE"); }

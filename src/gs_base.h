@@ -81,6 +81,7 @@ int gs_env_num_threads(void);         /* GRADSYNC_NUM_THREADS; 0: unset */
 int gs_env_nccl_off(void);            /* GRADSYNC_NCCL=0 */
 int gs_env_cuda_aware_mpi(void);      /* GRADSYNC_CUDA_AWARE_MPI: 0, 1; -1 unset */
 const char *gs_env_nccl_library(void); /* GRADSYNC_NCCL_LIBRARY, or NULL */
+int gs_env_nccl_multi_rank_gpu(void);  /* NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL's) */
 int gs_env_debug_nccl(void);          /* GRADSYNC_DEBUG_NCCL set */
 const char *gs_env_log_level(void);   /* GRADSYNC_LOG_LEVEL, or NULL */
 const char *gs_env_timeline(void);    /* GRADSYNC_TIMELINE, or NULL */

@@ -5,9 +5,6 @@ the device machine, where a mistake costs lease minutes):
   records, logs with the C tests', pytest's and compute-sanitizer's own
   lines, a bench result) and reports each step's status and counts, and
   every figure with its goal;
-- nvcc_cache.sh (with a stand-in nvcc) compiles once, reuses the object for
-  the same sources and flags wherever the repository sits, and compiles
-  again when a source, a header or a flag changes;
 - the session scripts parse (bash -n).
 """
 import io
@@ -131,59 +128,8 @@ def test_training_figures_and_trace_table():
     assert cells[5] == "0.75" and cells[2] == "n/a"
 
 
-# ------------------------------------------------------------ nvcc_cache.sh
-
-FAKE_NVCC = """#!/bin/bash
-# a stand-in nvcc: counts its compiles, writes its arguments as the object
-if [ "$1" = --version ]; then echo "Cuda compilation tools, release 13.0, V13.0.88"; exit 0; fi
-echo x >> "$COUNT"
-while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done
-echo "object" > "$out"
-"""
-
-
-def make_repo(path):
-    (path / "scripts").mkdir(parents=True)
-    (path / "src").mkdir()
-    (path / "include").mkdir()
-    shutil.copy(os.path.join(SCRIPTS, "nvcc_cache.sh"), path / "scripts")
-    (path / "src" / "k.cu").write_text("__global__ void k() {}\n")
-    (path / "src" / "k.cuh").write_text("// piece\n")
-    (path / "include" / "api.h").write_text("// api\n")
-    return path
-
-
-def compile_in(repo, tmp_path, extra=()):
-    env = dict(os.environ, GS_NVCC_CACHE=str(tmp_path / "cache"),
-               GS_REAL_NVCC=str(tmp_path / "nvcc"), COUNT=str(tmp_path / "count"))
-    cmd = ["bash", str(repo / "scripts" / "nvcc_cache.sh"), "-O3", f"-I{repo}/include",
-           *extra, "-c", str(repo / "src" / "k.cu"), "-o", str(repo / "k.o")]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
-    assert p.returncode == 0, p.stderr
-    assert (repo / "k.o").read_text() == "object\n"
-    count = tmp_path / "count"
-    return len(count.read_text().split()) if count.exists() else 0
-
-
-@pytest.mark.skipif(shutil.which("sha1sum") is None, reason="needs sha1sum")
-def test_nvcc_cache_reuses_objects_only_for_the_same_sources(tmp_path):
-    (tmp_path / "nvcc").write_text(FAKE_NVCC)
-    (tmp_path / "nvcc").chmod(0o755)
-    a = make_repo(tmp_path / "here")
-    assert compile_in(a, tmp_path) == 1                 # compiled, stored
-    assert compile_in(a, tmp_path) == 1                 # reused
-    b = make_repo(tmp_path / "elsewhere" / "repo")      # the same files at another path
-    assert compile_in(b, tmp_path) == 1
-    assert compile_in(b, tmp_path, ["-DX"]) == 2        # another flag
-    (b / "src" / "k.cuh").write_text("// changed\n")
-    assert compile_in(b, tmp_path) == 3                 # a header changed
-    (b / "include" / "api.h").write_text("// changed too\n")
-    assert compile_in(b, tmp_path) == 4
-    assert compile_in(b, tmp_path) == 4
-
-
 def test_session_scripts_parse():
-    for name in ("gpu_session.sh", "gpu_prepare.sh", "nvcc_cache.sh"):
+    for name in ("gpu_session.sh", "gpu_prepare.sh"):
         p = subprocess.run(["bash", "-n", os.path.join(SCRIPTS, name)],
                            capture_output=True, text=True, check=False)
         assert p.returncode == 0, (name, p.stderr)
