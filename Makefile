@@ -72,16 +72,16 @@ py-tests: build
 	done
 	@if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
 	    for n in $(NP_LIST); do \
-	        echo "== pytest tests/torch tests/horovod at $$n ranks"; \
-	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/torch tests/horovod || exit 1; \
+	        echo "== pytest tests/torch_tests tests/horovod_tests at $$n ranks"; \
+	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/torch_tests tests/horovod_tests || exit 1; \
 	    done; \
-	else echo "== tests/torch tests/horovod skipped: torch is not importable by $(PYTHON) (pip install torch)"; fi
+	else echo "== tests/torch_tests tests/horovod_tests skipped: torch is not importable by $(PYTHON) (pip install torch)"; fi
 	@if $(PYTHON) -c "import jax" >/dev/null 2>&1; then \
 	    for n in $(NP_LIST); do \
-	        echo "== pytest tests/jax at $$n ranks"; \
-	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/jax || exit 1; \
+	        echo "== pytest tests/jax_tests at $$n ranks"; \
+	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/jax_tests || exit 1; \
 	    done; \
-	else echo "== tests/jax skipped: jax is not importable by $(PYTHON) (pip install 'jax[cpu]')"; fi
+	else echo "== tests/jax_tests skipped: jax is not importable by $(PYTHON) (pip install 'jax[cpu]')"; fi
 
 # The device paths on a machine without a GPU: the same C sources linked with
 # a host stand-in for the CUDA runtime and kernels (tests/emulated_cuda), so
@@ -198,8 +198,8 @@ cluster-test: build
 	    echo "== cluster $$h hosts x $$r ranks: pytest suites"; \
 	    $(SIMCLUSTER) --hosts $$h --ranks-per-host $$r -- $(PYTEST) $(CLUSTER_SUITES) || exit 1; \
 	    if $(PYTHON) -c "import torch" >/dev/null 2>&1; then \
-	    echo "== cluster $$h hosts x $$r ranks: tests/torch/test_optimizer.py"; \
-	    $(SIMCLUSTER) --hosts $$h --ranks-per-host $$r -- $(PYTEST) tests/torch/test_optimizer.py \
+	    echo "== cluster $$h hosts x $$r ranks: tests/torch_tests/test_optimizer.py"; \
+	    $(SIMCLUSTER) --hosts $$h --ranks-per-host $$r -- $(PYTEST) tests/torch_tests/test_optimizer.py \
 	        || exit 1; fi; \
 	done; \
 	echo "== cluster 2 hosts x 2 ranks, GRADSYNC_HIERARCHICAL=1: allreduce suites"; \

@@ -9,10 +9,10 @@ pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 "$PY" -c "import numpy, Cython, pytest, pytest_mpi, ml_dtypes, setuptools, hypothesis" 2>/dev/null ||
   pip_install "numpy>=1.24" "cython>=3.0" pytest pytest-mpi "ml_dtypes>=0.3" setuptools hypothesis
 
-# gradsync.jax's tests (tests/jax): the CPU build of JAX from PyPI (about 90 MB
+# gradsync.jax's tests (tests/jax_tests): the CPU build of JAX from PyPI (about 90 MB
 # to download, 10-20 s to install). Optional: without it those tests are skipped.
 "$PY" -c "import jax" 2>/dev/null || pip_install "jax[cpu]" ||
-  echo "gradsync: could not install jax[cpu]; tests/jax will be skipped"
+  echo "gradsync: could not install jax[cpu]; tests/jax_tests will be skipped"
 
 scripts=$("$PY" -c "import sysconfig; print(sysconfig.get_path('scripts'))")
 if [ -n "${MPICC:-}" ]; then
@@ -50,7 +50,7 @@ if [ "${1:-}" = "lint" ]; then
   exit 0
 fi
 
-# torch's own distributed tests (tests/torch/test_torch_upstream.py) import
+# torch's own distributed tests (tests/torch_tests/test_torch_upstream.py) import
 # torch.testing._internal, which needs expecttest; only where torch is installed.
 if "$PY" -c "import torch" 2>/dev/null; then
   "$PY" -c "import expecttest" 2>/dev/null || pip_install expecttest

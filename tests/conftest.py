@@ -8,12 +8,39 @@ plain pytest run) gets a base directory of its own instead, removed when its
 session ends. The rank is read from the launcher's environment, not from
 MPI, because some suites (tests/cluster/test_cluster_faults.py) must not
 initialize MPI; it only names the directory.
+
+pytest puts tests/ itself on sys.path (this file is there), so a test folder
+named like a package would be imported in its place whenever the package is
+not installed: `import torch` found tests/torch as a namespace package and
+tests failed with "module 'torch' has no attribute 'from_numpy'" instead of
+skipping. The suites' folders are named <package>_tests, and
+check_no_shadowing() makes a folder named like a package an error.
 """
 import os
 import shutil
 import tempfile
 
 import pytest
+
+TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+# Packages the suites import, or skip without: no folder under tests/ may
+# take one of their names.
+PACKAGES = ("torch", "jax", "jaxlib", "horovod", "numpy", "mpi4py", "gradsync", "cupy",
+            "ml_dtypes", "hypothesis", "pytest", "expecttest", "pynvml")
+
+
+def check_no_shadowing(tests_dir=TESTS_DIR):
+    """Raises pytest.UsageError naming any folder under tests_dir that has a
+    package's name (it would be imported instead of the package)."""
+    clash = sorted(n for n in os.listdir(tests_dir)
+                   if n in PACKAGES and os.path.isdir(os.path.join(tests_dir, n)))
+    if clash:
+        raise pytest.UsageError(
+            "tests/ holds folders named like packages the tests import: "
+            + ", ".join(f"tests/{n}" for n in clash) + ". pytest puts tests/ on sys.path, so "
+            "`import <name>` would find the folder when the package is not installed. "
+            "Rename them (the suites are tests/<package>_tests).")
+
 
 # Hydra (MPICH), Open MPI and PMIx launchers, in that order.
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
@@ -28,6 +55,7 @@ def _launcher_rank():
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    check_no_shadowing()
     # tryfirst: pytest's tmpdir plugin reads --basetemp in its own
     # pytest_configure, so it must be set before that runs.
     if config.option.basetemp:

@@ -1,4 +1,4 @@
-"""Fixtures shared by the conftest.py files of tests/python, tests/torch and
+"""Fixtures shared by the conftest.py files of tests/python, tests/torch_tests and
 tests/gpu (each imports what it uses into its own namespace)."""
 import faulthandler
 import os

@@ -1,7 +1,7 @@
 """pytest fixtures for the gradsync.jax suite (skipped without jax).
 
 Run with:
-    PYTHONPATH=pyx mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/jax
+    PYTHONPATH=pyx mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/jax_tests
 
 64-bit JAX types are switched on (jax_enable_x64) so float64 and int64 arrays
 run through gradsync too. The collective helpers come from

@@ -1,7 +1,7 @@
 """pytest fixtures for the gradsync.horovod suite (skipped without torch).
 
 Run with:
-    PYTHONPATH=pyx mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/horovod
+    PYTHONPATH=pyx mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/horovod_tests
 
 The tests transcribe the numerical assertions of Horovod's own PyTorch tests
 (horovod/horovod test/parallel/test_torch.py and test_adasum_pytorch.py) on

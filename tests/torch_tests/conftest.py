@@ -1,7 +1,7 @@
 """pytest fixtures for the gradsync.torch suite (skipped without torch).
 
 Run with:
-    PYTHONPATH=pyx mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/torch
+    PYTHONPATH=pyx mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/torch_tests
 
 The collective helpers (collective_assert, collectively, seed_for) come from
 tests/python/gsutil.py.

@@ -1,4 +1,4 @@
-"""Helpers shared by the tests/horovod modules: Horovod's dtype lists and
+"""Helpers shared by the tests/horovod_tests modules: Horovod's dtype lists and
 thresholds, and local checks gathered into one collective verdict."""
 import os
 import shutil
