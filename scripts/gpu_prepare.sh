@@ -55,10 +55,16 @@ if [ "$DRY" = 1 ]; then # this machine's Python and MPI (make test's dry run)
   BPY=$(command -v "$PY")
   BMPICC=${MPICC:-$(command -v mpicc || echo "$("$PY" -c "import sysconfig; print(sysconfig.get_path('scripts'))")/mpicc")}
 else
-  PY312=${GS_PREP_PYTHON:-$(command -v python3.12 || true)}
-  [ -n "$PY312" ] || PY312=$(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3 \
-    2>/dev/null | tail -1)
-  [ -x "$PY312" ] || { echo "gpu_prepare.sh: no CPython 3.12 (set GS_PREP_PYTHON)" >&2; exit 1; }
+  PY312=""
+  for cand in ${GS_PREP_PYTHON:-} python3.12 \
+    $(ls -d "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3 2>/dev/null); do
+    # a pyenv shim exists but may refuse to run: ask the candidate itself
+    if "$cand" -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))' 2>/dev/null; then
+      PY312=$cand
+      break
+    fi
+  done
+  [ -n "$PY312" ] || { echo "gpu_prepare.sh: no CPython 3.12 (set GS_PREP_PYTHON)" >&2; exit 1; }
   VENV=$PREP/venv
   if [ ! -x "$VENV/bin/mpicc" ]; then
     "$PY312" -m venv "$VENV"
@@ -103,6 +109,9 @@ OUTB=${GS_PREP_OUT:-$ROOT/.gpu-build}
 rm -rf "$OUTB" && mkdir -p "$OUTB/pyx/gradsync" "$OUTB/tests/c/bin"
 cp "$TREE"/pyx/gradsync/_core.cpython-*.so "$TREE/pyx/gradsync/libgradsync.so" \
   "$OUTB/pyx/gradsync/"
+# libgradsync needs libgomp (OpenMP); a device image without gcc may lack it
+gomp=$(gcc -print-file-name=libgomp.so.1 2>/dev/null)
+[ -f "$gomp" ] && cp -L "$gomp" "$OUTB/pyx/gradsync/libgomp.so.1"
 cp "$TREE"/tests/c/bin/test_device_paths "$TREE"/tests/c/bin/test_device_streams \
   "$TREE"/tests/c/bin/test_nccl_faults "$OUTB/tests/c/bin/"
 {
