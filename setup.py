@@ -188,6 +188,23 @@ class BuildWithRuntime(build_ext):
         return flags, objects, libs
 
 
+def runtime_mpi():
+    """What the built library needs at run time: the mpich wheel when it was
+    built against that wheel's MPI (as pip's build environment does, mpich
+    being a build requirement), as mpi4py's users install it; nothing when
+    MPICC or PATH named another MPI (a cluster's own)."""
+    mpicc = os.path.realpath(shutil.which(find_mpicc()) or find_mpicc())
+    try:
+        from importlib.metadata import distribution
+        files = distribution("mpich").files or []
+        dist = distribution("mpich")
+    except Exception:
+        return []
+    if any(f.name == "mpicc" and os.path.realpath(dist.locate_file(f)) == mpicc for f in files):
+        return ["mpich"]
+    return []
+
+
 def extensions():
     import numpy
     from Cython.Build import cythonize
@@ -217,7 +234,7 @@ setup(
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildWithRuntime},
     python_requires=">=3.9",
-    install_requires=["numpy>=1.24", "mpi4py>=3.1", "ml_dtypes>=0.3"],
+    install_requires=["numpy>=1.24", "mpi4py>=3.1", "ml_dtypes>=0.3"] + runtime_mpi(),
     extras_require={"torch": ["torch"], "test": ["pytest", "pytest-mpi"]},
     zip_safe=False,
 )

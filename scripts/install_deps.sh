@@ -14,6 +14,14 @@ pip_install() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 "$PY" -c "import jax" 2>/dev/null || pip_install "jax[cpu]" ||
   echo "gradsync: could not install jax[cpu]; tests/jax_tests will be skipped"
 
+# gradsync.torch's tests (tests/torch_tests, tests/horovod_tests, torch's own
+# distributed suite): torch, through pip as this machine configures it. The
+# version is the one the suites were last run against (GRADSYNC_TORCH
+# overrides it); where the configured sources hold its CPU build (a
+# "+cpu" local version sorts above the plain one) pip takes that.
+"$PY" -c "import torch" 2>/dev/null || pip_install "${GRADSYNC_TORCH:-torch==2.13.0}" ||
+  echo "gradsync: could not install torch; tests/torch_tests and tests/horovod_tests will be skipped"
+
 scripts=$("$PY" -c "import sysconfig; print(sysconfig.get_path('scripts'))")
 if [ -n "${MPICC:-}" ]; then
   # A system MPI: mpi4py must be compiled against it, or the two would load
