@@ -125,7 +125,7 @@ $(EMULATED_LIB): $(wildcard src/*.c src/*.h src/*.cuh include/*.h) $(EMU_SOURCES
 EMU_ENV = LD_LIBRARY_PATH=$(CURDIR)/build/emulated
 EMU_NCCL_ENV = $(EMU_ENV) GS_EMU_DISTINCT_GPUS=1 GRADSYNC_NCCL_LIBRARY=$(CURDIR)/$(EMULATED_LIB)
 EMU_C_TESTS := $(addprefix tests/c/bin/,test_device_paths test_exchange_device test_device_streams \
-    test_device_context test_device_sticky test_nccl_faults)
+    test_device_context test_device_sticky test_nccl_faults test_device_ring)
 test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	@if [ -z "$(NVCC)" ] || [ -z "$(CUDA_INCLUDE)" ]; then \
 	    echo "== test-emulated: no CUDA toolkit, skipped"; exit 0; fi; \
@@ -133,6 +133,8 @@ test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	echo "== pytest test_comm.py test_dlpack.py on the CPU-only library" && \
 	LD_LIBRARY_PATH=$(CURDIR)/build/cpu-only timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 \
 	    $(PYTEST) tests/python/test_comm.py tests/python/test_dlpack.py || exit 1; \
+	echo "== test_device_ring at 1 rank (emulated CUDA; the kernel-table ring is per process)"; \
+	$(EMU_ENV) timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 tests/c/bin/test_device_ring || exit 1; \
 	for n in $(NP_LIST); do \
 	    for t in test_device_paths test_exchange_device; do \
 	    echo "== $$t at $$n ranks (emulated CUDA: staged MPI, then NCCL)"; \

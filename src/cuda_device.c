@@ -186,6 +186,19 @@ gs_status_t gs_cu_comm_stream(int device, void **stream) {
   return GS_SUCCESS;
 }
 
+static cudaStream_t alloc_streams[MAX_DEVICES];
+
+gs_status_t gs_cu_alloc_stream(int device, void **stream) {
+  pthread_mutex_lock(&device_lock);
+  cudaError_t e = cudaSuccess;
+  if (!alloc_streams[device])
+    e = cudaStreamCreateWithFlags(&alloc_streams[device], cudaStreamNonBlocking);
+  *stream = alloc_streams[device];
+  pthread_mutex_unlock(&device_lock);
+  if (e != cudaSuccess) return gs_cu_fail(e, "gradsync: creating its CUDA stream for allocations");
+  return GS_SUCCESS;
+}
+
 static cudaStream_t as_stream(uintptr_t s) {
   return s == 0 || s == 1 ? cudaStreamLegacy : s == 2 ? cudaStreamPerThread : (cudaStream_t)s;
 }

@@ -4,9 +4,11 @@
  *   gradsync's non-blocking communication stream per device, the calling
  *   thread's work stream, events and waits that poll (timeouts, interrupts,
  *   the runtime lock released), stream-ordered memory, sticky errors;
+ * - the kernel-table ring (cuda_ring.c): pinned memory and its device
+ *   mirror, a region reused only after the kernel that read it has
+ *   finished; pinned buffers for results the host reads back;
  * - the jobs (cuda_jobs.c): a host list of runs becomes work items, uploaded
- *   through pinned memory that is reused only after the kernel that read it
- *   has finished, then launched.
+ *   through the ring, then launched.
  * Nothing here waits for the device unless its comment says so. */
 #ifndef GRADSYNC_CUDA_INTERNAL_H
 #define GRADSYNC_CUDA_INTERNAL_H
@@ -37,6 +39,11 @@ void gs_cu_leave(gs_cu_scope_t *scope);
 /* gradsync's communication stream on `device` (non-blocking: it never waits
  * for, nor holds up, the legacy default stream). The device must be entered. */
 gs_status_t gs_cu_comm_stream(int device, void **stream);
+/* gradsync's stream on `device` for long-lived allocations (non-blocking,
+ * nothing else queued there): an event recorded after an allocation on it
+ * completes at once, so other streams are ordered after the allocation
+ * without waiting for anyone's work. The device must be entered. */
+gs_status_t gs_cu_alloc_stream(int device, void **stream);
 /* The calling thread's work stream (gs_cuda_set_stream; the legacy default
  * stream unless set): where the kernels API runs and what collectives are
  * ordered after. */
@@ -83,6 +90,37 @@ gs_status_t gs_cu_fail(int cuda_error, const char *what);
 static inline gs_status_t gs_cu_launched(int cuda_error, const char *what) {
   return cuda_error ? gs_cu_fail(cuda_error, what) : GS_SUCCESS;
 }
+
+/* ---- the kernel-table ring and result buffers (cuda_ring.c) ---------------------- */
+
+/* Room for one kernel table on the current device: `len` bytes of pinned
+ * host memory and their device mirror, usable on `stream`. Open returns
+ * with the ring's lock held; the table is filled, uploaded and launched on
+ * `stream`, then close records the event after the launch (the region is
+ * reused once it completes) and releases the lock. A full ring grows, or,
+ * past its bound, open waits (polling with the lock released:
+ * GRADSYNC_TIMEOUT_SECONDS, interrupts). */
+typedef struct gs_cu_table {
+  void *ring, *arena;
+  size_t off, len;
+  char *host, *dev;
+  int sent; /* set once device work reading the table is queued */
+} gs_cu_table_t;
+gs_status_t gs_cu_table_open(size_t len, void *stream, gs_cu_table_t *t);
+gs_status_t gs_cu_table_close(gs_cu_table_t *t, void *stream);
+
+/* A pinned host buffer of at least `bytes`, the call's own, for results the
+ * host reads back (kept out of the ring, so no ring region waits for a
+ * reader). fetch queues the copy of device bytes into it on `stream`
+ * (before the table holding them is closed); read waits for the copy
+ * (polling, gs_cu_event_wait), copies `bytes` to `out` and gives the buffer
+ * back; put gives it back unread. A buffer whose copy was not seen to
+ * finish is reused only once it has. */
+typedef struct gs_cu_result gs_cu_result_t;
+gs_status_t gs_cu_result_get(size_t bytes, gs_cu_result_t **r);
+gs_status_t gs_cu_result_fetch(gs_cu_result_t *r, const void *src, size_t bytes, void *stream);
+gs_status_t gs_cu_result_read(gs_cu_result_t *r, void *out, size_t bytes, const char *what);
+void gs_cu_result_put(gs_cu_result_t *r);
 
 /* ---- the jobs (cuda_jobs.c): host lists in, one launch each ----------------------- */
 

@@ -16,7 +16,9 @@
  *   cudaErrorIllegalAddress / cudaErrorMisalignedAddress (the context is
  *   then unusable, as on hardware);
  * - cudaFree and cudaFreeHost do not wait for the device (code that uses
- *   them as a barrier fails); cudaFreeAsync frees in stream order;
+ *   them as a barrier fails); cudaFreeAsync frees in stream order, and
+ *   cudaMallocAsync's memory becomes usable only when its stream reaches the
+ *   allocation (a use on a stream not ordered after it is an illegal address);
  * - primary contexts per device, per-thread current context (driver push
  *   and pop), and which devices ever had their context created;
  * - GS_EMU_DEVICES devices (default 2); GS_EMU_DISTINCT_GPUS=1 gives every

@@ -193,6 +193,7 @@ typedef struct alloc {
   size_t bytes;
   enum cudaMemoryType type;
   int device;
+  int pending; /* cudaMallocAsync'ed, its stream has not reached the allocation yet */
 } alloc_t;
 
 static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -232,7 +233,7 @@ static cudaError_t track(void *p, size_t bytes, enum cudaMemoryType type, int de
   size_t at = 0;
   while (at < nallocs && allocs[at].base < (char *)p) at++;
   memmove(&allocs[at + 1], &allocs[at], (nallocs - at) * sizeof *allocs);
-  allocs[at] = (alloc_t){p, bytes, type, device};
+  allocs[at] = (alloc_t){p, bytes, type, device, 0};
   nallocs++;
   pthread_mutex_unlock(&mem_mu);
   return cudaSuccess;
@@ -300,7 +301,13 @@ cudaError_t emu_check_range(const void *p, size_t bytes, size_t align, int host_
   pthread_mutex_lock(&mem_mu);
   long i = find(p);
   int ok = i >= 0 ? (const char *)p + bytes <= allocs[i].base + allocs[i].bytes : host_ok;
+  int early = i >= 0 && allocs[i].pending;
   pthread_mutex_unlock(&mem_mu);
+  if (early) {
+    fprintf(stderr, "emulated CUDA: %s: [%p, +%zu) is used on a stream not ordered after its "
+            "cudaMallocAsync (the allocating stream has not reached it)\n", what, p, bytes);
+    return cudaErrorIllegalAddress;
+  }
   if (!ok) {
     fprintf(stderr, "emulated CUDA: %s: [%p, +%zu) is not inside live device memory (freed, "
             "out of bounds, or host memory)\n", what, p, bytes);
@@ -321,9 +328,26 @@ cudaError_t cudaMallocHost(void **p, size_t n) { return emu_alloc(p, n, cudaMemo
 cudaError_t cudaFree(void *p) { return emu_release(p, cudaMemoryTypeDevice); }
 cudaError_t cudaFreeHost(void *p) { return emu_release(p, cudaMemoryTypeHost); }
 
+static cudaError_t make_live(void *arg) {
+  pthread_mutex_lock(&mem_mu);
+  long i = find(*(void **)arg);
+  if (i >= 0) allocs[i].pending = 0;
+  pthread_mutex_unlock(&mem_mu);
+  return cudaSuccess;
+}
+
+/* Usable once `stream` reaches the allocation: on another stream only when
+ * ordered after it (an event, or the host having waited for it), as the
+ * stream-ordered allocator requires. */
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t stream) {
-  (void)stream;
-  return emu_alloc(p, n, cudaMemoryTypeDevice);
+  cudaError_t e = emu_alloc(p, n, cudaMemoryTypeDevice);
+  if (e != cudaSuccess) return e;
+  pthread_mutex_lock(&mem_mu);
+  long i = find(*p);
+  if (i >= 0) allocs[i].pending = 1;
+  pthread_mutex_unlock(&mem_mu);
+  if (emu_enqueue(stream, make_live, p, sizeof *p) != cudaSuccess) make_live(p);
+  return cudaSuccess;
 }
 
 static cudaError_t free_later(void *arg) {

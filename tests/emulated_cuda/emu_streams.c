@@ -293,10 +293,13 @@ cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t stream) {
   return e;
 }
 
+static long event_queries; /* cudaEventQuery calls: a test sees a thread polling */
+
 cudaError_t cudaEventQuery(cudaEvent_t h) {
   emu_event_t *ev = (emu_event_t *)h;
   if (!ev || ev->magic != EVENT_MAGIC) return cudaErrorInvalidResourceHandle;
   pthread_mutex_lock(&mu);
+  event_queries++;
   cudaError_t e = sticky_error != cudaSuccess           ? sticky_error
                   : ev->s && ev->s->completed < ev->seq ? cudaErrorNotReady
                                                         : cudaSuccess;
@@ -355,6 +358,7 @@ HOOK int gs_emulated_sleep(uintptr_t stream, double seconds) {
 static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t gate_opened = PTHREAD_COND_INITIALIZER;
 static unsigned long gate_generation; /* bumped by each release */
+static unsigned long gates_passed;    /* gates whose stream went on past them */
 
 static cudaError_t gate_op(void *arg) {
   unsigned long closed_in = *(unsigned long *)arg;
@@ -365,6 +369,7 @@ static cudaError_t gate_op(void *arg) {
   int r = 0;
   while (gate_generation == closed_in && r == 0)
     r = pthread_cond_timedwait(&gate_opened, &gate_mu, &until);
+  gates_passed++;
   pthread_mutex_unlock(&gate_mu);
   return cudaSuccess;
 }
@@ -385,6 +390,25 @@ HOOK void gs_emulated_release(void) {
   pthread_mutex_unlock(&gate_mu);
 }
 
+/* cudaEventQuery calls so far: a count that keeps growing while another
+ * thread is inside a polling wait. */
+HOOK long gs_emulated_event_queries(void) {
+  pthread_mutex_lock(&mu);
+  long n = event_queries;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
+
+/* Gates passed so far (opened, or past their 30 s): a test that finds the
+ * count unchanged knows the work behind its gate has not run yet, however
+ * much else it queued behind it. */
+HOOK long gs_emulated_gates_passed(void) {
+  pthread_mutex_lock(&gate_mu);
+  long n = (long)gates_passed;
+  pthread_mutex_unlock(&gate_mu);
+  return n;
+}
+
 /* Queues work that fails with `error` (a sticky one loses the context). */
 HOOK int gs_emulated_fault(uintptr_t stream, int error) {
   cudaError_t e = (cudaError_t)error;
@@ -394,6 +418,17 @@ HOOK int gs_emulated_fault(uintptr_t stream, int error) {
 /* 1 while `stream` has work queued or running. */
 HOOK int gs_emulated_busy(uintptr_t stream) {
   return cudaStreamQuery(as_handle(stream)) == cudaErrorNotReady;
+}
+
+/* Operations queued on `stream` so far (copies, kernels, event records,
+ * stream waits): lets a test see that another thread's call has queued its
+ * work before it goes on. */
+HOOK long gs_emulated_queued(uintptr_t stream) {
+  emu_stream_t *s;
+  if (lock_stream(as_handle(stream), &s) != cudaSuccess) return -1;
+  long n = s ? (long)s->enqueued : -1;
+  pthread_mutex_unlock(&mu);
+  return n;
 }
 
 /* A stream of the test's own on the current device (non-blocking: the
