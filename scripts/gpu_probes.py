@@ -91,7 +91,7 @@ def probe_ring_held_front():
     a = threading.Thread(target=run, args=("all_finite", lambda: gs.all_finite([x])), daemon=True)
     a.start()
     time.sleep(0.3)  # a probe, not a test: let A reach its wait behind the busy GPU
-    b = threading.Thread(target=run, args=("scale_", lambda: gs.scale_(small, 0.5) or True),
+    b = threading.Thread(target=run, args=("scale_", lambda: gs.scale_(small, 0.5) is not None),
                          daemon=True)
     b.start()
     a.join(30)
