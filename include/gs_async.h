@@ -57,7 +57,8 @@ GS_API gs_status_t gs_request_wait(gs_request_t request);
  * memory: gs_request_wait. */
 GS_API gs_status_t gs_request_wait_stream(gs_request_t request, uintptr_t stream);
 /* Once the host part has run: the cudaStream_t the request's device work is
- * queued on while it is still pending (for exporting its results with that
+ * queued on while it is still pending (its communicator's stream, valid
+ * until that communicator is freed; for exporting its results with that
  * stream), else NULL. */
 GS_API gs_status_t gs_request_stream(gs_request_t request, void **stream);
 /* Waits if needed, then frees the request; *request becomes NULL. */

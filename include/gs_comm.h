@@ -36,7 +36,12 @@ typedef struct gs_config {
 GS_API gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config, gs_comm_t *comm);
 
 /* Frees the communicator and its buffers; sets *comm to NULL. Safe on NULL.
- * Frees the duplicated MPI communicator only while MPI is still initialized. */
+ * Frees the duplicated MPI communicator only while MPI is still initialized.
+ * On CUDA memory it first waits for the communicator's last GPU work and
+ * finalizes NCCL (both polled: GRADSYNC_TIMEOUT_SECONDS, interrupts); if
+ * that fails, NCCL is aborted rather than destroyed, the buffers and stream
+ * the device may still use are kept, *comm is still set to NULL, and the
+ * wait's status is returned. */
 GS_API gs_status_t gs_comm_free(gs_comm_t *comm);
 
 /* Collective: ranks with the same color form a new communicator, ordered by
@@ -81,6 +86,18 @@ GS_API gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const cha
  * (collectively) at its first such call: "nccl", "mpi-cuda-aware",
  * "mpi-staged", or "none" before that call. */
 GS_API gs_status_t gs_comm_device_transport(gs_comm_t comm, const char **name);
+
+/* The communicator's CUDA stream (a cudaStream_t): its collectives on CUDA
+ * memory run there, each ordered after the caller's work stream. Every
+ * communicator has its own, non-blocking, made at its first collective on
+ * CUDA memory on that memory's device (GS_ERR_INVALID_ARGUMENT before) and
+ * destroyed by gs_comm_free. Make a stream wait for it to follow the
+ * collectives queued so far. */
+GS_API gs_status_t gs_comm_cuda_stream(gs_comm_t comm, void **stream);
+/* The communicator's later collectives follow everything queued so far on
+ * `stream` (a cudaStream_t; 1: the legacy default stream, 2: the per-thread
+ * default stream, as DLPack numbers them). */
+GS_API gs_status_t gs_comm_cuda_order_after(gs_comm_t comm, uintptr_t stream);
 
 /* Collective barrier that takes part in validation and the stall warning. */
 GS_API gs_status_t gs_barrier(gs_comm_t comm);

@@ -4,11 +4,14 @@
  * stream unless set), the stream a framework would call current. The
  * gradient kernels on CUDA memory run on it and return at once, like the
  * framework's own ops (gs_all_finite waits for its answer). A collective on
- * CUDA memory runs on gradsync's communication stream of the device
- * (gs_cuda_stream, non-blocking: it never waits for or holds up the legacy
- * default stream), ordered after the work queued so far on the caller's
- * work stream by an event, and returns once its results are in place
- * (asynchronous collectives: gs_request_wait_stream). */
+ * CUDA memory runs on its communicator's own stream (gs_comm_cuda_stream,
+ * non-blocking: it never waits for or holds up the legacy default stream),
+ * ordered after the work queued so far on the caller's work stream by an
+ * event, and returns once its results are in place (asynchronous
+ * collectives: gs_request_wait_stream). One stream per communicator, not
+ * per device: NCCL kernels block until every rank joins, so communicators
+ * sharing a stream would deadlock when threads issue their calls in
+ * different orders on different ranks. */
 #ifndef GRADSYNC_DEVICE_H
 #define GRADSYNC_DEVICE_H
 
@@ -52,11 +55,18 @@ GS_API gs_status_t gs_free(gs_device_t device, void *ptr);
 GS_API gs_status_t gs_memcpy(void *dst, gs_device_t dst_device, const void *src,
                              gs_device_t src_device, size_t bytes);
 
-/* The stream gradsync queues its work on for `device` (a cudaStream_t). */
+/* The device's entry stream (a cudaStream_t, non-blocking, made on first
+ * use): every later collective on `device`, of every communicator, follows
+ * the work queued on it so far. gradsync queues none of its own work there:
+ * to wait for collectives, use the communicator's stream
+ * (gs_comm_cuda_stream) or the request's (gs_request_stream). Once it
+ * exists, each collective on the device pays one more event. */
 GS_API gs_status_t gs_cuda_stream(int device, void **stream);
-/* gradsync's stream on `device` waits for everything queued so far on
- * `stream` (a cudaStream_t; 1: the legacy default stream, 2: the per-thread
- * default stream, as DLPack numbers them). */
+/* Every later collective on `device`, of every communicator, follows
+ * everything queued so far on `stream` (a cudaStream_t; 1: the legacy
+ * default stream, 2: the per-thread default stream, as DLPack numbers
+ * them), through the entry stream. gs_comm_cuda_order_after does this for
+ * one communicator. */
 GS_API gs_status_t gs_cuda_order_after(int device, uintptr_t stream);
 
 /* The calling thread's work stream (see above): a cudaStream_t, or 0 and 1

@@ -139,6 +139,21 @@ static void abandoned_keep(struct gs_comm *c) {
   if (nabandoned < 64) abandoned[nabandoned++] = c;
 }
 
+/* What stays of a communicator that was abandoned: MPI may still complete
+ * abandoned operations into its buffers and over its communicators, and the
+ * device may still run what its stream holds (an aborted NCCL communicator
+ * included): keep them (a bounded leak) rather than risk writes into freed
+ * memory; only the handle dies. */
+static void keep_abandoned(gs_comm_t c, gs_comm_t *comm) {
+  gs_log(GS_LOG_WARNING,
+         "freeing a communicator abandoned after %s: its MPI "
+         "communicators and buffers are kept",
+         gs_status_string(c->fate.broken));
+  c->magic = 0;
+  abandoned_keep(c);
+  *comm = NULL;
+}
+
 static gs_status_t comm_free_impl(gs_comm_t *comm) {
   if (!comm || !*comm) return GS_SUCCESS;
   gs_comm_t c = *comm;
@@ -146,23 +161,16 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
+  gs_status_t s = GS_SUCCESS;
+  if (!c->fate.broken) gs_async_settle_comm(c);
+  /* its last GPU work, then NCCL's finalize: a wait that fails leaves c broken */
+  if (!c->fate.broken) s = gs_device_path_free(c);
   if (c->fate.broken) {
-    /* MPI may still complete abandoned operations into the buffers and over
-     * the communicators: keep them (a bounded leak) rather than risk writes
-     * into freed memory; only the handle dies. */
-    gs_log(GS_LOG_WARNING,
-           "freeing a communicator abandoned after %s: its MPI "
-           "communicators and buffers are kept",
-           gs_status_string(c->fate.broken));
-    c->magic = 0;
-    abandoned_keep(c);
-    *comm = NULL;
-    return GS_SUCCESS;
+    keep_abandoned(c, comm);
+    return s;
   }
-  gs_async_settle_comm(c);
   gs_adasum_free(c);
   gs_hier_free(c);
-  gs_device_path_free(c);
   if (init && !fin) {
     drain_notices(c->notice);
     MPI_Comm_free(&c->notice);
@@ -172,7 +180,7 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
   c->magic = 0;
   free(c);
   *comm = NULL;
-  return GS_SUCCESS;
+  return s;
 }
 
 static gs_status_t comm_split_impl(gs_comm_t comm, int color, int key, gs_comm_t *out) {
@@ -277,6 +285,52 @@ gs_status_t gs_comm_device_transport(gs_comm_t comm, const char **name) {
           : comm->dev_path == GS_PATH_STAGED     ? gs_staged_transport.name
                                                  : "none";
   return GS_SUCCESS;
+}
+
+/* The communicator's stream: made with its device path, at its first
+ * collective on CUDA memory (an asynchronous one runs on the background
+ * thread, so it may not have yet). */
+static gs_status_t comm_stream(gs_comm_t comm, const char *fn, void **stream) {
+  GS_CHECK(gs_comm_valid(comm, fn));
+  if (!comm->dev_stream)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "%s: this communicator has run no collective on CUDA memory yet; its "
+                   "stream is made by the first one, on that memory's device",
+                   fn);
+  *stream = comm->dev_stream;
+  return GS_SUCCESS;
+}
+
+static gs_status_t cuda_stream_impl(gs_comm_t comm, void **stream) {
+  if (!stream) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_cuda_stream: stream is NULL");
+  *stream = NULL;
+  return comm_stream(comm, "gs_comm_cuda_stream", stream);
+}
+
+static gs_status_t cuda_order_after_impl(gs_comm_t comm, uintptr_t stream) {
+  void *ours = NULL;
+  GS_CHECK(comm_stream(comm, "gs_comm_cuda_order_after", &ours));
+  gs_cu_scope_t scope;
+  GS_CHECK(gs_cu_enter(comm->dev_id, &scope));
+  gs_status_t s = gs_cu_order(ours, gs_cu_as_stream(stream), "gs_comm_cuda_order_after");
+  gs_cu_leave(&scope);
+  return s;
+}
+
+/* The runtime lock, not the queue's order: the stream is made and freed
+ * under it, and these do not follow queued asynchronous calls. */
+gs_status_t gs_comm_cuda_stream(gs_comm_t comm, void **stream) {
+  gs_enter_runtime_unordered();
+  gs_status_t s = cuda_stream_impl(comm, stream);
+  gs_leave_runtime();
+  return s;
+}
+
+gs_status_t gs_comm_cuda_order_after(gs_comm_t comm, uintptr_t stream) {
+  gs_enter_runtime_unordered();
+  gs_status_t s = cuda_order_after_impl(comm, stream);
+  gs_leave_runtime();
+  return s;
 }
 
 gs_status_t gs_comm_get_stats(gs_comm_t comm, gs_comm_stats_t *stats) {

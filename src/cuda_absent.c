@@ -29,9 +29,14 @@ gs_status_t gs_cu_enter(int device, gs_cu_scope_t *scope) {
   return absent("gradsync");
 }
 void gs_cu_leave(gs_cu_scope_t *scope) { (void)scope; }
-gs_status_t gs_cu_comm_stream(int device, void **stream) {
-  (void)device;
+gs_status_t gs_cu_stream_create(void **stream, const char *what) {
   *stream = NULL;
+  return absent(what);
+}
+void gs_cu_stream_destroy(void *stream) { (void)stream; }
+gs_status_t gs_cu_follow_entry(int device, void *stream) {
+  (void)device;
+  (void)stream;
   return absent("gradsync: CUDA stream");
 }
 void *gs_cu_work_stream(void) { return NULL; }

@@ -172,17 +172,36 @@ void gs_cu_leave(gs_cu_scope_t *scope) {
 
 /* ---- streams ------------------------------------------------------------------------- */
 
-static cudaStream_t comm_streams[MAX_DEVICES];
+/* Each communicator has a stream of its own (gs_cu_stream_create): NCCL
+ * kernels block until every rank has joined, so two communicators sharing
+ * one stream deadlock when their calls are queued in different orders on
+ * different ranks (two threads, one per communicator). The device's entry
+ * stream (gs_cuda_stream) carries no work of gradsync's: what the caller
+ * queues there, or orders there with gs_cuda_order_after, every later
+ * collective on the device follows. */
+static cudaStream_t entry_streams[MAX_DEVICES];
 static _Thread_local uintptr_t work_stream; /* 0: legacy default */
 
-gs_status_t gs_cu_comm_stream(int device, void **stream) {
+gs_status_t gs_cu_stream_create(void **stream, const char *what) {
+  cudaStream_t s = NULL;
+  CU_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), what);
+  *stream = s;
+  return GS_SUCCESS;
+}
+
+void gs_cu_stream_destroy(void *stream) {
+  /* CUDA releases it once the work queued on it has finished */
+  if (stream && cudaStreamDestroy((cudaStream_t)stream) != cudaSuccess) cudaGetLastError();
+}
+
+static gs_status_t entry_stream(int device, cudaStream_t *stream) {
   pthread_mutex_lock(&device_lock);
   cudaError_t e = cudaSuccess;
-  if (!comm_streams[device])
-    e = cudaStreamCreateWithFlags(&comm_streams[device], cudaStreamNonBlocking);
-  *stream = comm_streams[device];
+  if (!entry_streams[device])
+    e = cudaStreamCreateWithFlags(&entry_streams[device], cudaStreamNonBlocking);
+  *stream = entry_streams[device];
   pthread_mutex_unlock(&device_lock);
-  if (e != cudaSuccess) return gs_cu_fail(e, "gradsync: creating its CUDA stream");
+  if (e != cudaSuccess) return gs_cu_fail(e, "gradsync: creating the device's entry stream");
   return GS_SUCCESS;
 }
 
@@ -197,6 +216,14 @@ gs_status_t gs_cu_alloc_stream(int device, void **stream) {
   pthread_mutex_unlock(&device_lock);
   if (e != cudaSuccess) return gs_cu_fail(e, "gradsync: creating its CUDA stream for allocations");
   return GS_SUCCESS;
+}
+
+gs_status_t gs_cu_follow_entry(int device, void *stream) {
+  pthread_mutex_lock(&device_lock);
+  cudaStream_t entry = entry_streams[device];
+  pthread_mutex_unlock(&device_lock);
+  if (!entry) return GS_SUCCESS; /* nobody asked for it: nothing to follow */
+  return gs_cu_order(stream, entry, "gradsync: ordering after the device's entry stream");
 }
 
 static cudaStream_t as_stream(uintptr_t s) {
@@ -313,18 +340,20 @@ gs_status_t gs_cuda_stream(int device, void **stream) {
   if (!stream) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_cuda_stream: stream is NULL");
   gs_cu_scope_t scope;
   GS_CHECK(gs_cu_enter(device, &scope));
-  gs_status_t s = gs_cu_comm_stream(device, stream);
+  cudaStream_t s = NULL;
+  gs_status_t st = entry_stream(device, &s);
+  *stream = s;
   gs_cu_leave(&scope);
-  return s;
+  return st;
 }
 
 gs_status_t gs_cuda_order_after(int device, uintptr_t stream) {
   gs_clear_error();
   gs_cu_scope_t scope;
   GS_CHECK(gs_cu_enter(device, &scope));
-  void *ours;
-  gs_status_t s = gs_cu_comm_stream(device, &ours);
-  if (s == GS_SUCCESS) s = gs_cu_order(ours, as_stream(stream), "gs_cuda_order_after");
+  cudaStream_t entry = NULL;
+  gs_status_t s = entry_stream(device, &entry);
+  if (s == GS_SUCCESS) s = gs_cu_order(entry, as_stream(stream), "gs_cuda_order_after");
   gs_cu_leave(&scope);
   return s;
 }

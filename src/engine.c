@@ -1,11 +1,15 @@
 /* Where a call's data lives. Host memory: the MPI transport and the host
  * kernels. CUDA memory: the communicator's device path (NCCL when every rank
  * can use it, CUDA-aware MPI, else MPI staged through pinned host memory),
- * the CUDA kernels on gradsync's non-blocking communication stream, ordered
- * after the caller's work stream by an event, and one wait at the end of the
- * call that polls like every other wait (timeouts, interrupts, the runtime
- * lock released). An asynchronous call on the background thread does not
- * wait: it hands the event to its request (gs_defer_device).
+ * the CUDA kernels on the communicator's own non-blocking stream (created
+ * with its device path; one per communicator, since NCCL kernels block until
+ * every rank joins and communicators sharing a stream deadlock when ranks
+ * issue in different orders), ordered after the caller's work stream (and
+ * the device's entry stream, gs_cuda_order_after) by an event, and one wait
+ * at the end of the call that polls like every other wait (timeouts,
+ * interrupts, the runtime lock released). An asynchronous call on the
+ * background thread does not wait: it hands the event to its request
+ * (gs_defer_device).
  *
  * The path is chosen once per communicator, collectively, at its first call
  * on CUDA memory: NCCL needs a usable library on every rank and one GPU per
@@ -33,13 +37,19 @@ gs_status_t gs_check_memory(gs_comm_t c, const char *fn, const gs_tensor_t *a, i
   if (na && nb && cuda && b[0].device.id != a[0].device.id)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: in is on CUDA device %d but out on %d", fn,
                    (int)a[0].device.id, (int)b[0].device.id);
-  if (cuda && c->dev_path != GS_PATH_NONE && first->device.id != c->dev_id)
+  if (cuda && (c->dev_path != GS_PATH_NONE || c->dev_stream) && first->device.id != c->dev_id)
     return gs_fail(GS_ERR_INVALID_ARGUMENT,
                    "%s: this communicator serves CUDA device %d (its "
                    "first device call), but the tensors are on device %d; use one "
                    "communicator per device",
                    fn, c->dev_id, (int)first->device.id);
   return GS_SUCCESS;
+}
+
+static const gs_transport_t *path_transport(gs_comm_t c) {
+  return c->dev_path == GS_PATH_NCCL         ? &gs_nccl_transport
+         : c->dev_path == GS_PATH_CUDA_AWARE ? &gs_cuda_aware_transport
+                                             : &gs_staged_transport;
 }
 
 #ifdef GS_HAVE_CUDA
@@ -98,7 +108,9 @@ static gs_status_t choose_path(gs_comm_t c, int device) {
     int ok = init == GS_SUCCESS;
     if (!ok) gs_log(GS_LOG_WARNING, "NCCL initialization failed (%s); using MPI", gs_last_error());
     GS_CHECK(agree_min(c, &ok, "gradsync: NCCL initialization"));
-    if (!ok) gs_nccl_comm_free(c); /* some rank failed: all fall back */
+    /* some rank failed: all fall back (abort: the ranks are not all there
+     * for a finalize) */
+    if (!ok && gs_nccl_transport.abort) gs_nccl_transport.abort(c, GS_ERR_NCCL);
     want = ok;
   }
   int aware = gs_mpi_cuda_aware();
@@ -114,10 +126,12 @@ static gs_status_t choose_path(gs_comm_t c, int device) {
   return GS_SUCCESS;
 }
 
-/* The communication stream runs this call's work after what it depends on:
- * on the background thread, the work its request was submitted behind;
- * otherwise everything queued so far on the caller's work stream. */
+/* The communicator's stream runs this call's work after what it depends
+ * on: on the background thread, the work its request was submitted behind;
+ * otherwise everything queued so far on the caller's work stream; and what
+ * was ordered into the device's entry stream. */
 static gs_status_t order_after_caller(gs_engine_t *e) {
+  GS_CHECK(gs_cu_follow_entry(e->device, e->stream));
   if (gs_runtime_in_worker()) {
     if (!gs_defer_device || !gs_defer_device->ready) return GS_SUCCESS;
     return gs_cu_stream_wait_event(e->stream, gs_defer_device->ready,
@@ -129,7 +143,12 @@ static gs_status_t order_after_caller(gs_engine_t *e) {
 static gs_status_t open_device(gs_comm_t c, int device, gs_engine_t *e) {
   GS_CHECK(gs_cu_enter(device, &e->scope));
   e->device = device;
-  gs_status_t s = gs_cu_comm_stream(device, &e->stream);
+  gs_status_t s = GS_SUCCESS;
+  if (!c->dev_stream) { /* the communicator's own, on the device it serves from now on */
+    s = gs_cu_stream_create(&c->dev_stream, "gradsync: creating the communicator's CUDA stream");
+    if (s == GS_SUCCESS) c->dev_id = device;
+  }
+  e->stream = c->dev_stream;
   if (s == GS_SUCCESS && c->dev_path == GS_PATH_NONE) s = choose_path(c, device);
   if (s == GS_SUCCESS) s = order_after_caller(e);
   if (s != GS_SUCCESS) {
@@ -137,10 +156,7 @@ static gs_status_t open_device(gs_comm_t c, int device, gs_engine_t *e) {
     e->device = -1;
     return s;
   }
-  c->dev_stream = e->stream;
-  e->transport = c->dev_path == GS_PATH_NCCL         ? &gs_nccl_transport
-                 : c->dev_path == GS_PATH_CUDA_AWARE ? &gs_cuda_aware_transport
-                                                     : &gs_staged_transport;
+  e->transport = path_transport(c);
   return GS_SUCCESS;
 }
 #endif
@@ -200,6 +216,7 @@ gs_status_t gs_engine_close(gs_engine_t *e, gs_status_t s) {
   if (w == GS_SUCCESS && s == GS_SUCCESS && gs_defer_device && gs_runtime_in_worker()) {
     /* the request waits (or has the caller's stream wait) for it */
     gs_defer_device->event = ev;
+    gs_defer_device->stream = e->stream;
     gs_defer_device->comm = c;
     gs_defer_device->transport = e->transport;
     gs_defer_device->device = e->device;
@@ -255,20 +272,44 @@ gs_status_t gs_zero_bytes(const gs_engine_t *e, void *dst, size_t bytes) {
   return gs_cu_elementwise(GS_CU_ZERO, &run, 1, 1.0, e->stream);
 }
 
-void gs_device_path_free(gs_comm_t c) {
-  if (c->dev_path == GS_PATH_NONE) return;
+/* Waits for the last work queued on the communicator's stream, through its
+ * transport (a wait that gives up aborts NCCL and marks c unusable). */
+static gs_status_t last_work_done(gs_comm_t c) {
+  const char *what = "gs_comm_free (the communicator's last GPU work)";
+  if (c->dev_path == GS_PATH_NONE) return gs_cu_stream_wait(c->dev_stream, what);
+  void *ev = NULL;
+  GS_CHECK(gs_cu_record(c->dev_stream, &ev, what));
+  gs_status_t s = gs_device_wait(c, path_transport(c), ev, what);
+  gs_cu_event_free(ev);
+  return s;
+}
+
+gs_status_t gs_device_path_free(gs_comm_t c) {
+  if (c->dev_path == GS_PATH_NONE && !c->dev_stream) return GS_SUCCESS;
   gs_cu_scope_t scope;
-  if (gs_cu_enter(c->dev_id, &scope) == GS_SUCCESS) {
-    /* the buffers' last users are on the communication stream */
-    if (c->dev_stream) gs_cu_stream_wait(c->dev_stream, "gs_comm_free: the last device work");
-    gs_nccl_comm_free(c);
-    gs_cu_free_async(c->dev_fusion, c->dev_stream);
-    gs_cu_free_async(c->dev_tmp, c->dev_stream);
-    gs_cu_free_async(c->dev_keys, c->dev_stream);
-    gs_cu_release(c->pinned, 1);
-    gs_cu_leave(&scope);
+  gs_status_t s = gs_cu_enter(c->dev_id, &scope);
+  if (s != GS_SUCCESS) { /* nothing of its device can be freed: kept */
+    if (!c->fate.broken) c->fate.broken = s;
+    return s;
   }
-  c->dev_fusion = c->dev_tmp = c->dev_keys = c->pinned = NULL;
+  s = last_work_done(c);
+  if (s != GS_SUCCESS) {
+    /* the device may still run (or DMA into) what was queued: NCCL was
+     * aborted, not destroyed, and the stream and buffers are kept */
+    if (!c->fate.broken) c->fate.broken = s;
+    gs_cu_leave(&scope);
+    return s;
+  }
+  s = gs_nccl_comm_free(c); /* finalized and destroyed, or aborted */
+  /* the buffers' last users, on the stream, have finished */
+  gs_cu_free_async(c->dev_fusion, c->dev_stream);
+  gs_cu_free_async(c->dev_tmp, c->dev_stream);
+  gs_cu_free_async(c->dev_keys, c->dev_stream);
+  gs_cu_release(c->pinned, 1);
+  gs_cu_stream_destroy(c->dev_stream);
+  gs_cu_leave(&scope);
+  c->dev_fusion = c->dev_tmp = c->dev_keys = c->pinned = c->dev_stream = NULL;
   c->dev_fusion_bytes = c->dev_tmp_bytes = c->dev_keys_bytes = c->pinned_bytes = 0;
   c->dev_path = GS_PATH_NONE;
+  return s;
 }

@@ -1,8 +1,8 @@
 /* gradsync private, layer 4 (device): the CUDA side of the runtime,
  * callable from C. Over the launchers (gs_kernels_internal.h), two parts:
  * - the device runtime (cuda_device.c): contexts entered by push and pop,
- *   gradsync's non-blocking communication stream per device, the calling
- *   thread's work stream, events and waits that poll (timeouts, interrupts,
+ *   a non-blocking stream per communicator, each device's entry stream, the
+ *   calling thread's work stream, events and waits that poll (timeouts, interrupts,
  *   the runtime lock released), stream-ordered memory, sticky errors;
  * - the kernel-table ring (cuda_ring.c): pinned memory and its device
  *   mirror, a region reused only after the kernel that read it has
@@ -36,9 +36,18 @@ typedef struct gs_cu_scope {
 gs_status_t gs_cu_enter(int device, gs_cu_scope_t *scope);
 void gs_cu_leave(gs_cu_scope_t *scope);
 
-/* gradsync's communication stream on `device` (non-blocking: it never waits
- * for, nor holds up, the legacy default stream). The device must be entered. */
-gs_status_t gs_cu_comm_stream(int device, void **stream);
+/* A communicator's stream, on the entered device: non-blocking (it never
+ * waits for, nor holds up, the legacy default stream). Every communicator
+ * has its own: NCCL kernels block until all ranks join, so communicators
+ * sharing a stream deadlock when ranks issue their calls in different
+ * orders. gs_cu_stream_destroy returns at once; CUDA frees the stream after
+ * the work queued on it. */
+gs_status_t gs_cu_stream_create(void **stream, const char *what);
+void gs_cu_stream_destroy(void *stream);
+/* `stream` runs its later work after the work queued so far on `device`'s
+ * entry stream (gs_cuda_stream, gs_cuda_order_after), if anyone made one.
+ * The device must be entered. */
+gs_status_t gs_cu_follow_entry(int device, void *stream);
 /* gradsync's stream on `device` for long-lived allocations (non-blocking,
  * nothing else queued there): an event recorded after an allocation on it
  * completes at once, so other streams are ordered after the allocation

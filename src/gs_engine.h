@@ -9,13 +9,13 @@
 /* ---- where a call's data lives (engine.c) --------------------------------
  * Every collective opens an engine after validation: host memory goes to the
  * MPI transport and the host kernels; CUDA memory to NCCL or staged MPI and
- * the CUDA kernels, queued on gradsync's stream and awaited at close. */
+ * the CUDA kernels, queued on the communicator's stream and awaited at close. */
 typedef struct gs_engine {
   gs_comm_t comm;
   const char *call;  /* the collective's name, for the timeline and messages */
   int device;        /* CUDA ordinal; -1: host memory */
   gs_cu_scope_t scope; /* the device entered for the call, left at close */
-  void *stream;      /* the communication stream */
+  void *stream;      /* the communicator's stream */
   const gs_transport_t *transport;
 } gs_engine_t;
 
@@ -26,6 +26,7 @@ typedef struct gs_engine {
 typedef struct gs_device_done {
   void *ready;
   void *event;
+  void *stream; /* the communicator's, where the event was recorded */
   gs_comm_t comm;
   const gs_transport_t *transport;
   int device;
@@ -58,7 +59,12 @@ gs_status_t gs_copy_batch(const gs_engine_t *e, gs_dtype_t dtype, const gs_copy_
                           int64_t n, double scale);
 /* Sets `bytes` bytes at dst to zero in the engine's memory. */
 gs_status_t gs_zero_bytes(const gs_engine_t *e, void *dst, size_t bytes);
-void gs_device_path_free(gs_comm_t c);
+/* Frees the device path at gs_comm_free: waits for the communicator's last
+ * GPU work (polled, through its transport), then finalizes NCCL (polled)
+ * and frees the stream and device buffers. When the wait fails, NCCL is
+ * aborted instead and the stream and buffers are kept (the device may still
+ * use them); c is then unusable and the wait's status returned. */
+gs_status_t gs_device_path_free(gs_comm_t c);
 
 /* ---- buffers (buffers.c): every buffer a communicator keeps ----------------
  * All grow by one rule (gs_grow_size) and live until gs_comm_free. */

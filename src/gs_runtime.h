@@ -35,6 +35,12 @@ int gs_runtime_shared(void);
  * it at the thread's start). */
 int gs_runtime_in_worker(void);
 void gs_runtime_set_worker(void);
+/* Runs fn(arg) on this thread once it has released the runtime lock
+ * (its outermost gs_runtime_unlock), or at once when it does not hold it:
+ * for work that must not keep other threads out, such as an NCCL abort,
+ * which may take seconds. What fn touches must have been taken out of
+ * shared reach under the lock first. */
+void gs_runtime_after_unlock(void (*fn)(void *), void *arg);
 
 /* ---- a communicator's fate (runtime.c) --------------------------------------
  * What the waits need of the communicator a thread works on: where a wait

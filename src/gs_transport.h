@@ -34,7 +34,8 @@ typedef struct gs_transport {
    * communicator's stream up to `event` has finished (1), not yet (0), or
    * failed (-1, *err set, message recorded, naming `what`: the operation
    * whose work it is); abort (may be NULL): what to do
-   * when a wait gives up on it; detail (may be NULL): the transport's own
+   * when a wait gives up on it (called under the runtime lock: anything slow
+   * goes to gs_runtime_after_unlock); detail (may be NULL): the transport's own
    * words on its last error, for messages. */
   int (*poll)(gs_comm_t, void *event, const char *what, gs_status_t *err);
   void (*abort)(gs_comm_t, gs_status_t why);
@@ -58,7 +59,9 @@ extern const gs_transport_t gs_staged_transport;
 extern const gs_transport_t gs_nccl_transport;
 int gs_nccl_loadable(void);
 gs_status_t gs_nccl_comm_init(gs_comm_t c); /* collective over c->mpi */
-void gs_nccl_comm_free(gs_comm_t c);
+/* ncclCommFinalize (polled), then ncclCommDestroy; on failure aborted
+ * instead and c unusable. Only after c's last work on its stream finished. */
+gs_status_t gs_nccl_comm_free(gs_comm_t c);
 
 /* ---- hosts and the hierarchical allreduce (hierarchical.c) -------------- */
 

@@ -99,7 +99,9 @@ static void device_finished(struct gs_request *r, gs_status_t s) {
 }
 
 /* Polls one request's device work once (queue lock not held, runtime lock
- * held: see wait_device_part); 1 finished. */
+ * held: see wait_device_part); 1 finished. On a timeout the communicator is
+ * marked dead here, under the lock; the transport's abort only takes the
+ * NCCL handle out of it, and NCCL's abort runs once the lock is released. */
 static int poll_device(struct gs_request *r, gs_status_t *s) {
   gs_cu_scope_t scope;
   *s = gs_cu_enter(r->dev.device, &scope);
@@ -122,8 +124,9 @@ static int poll_device(struct gs_request *r, gs_status_t *s) {
 }
 
 /* One pass over the requests with device work in flight (lock held). The
- * runtime lock keeps the polls (and an abort) off a communicator that an
- * application thread is using. */
+ * runtime lock keeps the polls (and an abort's taking of the handle) off a
+ * communicator that an application thread is using; an NCCL abort itself
+ * runs after gs_runtime_unlock, so it holds up no other thread's call. */
 static void watch_devices(void) {
   struct gs_request *pending[64];
   int n = 0;
@@ -262,8 +265,9 @@ static int device_pending(struct gs_request *r) {
 
 /* Waits on the host for the request's device work, polling. The runtime
  * lock is held between polls as the background thread holds it for its own:
- * an abort (which frees the NCCL communicator) never runs while another
- * thread polls or aborts the same communicator. */
+ * a poll and an abort's taking of the NCCL handle take turns, so no poll
+ * touches a communicator NCCL is freeing (the abort itself runs on the
+ * detached handle after the lock is released) and none aborts it twice. */
 static void wait_device_part(struct gs_request *r) {
   if (!device_pending(r)) return;
   gs_cu_scope_t scope;
@@ -360,11 +364,8 @@ gs_status_t gs_request_stream(gs_request_t r, void **stream) {
   if (r->kind == JOB_POLLED) return GS_SUCCESS; /* point to point: no device work queued */
   wait_host_part(r);
   if (!device_pending(r)) return outcome(r);
-  gs_cu_scope_t scope;
-  GS_CHECK(gs_cu_enter(r->dev.device, &scope));
-  gs_status_t s = gs_cu_comm_stream(r->dev.device, stream);
-  gs_cu_leave(&scope);
-  return s != GS_SUCCESS ? s : outcome(r);
+  *stream = r->dev.stream; /* its communicator's, alive while the work is pending */
+  return outcome(r);
 }
 
 void gs_async_settle_comm(gs_comm_t c) {

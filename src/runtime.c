@@ -2,12 +2,20 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "gs_runtime.h"
 
 static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int app_threads;
+
+/* Work deferred until the thread releases the lock (gs_runtime_after_unlock). */
+typedef struct after_unlock {
+  void (*fn)(void *);
+  void *arg;
+  struct after_unlock *next;
+} after_unlock_t;
 
 /* Everything the runtime keeps per thread, in one thread-local struct: in a
  * shared library each function then pays for one thread-local lookup (a
@@ -17,6 +25,7 @@ typedef struct thread_state {
   int registered; /* this application thread has entered */
   int in_worker;  /* this is gradsync's background thread */
   gs_fate_t *bound;
+  after_unlock_t *after, **after_tail; /* run once the lock is released */
 } thread_state_t;
 static _Thread_local thread_state_t me;
 
@@ -51,7 +60,30 @@ void gs_runtime_unlock(void) {
   thread_state_t *t = &me;
   if (--t->depth > 0) return;
   t->bound = NULL;
+  after_unlock_t *a = t->after;
+  t->after = NULL;
   pthread_mutex_unlock(&runtime_lock);
+  while (a) { /* in the order they were deferred */
+    after_unlock_t *next = a->next;
+    a->fn(a->arg);
+    free(a);
+    a = next;
+  }
+}
+
+void gs_runtime_after_unlock(void (*fn)(void *), void *arg) {
+  thread_state_t *t = &me;
+  after_unlock_t *a = t->depth > 0 ? malloc(sizeof *a) : NULL;
+  if (!a) { /* not holding the lock (or out of memory): now */
+    fn(arg);
+    return;
+  }
+  a->fn = fn;
+  a->arg = arg;
+  a->next = NULL;
+  if (!t->after) t->after_tail = &t->after;
+  *t->after_tail = a;
+  t->after_tail = &a->next;
 }
 
 void gs_runtime_pause(int nap_us) {

@@ -7,9 +7,15 @@
  * Nothing here blocks: communicators are created non-blocking and every NCCL
  * call that reports ncclInProgress is polled to completion through
  * gs_progress_wait, as is the work on the stream (the engine polls the
- * transport). A wait that gives up (GRADSYNC_TIMEOUT_SECONDS, an interrupt)
- * or an asynchronous NCCL error aborts the NCCL communicator; the gradsync
- * communicator is then unusable and the message carries ncclGetLastError.
+ * transport) and ncclCommFinalize at close (ncclCommDestroy then only frees
+ * memory). A wait that gives up (GRADSYNC_TIMEOUT_SECONDS, an interrupt)
+ * or an asynchronous NCCL error aborts the NCCL communicator, never
+ * destroys it; the gradsync communicator is then unusable and the message
+ * carries ncclGetLastError. The abort itself runs once the runtime lock is
+ * released (it may take seconds; other threads' calls go on meanwhile):
+ * under the lock the handle is only taken out of the communicator, so every
+ * later poll, which runs under the lock, sees it gone and never touches a
+ * communicator NCCL is freeing.
  *
  * NCCL's min and max drop NaN (fmin/fmax); gradsync's propagate it on every
  * path, so float min/max go over NCCL as an integer min/max of order keys
@@ -37,7 +43,8 @@
  * layout for this list). */
 // clang-format off
 #define NCCL_FUNCTIONS(X) \
-  X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRankConfig) X(ncclCommDestroy) \
+  X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRankConfig) X(ncclCommFinalize) \
+  X(ncclCommDestroy) \
   X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclGetErrorString) X(ncclGetLastError) \
   X(ncclAllReduce) X(ncclBroadcast) X(ncclAllGather) X(ncclReduceScatter) X(ncclReduce) \
   X(ncclSend) X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd)
@@ -113,12 +120,36 @@ static gs_status_t nccl_fail(gs_comm_t c, ncclResult_t r, const char *what) {
 
 /* ---- polling a non-blocking communicator ------------------------------------------ */
 
+typedef struct detached {
+  ncclComm_t comm;
+  int device;
+} detached_t;
+
+/* Outside the runtime lock, on the communicator's device. */
+static void abort_detached(void *arg) {
+  detached_t *d = arg;
+  gs_cu_scope_t scope;
+  int entered = gs_cu_enter(d->device, &scope) == GS_SUCCESS;
+  api.ncclCommAbort(d->comm); /* ends its kernels; the handle is gone */
+  if (entered) gs_cu_leave(&scope);
+  free(d);
+}
+
+/* Under the runtime lock: the handle leaves c now (later polls see it gone),
+ * the abort runs once this thread releases the lock. */
 static void abort_comm(gs_comm_t c, gs_status_t why) {
-  (void)why;
   if (!c->nccl) return;
   gs_log(GS_LOG_ERROR, "aborting the NCCL communicator (%s)", gs_status_string(why));
-  api.ncclCommAbort((ncclComm_t)c->nccl); /* ends its kernels; the handle is gone */
+  detached_t *d = malloc(sizeof *d);
+  ncclComm_t comm = (ncclComm_t)c->nccl;
   c->nccl = NULL;
+  if (!d) {
+    api.ncclCommAbort(comm); /* out of memory: at once */
+    return;
+  }
+  d->comm = comm;
+  d->device = c->dev_id;
+  gs_runtime_after_unlock(abort_detached, d);
 }
 
 static const char *detail(gs_comm_t c) { return c->nccl ? last_error(c) : NULL; }
@@ -260,9 +291,23 @@ gs_status_t gs_nccl_comm_init(gs_comm_t c) {
   return s;
 }
 
-void gs_nccl_comm_free(gs_comm_t c) {
-  if (c->nccl && api.handle) api.ncclCommDestroy((ncclComm_t)c->nccl);
+/* At close, after the communicator's last work on its stream has finished:
+ * ncclCommFinalize, polled like every wait (GRADSYNC_TIMEOUT_SECONDS,
+ * interrupts), then ncclCommDestroy, which has nothing left to wait for. A
+ * finalize that fails or gives up aborts instead (settle), and c is then
+ * unusable. ncclCommDestroy alone would finalize first, blocking without
+ * bound. */
+gs_status_t gs_nccl_comm_free(gs_comm_t c) {
+  if (!c->nccl || !api.handle) {
+    c->nccl = NULL;
+    return GS_SUCCESS;
+  }
+  gs_fate_t *saved = gs_runtime_bind(&c->fate); /* a finalize that gives up marks c */
+  gs_status_t s = settle(c, api.ncclCommFinalize((ncclComm_t)c->nccl), "ncclCommFinalize");
+  gs_runtime_bind(saved);
+  if (s == GS_SUCCESS && c->nccl) api.ncclCommDestroy((ncclComm_t)c->nccl);
   c->nccl = NULL;
+  return s;
 }
 
 /* ---- the collectives ---------------------------------------------------------------------- */
@@ -443,7 +488,10 @@ gs_status_t gs_nccl_comm_init(gs_comm_t c) {
   (void)c;
   return gs_fail(GS_ERR_UNSUPPORTED, "gradsync was built without NCCL");
 }
-void gs_nccl_comm_free(gs_comm_t c) { c->nccl = NULL; }
+gs_status_t gs_nccl_comm_free(gs_comm_t c) {
+  c->nccl = NULL;
+  return GS_SUCCESS;
+}
 /* Never chosen: the engine takes NCCL only where gs_nccl_loadable() says so. */
 const gs_transport_t gs_nccl_transport = {.name = "nccl"};
 #endif

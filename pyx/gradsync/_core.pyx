@@ -89,8 +89,10 @@ def version():
 
 
 def cuda_stream(int device):
-    """gradsync's communication stream on CUDA device ``device``, as an int
-    (a cudaStream_t): the stream its collectives on that device run on."""
+    """CUDA device ``device``'s entry stream, as an int (a cudaStream_t):
+    every later collective on that device, of every communicator, follows
+    the work queued on it. No collective runs on it: each communicator has
+    a stream of its own (``Communicator.cuda_stream``)."""
     cdef void *stream = NULL
     with nogil:
         CHKERR(gs_cuda_stream(device, &stream))
@@ -213,6 +215,24 @@ cdef class Comm:
         cdef const char *name = NULL
         CHKERR(gs_comm_device_transport(self.live(), &name))
         return name.decode()
+
+    def cuda_stream(self):
+        """This communicator's own CUDA stream, as an int (a cudaStream_t):
+        its collectives on CUDA memory run there. Made at its first such
+        collective (ValueError before)."""
+        cdef void *stream = NULL
+        cdef gs_comm_t h = self.live()
+        with nogil:
+            CHKERR(gs_comm_cuda_stream(h, &stream))
+        return <uintptr_t>stream
+
+    def cuda_order_after(self, uintptr_t stream):
+        """This communicator's later collectives follow the work queued so
+        far on ``stream`` (a cudaStream_t as an int; 1: the legacy default
+        stream, 2: the per-thread default stream)."""
+        cdef gs_comm_t h = self.live()
+        with nogil:
+            CHKERR(gs_comm_cuda_order_after(h, stream))
 
     def set_fusion_threshold(self, int64_t nbytes):
         CHKERR(gs_comm_set_fusion_threshold(self.live(), nbytes))

@@ -95,6 +95,23 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
         "none" before that call."""
         return self.handle.device_transport()
 
+    @property
+    def cuda_stream(self):
+        """This communicator's own CUDA stream, as an int (a cudaStream_t),
+        once its first collective on CUDA memory has run (None before): its
+        collectives run there, each after the caller's stream. Every
+        communicator has its own, so threads driving different communicators
+        never queue behind each other's collectives."""
+        if self.device_transport == "none":
+            return None
+        return self.handle.cuda_stream()
+
+    def cuda_order_after(self, stream):
+        """Makes this communicator's later collectives follow the work queued
+        so far on ``stream`` (a cudaStream_t as an int, or an object with a
+        ``cuda_stream`` attribute, such as a torch or CuPy stream)."""
+        self.handle.cuda_order_after(int(getattr(stream, "cuda_stream", stream)))
+
     def stats(self):
         """Counts since creation, on this rank: ``calls`` (collectives),
         ``validations`` (cross-rank checks), ``rode_in_check`` (small allreduces

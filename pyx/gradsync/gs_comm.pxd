@@ -1,5 +1,5 @@
 # Mirrors include/gs_comm.h.
-from libc.stdint cimport int64_t, uint64_t
+from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from gradsync.gs_status cimport gs_status_t
 
 cdef extern from "mpi.h" nogil:
@@ -45,6 +45,8 @@ cdef extern from "gs_comm.h" nogil:
     gs_status_t gs_comm_check_enabled(gs_comm_t comm, int *enabled)
     gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reason)
     gs_status_t gs_comm_device_transport(gs_comm_t comm, const char **name)
+    gs_status_t gs_comm_cuda_stream(gs_comm_t comm, void **stream)
+    gs_status_t gs_comm_cuda_order_after(gs_comm_t comm, uintptr_t stream)
     gs_status_t gs_barrier(gs_comm_t comm)
     ctypedef int (*gs_interrupt_check_t)() noexcept nogil
     void gs_set_interrupt_check(gs_interrupt_check_t check)

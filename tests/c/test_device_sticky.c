@@ -33,7 +33,7 @@ int main(int argc, char **argv) {
   GS_OK(gs_zero(&t, 1));
   GS_OK(gs_allreduce(c, &t, NULL, 1, GS_OP_SUM, 1.0, 1.0)); /* the device path is chosen */
   void *stream = NULL;
-  GS_OK(gs_cuda_stream(0, &stream));
+  GS_OK(gs_comm_cuda_stream(c, &stream));
   SECTION("a sticky error during a collective");
   fault((uintptr_t)stream, ILLEGAL_ADDRESS);
   GS_EXPECT(gs_allreduce(c, &t, NULL, 1, GS_OP_SUM, 1.0, 1.0), GS_ERR_CUDA);

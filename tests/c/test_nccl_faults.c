@@ -9,7 +9,13 @@
  *   asynchronous error ends it with GS_ERR_NCCL, the collective's name and
  *   ncclGetLastError's text;
  * - an interrupt ends it with GS_ERR_INTERRUPTED;
- * - an asynchronous request's device work times out in the background.
+ * - an asynchronous request's device work times out in the background, and
+ *   the NCCL abort that follows does not hold up another thread's call on
+ *   another communicator (it runs outside the runtime lock);
+ * - freeing a communicator whose collective timed out, or whose own last
+ *   GPU work never finishes, neither calls ncclCommDestroy (which would
+ *   wait for that work forever) nor hangs; a healthy one is finalized
+ *   (ncclCommFinalize, polled) before it is destroyed.
  * Earlier the NCCL path waited with cudaStreamSynchronize under the runtime
  * lock: each of these hung. */
 #define _GNU_SOURCE
@@ -20,6 +26,21 @@
 
 static const gs_device_t DEV = {GS_DEVICE_CUDA, 0};
 static int interrupts;
+static long (*emu_destroys)(void), (*emu_finalizes)(void);
+static long (*emu_aborts_started)(void), (*emu_aborts_done)(void);
+static void (*emu_hold_aborts)(int on);
+static int (*emu_hold)(uintptr_t stream);
+static void (*emu_release)(void);
+
+static void load_hooks(void) {
+  emu_destroys = (long (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_nccl_destroys");
+  emu_finalizes = (long (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_nccl_finalizes");
+  emu_aborts_started = (long (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_nccl_aborts_started");
+  emu_aborts_done = (long (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_nccl_aborts_done");
+  emu_hold_aborts = (void (*)(int))dlsym(RTLD_DEFAULT, "gs_emulated_nccl_hold_aborts");
+  emu_hold = (int (*)(uintptr_t))dlsym(RTLD_DEFAULT, "gs_emulated_hold");
+  emu_release = (void (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_release");
+}
 
 static int interrupt_now(void) { return interrupts; }
 
@@ -47,8 +68,11 @@ int main(int argc, char **argv) {
   int provided = gs_test_init_thread(&argc, &argv, "test_nccl_faults", MPI_THREAD_SERIALIZED);
   int ndev = 0;
   GS_OK(gs_cuda_device_count(&ndev));
+  load_hooks();
   int ok = ndev > 0 && dlsym(RTLD_DEFAULT, "gs_emulated_busy") && gs_nccl_version() > 0 &&
-           gs_test_size() > 1 && provided >= MPI_THREAD_SERIALIZED;
+           emu_destroys && emu_finalizes && emu_aborts_started && emu_aborts_done &&
+           emu_hold_aborts && emu_hold && emu_release && gs_test_size() > 1 &&
+           provided >= MPI_THREAD_SERIALIZED;
   MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
   if (!ok) {
     if (gs_test_rank() == 0)
@@ -70,7 +94,28 @@ int main(int argc, char **argv) {
     CHECK(strstr(gs_last_error(), "unusable") != NULL, "message: %s", gs_last_error());
   }
   MPI_Barrier(MPI_COMM_WORLD);
+  SECTION(
+      "freeing after the timeout: no ncclCommDestroy on the aborted side, finalize on the other");
+  long destroys = emu_destroys(), finalizes = emu_finalizes();
   GS_OK(gs_comm_free(&c));
+  if (me == 0)
+    CHECK(emu_destroys() == destroys, "ncclCommDestroy called after the collective timed out");
+  else
+    CHECK(emu_finalizes() == finalizes + 1 && emu_destroys() == destroys + 1,
+          "a healthy communicator: %ld finalize(s) and %ld destroy(s), want 1 and 1",
+          emu_finalizes() - finalizes, emu_destroys() - destroys);
+
+  SECTION("freeing a communicator whose last GPU work never finishes");
+  c = nccl_comm(&t, 1.0);
+  void *cs = NULL;
+  GS_OK(gs_comm_cuda_stream(c, &cs));
+  destroys = emu_destroys();
+  emu_hold((uintptr_t)cs); /* a kernel its stream waits for, that never ends */
+  GS_EXPECT(gs_comm_free(&c), GS_ERR_TIMEOUT);
+  CHECK(c == NULL, "the handle is released even so");
+  CHECK(emu_destroys() == destroys, "ncclCommDestroy called after the last work's wait failed");
+  emu_release();
+  MPI_Barrier(MPI_COMM_WORLD);
 
   SECTION("peers that go away: NCCL's asynchronous error");
   c = nccl_comm(&t, 60.0); /* the error must come from NCCL, not the clock */
@@ -123,6 +168,37 @@ int main(int argc, char **argv) {
     }
     GS_EXPECT(gs_barrier(c), GS_ERR_TIMEOUT); /* unusable: it fails at once */
     for (int i = 0; i < 2; i++) GS_OK(gs_request_free(&r[i]));
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+  GS_OK(gs_comm_free(&c));
+
+  SECTION("the background abort does not hold up another communicator's call");
+  c = nccl_comm(&t, 1.0);
+  if (me == 0) {
+    gs_comm_t self = NULL;
+    GS_OK(gs_comm_create(MPI_COMM_SELF, NULL, &self));
+    long started = emu_aborts_started(), done = emu_aborts_done();
+    emu_hold_aborts(1); /* the abort lasts until lifted */
+    gs_request_t r = NULL;
+    GS_OK(gs_allreduce_async(c, &t, 1, GS_OP_SUM, 1.0, 1.0, &r));
+    GS_OK(gs_request_wait_stream(r, 1)); /* the background thread watches it, times it out */
+    for (int k = 0; k < 60000 && emu_aborts_started() == started; k++) usleep(1000);
+    CHECK(emu_aborts_started() > started, "the timed-out request's communicator was not aborted");
+    double h = 1.0;
+    gs_tensor_t ht = {&h, 1, GS_FLOAT64, {GS_DEVICE_CPU, 0}};
+    GS_OK(gs_allreduce(self, &ht, NULL, 1, GS_OP_SUM, 1.0, 1.0)); /* takes the runtime lock */
+    CHECK(emu_aborts_done() == done, "the call on another communicator waited for the abort");
+    emu_hold_aborts(0);
+    int finished = 0;
+    gs_status_t s = GS_SUCCESS;
+    for (int k = 0; k < 600 && !finished; k++) { /* up to 60 s */
+      s = gs_request_test(r, &finished);
+      if (!finished) usleep(100000);
+    }
+    CHECK(finished && s == GS_ERR_TIMEOUT, "request: done %d, status %d (%s)", finished, (int)s,
+          gs_last_error());
+    GS_OK(gs_request_free(&r));
+    GS_OK(gs_comm_free(&self));
   }
   MPI_Barrier(MPI_COMM_WORLD);
   GS_OK(gs_comm_free(&c));

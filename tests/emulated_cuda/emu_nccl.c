@@ -15,11 +15,23 @@
  * - a peer that disappears sets the asynchronous error ncclRemoteError, and
  *   the operation waiting on it stays blocked until ncclCommAbort (with
  *   GS_EMU_NCCL_SILENT_LOSS=1 no error is set: the wait only ends by abort);
+ * - an operation blocks its stream until every rank has joined it, as an
+ *   NCCL kernel does: two communicators whose operations share a stream and
+ *   are issued in different orders on different ranks deadlock;
  * - ncclCommAbort and ncclCommDestroy free the communicator: any later call
  *   with that handle (from another thread during the abort too) is reported
  *   on stderr as a use after free and fails. An abort takes
  *   GS_EMU_NCCL_ABORT_NAP_MS (default 50 ms), as NCCL's takes time (it stops
  *   kernels and proxy threads), so a call racing with it is caught;
+ *   gs_emulated_nccl_hold_aborts(1) makes every abort last until
+ *   gs_emulated_nccl_hold_aborts(0) (or 30 s), so a test can ask what else
+ *   proceeds meanwhile;
+ * - ncclCommFinalize (non-blocking: ncclInProgress, then polled through
+ *   ncclCommGetAsyncError) completes once the communicator's queued
+ *   operations have; ncclCommDestroy without it finalizes first and so
+ *   waits for them, like NCCL's (it gives up after 30 s, saying so, where
+ *   NCCL would hang);
+ * - test hooks count operations queued, finalizes, destroys and aborts;
  * - GS_EMU_NCCL_VERSION (default 22300) is the version it reports. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -46,10 +58,45 @@ struct ncclComm {
   int *fd;              /* fd[peer] */
   char token[160];
   pthread_t init_thread;
+  int blocking;         /* config.blocking */
   volatile int aborted; /* by ncclCommAbort/Destroy: NCCL has freed the handle */
   volatile ncclResult_t state; /* ncclInProgress while connecting, then the async error */
+  volatile int finalizing;     /* ncclCommFinalize was called */
+  long inflight;        /* operations queued and not yet finished (atomic) */
   char last[256];
 };
+
+#define HOOK __attribute__((visibility("default")))
+
+/* What the tests count (atomics). */
+static long launches, finalizes, destroys, aborts_started, aborts_done;
+HOOK long gs_emulated_nccl_launches(void) { return __atomic_load_n(&launches, 0); }
+HOOK long gs_emulated_nccl_finalizes(void) { return __atomic_load_n(&finalizes, 0); }
+HOOK long gs_emulated_nccl_destroys(void) { return __atomic_load_n(&destroys, 0); }
+HOOK long gs_emulated_nccl_aborts_started(void) { return __atomic_load_n(&aborts_started, 0); }
+HOOK long gs_emulated_nccl_aborts_done(void) { return __atomic_load_n(&aborts_done, 0); }
+
+/* Aborts held: each lasts until the hold is lifted (at most 30 s). */
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_lifted = PTHREAD_COND_INITIALIZER;
+static int aborts_held;
+
+HOOK void gs_emulated_nccl_hold_aborts(int on) {
+  pthread_mutex_lock(&hold_mu);
+  aborts_held = on;
+  pthread_cond_broadcast(&hold_lifted);
+  pthread_mutex_unlock(&hold_mu);
+}
+
+static void wait_for_hold(void) {
+  struct timespec until;
+  clock_gettime(CLOCK_REALTIME, &until);
+  until.tv_sec += 30;
+  pthread_mutex_lock(&hold_mu);
+  int r = 0;
+  while (aborts_held && r == 0) r = pthread_cond_timedwait(&hold_lifted, &hold_mu, &until);
+  pthread_mutex_unlock(&hold_mu);
+}
 
 /* A call with a handle NCCL has freed: the struct is kept (the stream
  * threads still read it), so the emulation can say so instead of crashing. */
@@ -360,6 +407,7 @@ static cudaError_t run_ops(void *arg) {
     if (!o->comm->aborted) failed = run_collective(o) != 0;
   while (ops) {
     op_t *next = ops->next;
+    __atomic_sub_fetch(&ops->comm->inflight, 1, __ATOMIC_SEQ_CST);
     free(ops);
     ops = next;
   }
@@ -375,6 +423,7 @@ static ncclResult_t submit(op_t proto, cudaStream_t stream) {
   if (!o) return ncclSystemError;
   *o = proto;
   o->next = NULL;
+  __atomic_add_fetch(&c->inflight, 1, __ATOMIC_SEQ_CST);
   if (group_depth > 0) { /* appended in call order */
     op_t **p = &group_ops;
     while (*p) p = &(*p)->next;
@@ -382,6 +431,7 @@ static ncclResult_t submit(op_t proto, cudaStream_t stream) {
     o->recv = proto.recv;
     return ncclSuccess;
   }
+  __atomic_add_fetch(&launches, 1, __ATOMIC_SEQ_CST);
   return emu_enqueue(stream, run_ops, &o, sizeof o) == cudaSuccess ? ncclSuccess
                                                                    : ncclUnhandledCudaError;
 }
@@ -436,6 +486,7 @@ API ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueI
   c->rank = rank;
   c->size = nranks;
   c->state = ncclInProgress;
+  c->blocking = config->blocking != 0;
   snprintf(c->token, sizeof c->token, "%s", id.internal);
   *out = c;
   if (config->blocking != 0) { /* blocking: connect here */
@@ -447,11 +498,31 @@ API ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueI
   return ncclInProgress;
 }
 
+static int drained(ncclComm_t comm) { return __atomic_load_n(&comm->inflight, 0) == 0; }
+
 API ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t *state) {
   if (!comm) return ncclInvalidArgument;
   if (freed(comm, "ncclCommGetAsyncError")) return ncclInvalidUsage;
   *state = comm->state;
+  if (*state == ncclSuccess && comm->finalizing && !drained(comm)) *state = ncclInProgress;
   return ncclSuccess;
+}
+
+/* Waits up to 30 s for the communicator's operations; 0 once they ended. */
+static int wait_drained(ncclComm_t comm) {
+  double give_up = seconds_now() + 30;
+  while (!drained(comm) && !comm->aborted && seconds_now() < give_up) usleep(1000);
+  return drained(comm) || comm->aborted ? 0 : -1;
+}
+
+API ncclResult_t ncclCommFinalize(ncclComm_t comm) {
+  if (!comm) return ncclInvalidArgument;
+  if (freed(comm, "ncclCommFinalize")) return ncclInvalidUsage;
+  if (comm->state == ncclInProgress) return ncclInvalidUsage; /* not yet initialized */
+  __atomic_add_fetch(&finalizes, 1, __ATOMIC_SEQ_CST);
+  comm->finalizing = 1;
+  if (!comm->blocking) return ncclInProgress; /* polled with ncclCommGetAsyncError */
+  return wait_drained(comm) == 0 ? comm->state : ncclInternalError;
 }
 
 static void close_comm(struct ncclComm *c) {
@@ -472,10 +543,23 @@ static ncclResult_t release_comm(ncclComm_t comm, const char *fn, int nap_ms) {
  * destroying an idle communicator, at close, does not need to. */
 API ncclResult_t ncclCommAbort(ncclComm_t comm) {
   const char *nap = getenv("GS_EMU_NCCL_ABORT_NAP_MS");
-  return release_comm(comm, "ncclCommAbort", nap && *nap ? atoi(nap) : 50);
+  __atomic_add_fetch(&aborts_started, 1, __ATOMIC_SEQ_CST);
+  ncclResult_t r = release_comm(comm, "ncclCommAbort", nap && *nap ? atoi(nap) : 50);
+  wait_for_hold();
+  __atomic_add_fetch(&aborts_done, 1, __ATOMIC_SEQ_CST);
+  return r;
 }
 
+/* Without ncclCommFinalize first, NCCL's destroy finalizes: it waits for
+ * the communicator's operations, which may never end (a peer that never
+ * joins); here it gives up after 30 s and says so. */
 API ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+  if (!comm) return ncclSuccess;
+  if (freed(comm, "ncclCommDestroy")) return ncclInvalidUsage;
+  __atomic_add_fetch(&destroys, 1, __ATOMIC_SEQ_CST);
+  if (wait_drained(comm) != 0)
+    fprintf(stderr, "emulated NCCL: ncclCommDestroy waited 30 s for operations that never "
+            "finished (NCCL would hang here)\n");
   return release_comm(comm, "ncclCommDestroy", 0);
 }
 
@@ -489,6 +573,7 @@ API ncclResult_t ncclGroupEnd(void) {
   if (--group_depth > 0 || !group_ops) return ncclSuccess;
   op_t *ops = group_ops;
   group_ops = NULL;
+  __atomic_add_fetch(&launches, 1, __ATOMIC_SEQ_CST);
   return emu_enqueue(group_stream, run_ops, &ops, sizeof ops) == cudaSuccess
              ? ncclSuccess : ncclUnhandledCudaError;
 }

@@ -37,6 +37,7 @@ struct emu_stream {
   int device;
   int legacy;        /* the legacy default stream of `device` */
   int nonblocking;   /* cudaStreamNonBlocking: no implicit legacy ordering */
+  int destroyed;     /* cudaStreamDestroy: its thread ends once its work has */
   op_t *head, *tail;
   uint64_t enqueued, completed;
   emu_stream_t *next_all;
@@ -80,7 +81,9 @@ static void *stream_thread(void *arg) {
   emu_stream_t *s = arg;
   pthread_mutex_lock(&mu);
   for (;;) {
-    while (!s->head || !deps_done(s->head)) pthread_cond_wait(&progress, &mu);
+    while ((!s->head && !s->destroyed) || (s->head && !deps_done(s->head)))
+      pthread_cond_wait(&progress, &mu);
+    if (!s->head) break; /* destroyed, and its work done */
     op_t *o = s->head;
     cudaError_t before = sticky_error;
     pthread_mutex_unlock(&mu);
@@ -102,6 +105,7 @@ static void *stream_thread(void *arg) {
     free(o->deps);
     free(o);
   }
+  pthread_mutex_unlock(&mu);
   return NULL;
 }
 
@@ -136,7 +140,7 @@ static emu_stream_t *resolve(cudaStream_t h, int device) {
     return legacy_streams[device];
   }
   emu_stream_t *s = (emu_stream_t *)h;
-  return s->magic == STREAM_MAGIC ? s : NULL;
+  return s->magic == STREAM_MAGIC && !s->destroyed ? s : NULL;
 }
 
 /* Appends an operation; `extra` is one more dependency (a stream wait). */
@@ -200,9 +204,19 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
 
 cudaError_t cudaStreamCreate(cudaStream_t *out) { return cudaStreamCreateWithFlags(out, 0); }
 
+/* Its queued work still runs, then its thread ends; the struct stays (events
+ * and other streams' dependencies may still name it), and any later use of
+ * the handle fails. */
 cudaError_t cudaStreamDestroy(cudaStream_t h) {
-  (void)h; /* its work still runs; the emulated stream stays (a test harness) */
-  return cudaSuccess;
+  emu_stream_t *s = (emu_stream_t *)h;
+  if (!s || h == cudaStreamLegacy || h == cudaStreamPerThread) return cudaErrorInvalidResourceHandle;
+  pthread_mutex_lock(&mu);
+  cudaError_t e = s->magic == STREAM_MAGIC && !s->destroyed && !s->legacy
+                      ? cudaSuccess : cudaErrorInvalidResourceHandle;
+  if (e == cudaSuccess) s->destroyed = 1;
+  pthread_cond_broadcast(&progress);
+  pthread_mutex_unlock(&mu);
+  return e;
 }
 
 static cudaError_t wait_until(emu_stream_t *s, uint64_t seq) {

@@ -5,12 +5,13 @@ run there):
 
 - the gradient kernels run on the caller's work stream (the legacy default
   stream, or a CAI `stream` of the caller's own) and return without waiting
-  for it or for gradsync's communication stream;
+  for it or for the communicator's stream;
 - a thread waiting for a collective's GPU work lets another thread's
   collective on another communicator through;
 - a collective, blocking or asynchronous, follows the work queued before it
-  on the caller's work stream (the communication stream is non-blocking: only
-  the event orders it);
+  on the caller's work stream (the communicator's stream is non-blocking: only
+  the event orders it), and after a stream named by cuda_order_after;
+- every communicator has a stream of its own (Communicator.cuda_stream);
 - an asynchronous collective's Request.wait() hands its GPU work to the
   caller's stream (NCCL path: the host is not blocked); synchronize() waits;
 - a DeviceArray that an asynchronous collective is writing exports that work:
@@ -55,10 +56,10 @@ LEGACY = 1
 
 @pytest.fixture
 def stream(comm):
-    """gradsync's communication stream on device 0, once the device path is up."""
+    """The communicator's own stream, once its device path is up."""
     warm = gs.to_device(np.ones(4, np.float32), 0)
     comm.allreduce_(warm)
-    return gs._core.cuda_stream(0)
+    return comm.cuda_stream
 
 
 @pytest.mark.parametrize("held", ["communication stream", "default stream"])
@@ -136,6 +137,52 @@ def test_kernels_run_on_the_callers_cai_stream(comm, own_stream):
                                       "was held: they ran elsewhere, or numpy() followed a "
                                       "stream an earlier call named")
         np.testing.assert_array_equal(x.numpy(), np.full(1000, 12.0, np.float32))
+
+
+def test_each_communicator_has_its_own_stream(comm, stream):
+    """Communicator.cuda_stream: None before the communicator's first
+    collective on CUDA memory, then a stream of its own, the one its
+    collectives run on (on NCCL, a gate there holds them while the host goes
+    on; the staged path's host part waits for the stream itself)."""
+    other = gs.Communicator()
+    try:
+        with collectively():
+            before = other.cuda_stream
+            other.allreduce_(gs.to_device(np.ones(4, np.float32), 0))
+            mine = other.cuda_stream
+            nccl = other.device_transport == "nccl" and comm.size > 1
+            x = gs.to_device(np.ones(64, np.float32), 0)
+            if nccl:
+                _HOLD(mine)
+            req = other.allreduce_async_(x)
+            req.wait()
+            held = bool(_BUSY(mine))
+            _RELEASE()
+            req.synchronize()
+            assert before is None, before
+            assert mine not in (None, stream), (mine, stream)
+            assert held or not nccl, "the collective did not run on the communicator's stream"
+            np.testing.assert_array_equal(x.numpy(), np.full(64, comm.size, np.float32))
+    finally:
+        other.close()
+
+
+def test_cuda_order_after(comm, stream, own_stream):
+    """Communicator.cuda_order_after(s): later collectives, issued from the
+    default stream (which does not wait for s), see what s wrote."""
+    x = gs.to_device(np.full(2000, 1.0, np.float32), 0)
+    g = gs.to_device(np.full(2000, 2.0, np.float32), 0)
+    nccl = comm.device_transport == "nccl"  # else the host part waits for the stream
+    with collectively():
+        _HOLD(own_stream) if nccl else _SLEEP(own_stream, 0.3)
+        gs.accumulate_(OnStream(x, own_stream), g)  # behind it: x becomes 3
+        comm.cuda_order_after(own_stream)
+        req = comm.allreduce_async_(x)
+        req.wait()
+        _RELEASE()
+        req.synchronize()
+        _SYNC(own_stream)
+        np.testing.assert_array_equal(x.numpy(), np.full(2000, 3.0 * comm.size, np.float32))
 
 
 def test_a_device_wait_lets_another_thread_in(comm, stream):
