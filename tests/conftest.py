@@ -9,11 +9,24 @@ session ends. The rank is read from the launcher's environment, not from
 MPI, because some suites (tests/cluster/test_cluster_faults.py) must not
 initialize MPI; it only names the directory.
 """
+import importlib.util
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
+
+# pytest puts tests/ on sys.path (this file's folder, in its default import
+# mode), where tests/torch and tests/jax are folders of suites: without torch
+# or jax installed, "import torch" would find the suite's folder as an empty
+# namespace package instead of failing. Make it fail, as it would elsewhere.
+for _name in ("torch", "jax"):
+    _spec = importlib.util.find_spec(_name) if _name not in sys.modules else None
+    if _spec is not None and _spec.origin is None and all(
+            os.path.dirname(p) == os.path.dirname(os.path.abspath(__file__))
+            for p in _spec.submodule_search_locations or ()):
+        sys.modules[_name] = None  # "import torch" raises ImportError
 
 # Hydra (MPICH), Open MPI and PMIx launchers, in that order.
 _RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK")
