@@ -290,6 +290,9 @@ def test_nccl_older_than_2_14_is_refused():
 
 
 def test_no_context_on_a_device_never_used():
+    """Not by collectives, kernels, pinned memory, nor by asking where a
+    __cuda_array_interface__ pointer lives: calls that name no device go to
+    a context the process has (device 1's), never create device 0's."""
     script = """
 import ctypes, numpy as np, gradsync as gs
 lib = ctypes.CDLL("libgradsync.so")
@@ -299,6 +302,12 @@ c.allreduce_(x)
 c.allreduce_async_(x, op="max").synchronize()
 r = c.allreduce_async_(x); r.wait(); r.synchronize()
 gs.scale_(x, 2.0)
+pinned = gs.DeviceArray((8,), np.float32, "cuda_host")
+gs.scale_(pinned, 2.0)
+del pinned
+class View:
+    __cuda_array_interface__ = dict(x.__cuda_array_interface__, stream=None)
+gs.scale_(View(), 0.5)
 print(lib.gs_emulated_context_created(0), lib.gs_emulated_context_created(1))
 """
     p = run_child(script, _emulated_env(GS_EMU_DEVICES=2))
