@@ -575,7 +575,7 @@ cdef class TensorList:
     # the call's work stream (gs_cuda_set_stream): 1, the legacy default
     # stream, unless a producer named its own
     cdef uintptr_t work_stream
-    cdef list streams     # every stream a producer named or was told, once each
+    cdef list streams     # every stream a producer named or was told, once each (or None)
     cdef bint writable    # the call writes these arrays
     cdef gs_mem_t *mems   # the records of the DeviceArrays among them
     cdef Py_ssize_t nmems
@@ -587,7 +587,6 @@ cdef class TensorList:
         self.ordered_api = NULL
         self.ordered_device = -1
         self.work_stream = 1
-        self.streams = []
         self.mems = NULL
         self.nmems = 0
 
@@ -598,7 +597,9 @@ cdef class TensorList:
     cdef int add_stream(self, uintptr_t stream, bint named) except -1:
         """A stream the call must follow; named: the producer's, which
         becomes the work stream."""
-        if stream not in self.streams:
+        if self.streams is None:
+            self.streams = [stream]
+        elif stream not in self.streams:
             self.streams.append(stream)
         if named:
             self.work_stream = stream
@@ -610,7 +611,7 @@ cdef class TensorList:
         if earlier is not None:
             self.after = earlier
             self.work_stream = earlier.work_stream
-            self.streams = list(earlier.streams)
+            self.streams = list(earlier.streams) if earlier.streams else None
             self.ordered_api = earlier.ordered_api
             self.ordered_device = earlier.ordered_device
         return 0
@@ -622,7 +623,7 @@ cdef class TensorList:
         cdef uintptr_t w = self.work_stream
         cdef int dev = self.t[0].device.id
         cdef TensorList before = self.after
-        for s in self.streams:
+        for s in self.streams or ():
             if s != w:
                 CHKERR(gs_cuda_stream_order(dev, w, s))
         if self.nmems:
