@@ -43,17 +43,57 @@ GS_API gs_status_t gs_cuda_get_device(int *device);
 GS_API gs_status_t gs_pointer_device(const void *ptr, gs_device_t *device);
 
 /* `bytes` of memory on `device`: CPU memory is 64-byte aligned, CUDA_HOST
- * memory is pinned, and CUDA memory comes from device.id's stream-ordered
- * pool (cudaMallocAsync) on the thread's work stream: use it in that
- * stream's order (other streams after an event). gs_free of CUDA memory
- * frees it in the order of the thread's work stream. bytes == 0 gives a
- * valid pointer that must still be freed. */
+ * memory is pinned (portable: every context sees it pinned), and CUDA
+ * memory comes from device.id's stream-ordered pool (cudaMallocAsync) in
+ * the order of `stream` (numbered as gs_cuda_set_stream's, on device.id;
+ * ignored for host memory): use it in that stream's order, or on other
+ * streams after an event recorded there. gs_free_on frees it in the order
+ * of `stream`, which must by then be ordered after every use. gs_malloc and
+ * gs_free are these on the legacy default stream (which always exists).
+ * bytes == 0 gives a valid pointer that must still be freed. Pinned memory
+ * is allocated in the thread's current context, else in a context the
+ * process already has (gradsync never creates one on a device the process
+ * does not use), else in the current device's. */
+GS_API gs_status_t gs_malloc_on(gs_device_t device, size_t bytes, uintptr_t stream, void **ptr);
+GS_API gs_status_t gs_free_on(gs_device_t device, void *ptr, uintptr_t stream);
 GS_API gs_status_t gs_malloc(gs_device_t device, size_t bytes, void **ptr);
 GS_API gs_status_t gs_free(gs_device_t device, void *ptr);
-/* Copies bytes between any two kinds of memory, after the work queued so
- * far on the thread's work stream; returns when done. */
+/* Copies bytes between any two kinds of memory, on the legacy default
+ * stream after the work queued so far on the thread's work stream; the
+ * work stream's later work follows the copy. Host memory is read (and
+ * written) before it returns; a copy into device memory may still be
+ * running on the device when it returns, in those streams' order. */
 GS_API gs_status_t gs_memcpy(void *dst, gs_device_t dst_device, const void *src,
                              gs_device_t src_device, size_t bytes);
+
+/* ---- memory that keeps a record of the streams using it (gs_mem_t) -----------
+ * What gradsync.DeviceArray is made of, for C users too. CUDA memory is
+ * allocated on gradsync's memory stream of the device (non-blocking; it
+ * always exists), and an event marks the allocation ready. Every use on a
+ * stream is recorded as an event on that stream at the time of the use
+ * (gs_mem_use), never later: the stream may be gone by the time the memory
+ * is freed. gs_mem_free makes the memory stream wait for every recorded use
+ * before freeing in its order; nothing waits on the host. Host memory
+ * (CPU, CUDA_HOST) has no stream order: the calls below do nothing for it
+ * but allocate and free. A gs_mem_t is used by one thread at a time. */
+typedef struct gs_mem *gs_mem_t;
+GS_API gs_status_t gs_mem_alloc(gs_device_t device, size_t bytes, gs_mem_t *mem);
+GS_API void *gs_mem_ptr(gs_mem_t mem);
+/* `stream` (numbered as gs_cuda_set_stream's) waits, with no host wait,
+ * for the last recorded write to each of the n memories (writes != 0: for
+ * every recorded use, as whoever writes must). stream 0: the host waits
+ * instead (polling, with GRADSYNC_TIMEOUT_SECONDS and interrupts). */
+GS_API gs_status_t gs_mem_order(const gs_mem_t *mems, int64_t n, uintptr_t stream, int writes);
+/* Work just queued on `stream` uses each of the n memories (writes != 0:
+ * writes them): one event recorded there now marks it, for gs_mem_order
+ * and gs_mem_free. */
+GS_API gs_status_t gs_mem_use(const gs_mem_t *mems, int64_t n, uintptr_t stream, int writes);
+/* A stream a consumer can wait on for every recorded use (the CUDA array
+ * interface's 'stream'): gradsync's memory stream, made to wait for them,
+ * or 0 when nothing recorded is still pending. */
+GS_API gs_status_t gs_mem_stream(gs_mem_t mem, uintptr_t *stream);
+/* Frees after every recorded use; *mem becomes NULL. */
+GS_API gs_status_t gs_mem_free(gs_mem_t *mem);
 
 /* The device's entry stream (a cudaStream_t, non-blocking, made on first
  * use): every later collective on `device`, of every communicator, follows
@@ -68,6 +108,10 @@ GS_API gs_status_t gs_cuda_stream(int device, void **stream);
  * them), through the entry stream. gs_comm_cuda_order_after does this for
  * one communicator. */
 GS_API gs_status_t gs_cuda_order_after(int device, uintptr_t stream);
+/* `waiter` runs its later work after everything queued so far on
+ * `producer` (both streams of `device`, numbered as above); an event, no
+ * host wait. */
+GS_API gs_status_t gs_cuda_stream_order(int device, uintptr_t waiter, uintptr_t producer);
 
 /* The calling thread's work stream (see above): a cudaStream_t, or 0 and 1
  * for the legacy default stream, 2 for the per-thread default stream. */

@@ -46,7 +46,7 @@ LAYERS = [
      ["gs_runtime.h", "runtime.c", "progress.c"]),
     ("device", "CUDA contexts, streams, events, memory, kernel tables, the kernels on "
      "CUDA memory",
-     ["gs_cuda.h", "cuda_device.c", "cuda_memory.c", "cuda_ring.c", "cuda_jobs.c",
+     ["gs_cuda.h", "cuda_device.c", "cuda_memory.c", "cuda_ring.c", "device_memory.c", "cuda_jobs.c",
       "cuda_absent.c", "device_kernels.c"]),
     ("mpi", "the communicator's state, MPI types and ops, the MPI wait, recursive doubling",
      ["gs_comm_state.h", "gs_mpi.h", "mpi_types.c", "mpi_wait.c", "rdouble.c"]),

@@ -29,6 +29,22 @@ gs_status_t gs_cu_enter(int device, gs_cu_scope_t *scope) {
   return absent("gradsync");
 }
 void gs_cu_leave(gs_cu_scope_t *scope) { (void)scope; }
+gs_status_t gs_cu_enter_existing(gs_cu_scope_t *scope, int *none) {
+  scope->device = -1;
+  scope->pushed = 0;
+  *none = 1;
+  return absent("gradsync");
+}
+gs_status_t gs_cu_memory_stream(int device, void **stream) {
+  (void)device;
+  *stream = NULL;
+  return absent("gradsync: CUDA stream");
+}
+gs_status_t gs_cu_stream_key(void *stream, unsigned long long *key) {
+  (void)stream;
+  *key = 0;
+  return absent("gradsync: CUDA stream");
+}
 gs_status_t gs_cu_stream_create(void **stream, const char *what) {
   *stream = NULL;
   return absent(what);

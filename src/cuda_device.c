@@ -110,11 +110,13 @@ typedef CUresult (*retain_fn)(CUcontext *, CUdevice);
 typedef CUresult (*push_fn)(CUcontext);
 typedef CUresult (*pop_fn)(CUcontext *);
 typedef CUresult (*current_fn)(CUcontext *);
+typedef CUresult (*state_fn)(CUdevice, unsigned int *, int *);
 static struct {
   retain_fn retain;
   push_fn push;
   pop_fn pop;
   current_fn current;
+  state_fn state;
 } drv;
 static pthread_once_t drv_once = PTHREAD_ONCE_INIT;
 static CUcontext primary[MAX_DEVICES];
@@ -136,6 +138,7 @@ static void load_driver(void) {
   drv.push = (push_fn)entry("cuCtxPushCurrent");
   drv.pop = (pop_fn)entry("cuCtxPopCurrent");
   drv.current = (current_fn)entry("cuCtxGetCurrent");
+  drv.state = (state_fn)entry("cuDevicePrimaryCtxGetState");
 }
 
 gs_status_t gs_cu_enter(int device, gs_cu_scope_t *scope) {
@@ -170,6 +173,30 @@ void gs_cu_leave(gs_cu_scope_t *scope) {
   scope->pushed = 0;
 }
 
+gs_status_t gs_cu_enter_existing(gs_cu_scope_t *scope, int *none) {
+  scope->device = -1;
+  scope->pushed = 0;
+  *none = 0;
+  pthread_once(&drv_once, load_driver);
+  if (!drv.current || !drv.state)
+    return gs_fail(GS_ERR_CUDA,
+                   "gradsync: the CUDA driver does not provide the context entry "
+                   "points (cuCtxGetCurrent, ...) gradsync uses; update the driver");
+  CUcontext now = NULL;
+  if (drv.current(&now) == CUDA_SUCCESS && now) return GS_SUCCESS; /* the thread's own */
+  int count = 0, first = 0; /* neither call creates a context */
+  if (cudaGetDeviceCount(&count) != cudaSuccess || cudaGetDevice(&first) != cudaSuccess)
+    cudaGetLastError();
+  for (int k = 0; k < count && k < MAX_DEVICES; k++) {
+    int d = k == 0 ? first : k - 1 < first ? k - 1 : k; /* the current device first */
+    unsigned int flags = 0;
+    int active = 0;
+    if (drv.state(d, &flags, &active) == CUDA_SUCCESS && active) return gs_cu_enter(d, scope);
+  }
+  *none = 1;
+  return GS_SUCCESS;
+}
+
 /* ---- streams ------------------------------------------------------------------------- */
 
 /* Each communicator has a stream of its own (gs_cu_stream_create): NCCL
@@ -180,6 +207,7 @@ void gs_cu_leave(gs_cu_scope_t *scope) {
  * queues there, or orders there with gs_cuda_order_after, every later
  * collective on the device follows. */
 static cudaStream_t entry_streams[MAX_DEVICES];
+static cudaStream_t memory_streams[MAX_DEVICES];
 static _Thread_local uintptr_t work_stream; /* 0: legacy default */
 
 gs_status_t gs_cu_stream_create(void **stream, const char *what) {
@@ -224,6 +252,27 @@ gs_status_t gs_cu_follow_entry(int device, void *stream) {
   pthread_mutex_unlock(&device_lock);
   if (!entry) return GS_SUCCESS; /* nobody asked for it: nothing to follow */
   return gs_cu_order(stream, entry, "gradsync: ordering after the device's entry stream");
+}
+
+gs_status_t gs_cu_memory_stream(int device, void **stream) {
+  pthread_mutex_lock(&device_lock);
+  cudaError_t e = cudaSuccess;
+  if (!memory_streams[device])
+    e = cudaStreamCreateWithFlags(&memory_streams[device], cudaStreamNonBlocking);
+  *stream = memory_streams[device];
+  pthread_mutex_unlock(&device_lock);
+  if (e != cudaSuccess) return gs_cu_fail(e, "gradsync: creating its memory stream");
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_cu_stream_key(void *stream, unsigned long long *key) {
+  int device = 0;
+  if (stream == (void *)cudaStreamLegacy && cudaGetDevice(&device) == cudaSuccess) {
+    *key = ~0ull - (unsigned long long)device; /* one legacy stream per device */
+    return GS_SUCCESS;
+  }
+  CU_CHECK(cudaStreamGetId((cudaStream_t)stream, key), "gradsync: naming a CUDA stream");
+  return GS_SUCCESS;
 }
 
 static cudaStream_t as_stream(uintptr_t s) {
@@ -358,6 +407,16 @@ gs_status_t gs_cuda_order_after(int device, uintptr_t stream) {
   return s;
 }
 
+gs_status_t gs_cuda_stream_order(int device, uintptr_t waiter, uintptr_t producer) {
+  gs_clear_error();
+  if (as_stream(waiter) == as_stream(producer)) return GS_SUCCESS;
+  gs_cu_scope_t scope;
+  GS_CHECK(gs_cu_enter(device, &scope));
+  gs_status_t s = gs_cu_order(as_stream(waiter), as_stream(producer), "gs_cuda_stream_order");
+  gs_cu_leave(&scope);
+  return s;
+}
+
 #else /* no CUDA */
 
 static gs_status_t no_cuda(const char *what) {
@@ -385,6 +444,12 @@ gs_status_t gs_cuda_order_after(int device, uintptr_t stream) {
   (void)device;
   (void)stream;
   return no_cuda("gs_cuda_order_after");
+}
+gs_status_t gs_cuda_stream_order(int device, uintptr_t waiter, uintptr_t producer) {
+  (void)device;
+  (void)waiter;
+  (void)producer;
+  return no_cuda("gs_cuda_stream_order");
 }
 gs_status_t gs_cuda_set_stream(uintptr_t stream) {
   (void)stream;

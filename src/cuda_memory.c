@@ -3,7 +3,10 @@
  * is freed in the order of the stream that used it last, so a free never
  * waits for the device and never pulls memory from under queued work. Pinned
  * host memory has no stream order: before an old pinned buffer is freed,
- * the stream that used it is waited for (polling, so with timeouts). */
+ * the stream that used it is waited for (polling, so with timeouts). The
+ * public allocations name their stream (gs_malloc_on; gs_malloc: the legacy
+ * default stream): nothing here reads the thread's work stream, which an
+ * earlier call may have left naming a stream that is gone by now. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -92,52 +95,82 @@ gs_status_t gs_cu_copy(void *dst, const void *src, size_t bytes, void *stream) {
   return GS_SUCCESS;
 }
 
-/* The stream that allocations for `device` go on: the thread's work stream
- * when it belongs to that device, else the device's legacy default stream. */
-static void *stream_for(int device) {
-  void *s = gs_cu_work_stream();
-  if (s == (void *)cudaStreamLegacy || s == (void *)cudaStreamPerThread) return s;
-  int on = -1;
-  if (cudaStreamGetDevice((cudaStream_t)s, &on) != cudaSuccess) cudaGetLastError();
-  return on == device ? s : (void *)cudaStreamLegacy;
-}
-
 gs_status_t gs_pointer_device(const void *ptr, gs_device_t *device) {
   gs_clear_error();
   if (!device) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_pointer_device: device is NULL");
   device->kind = GS_DEVICE_CPU;
   device->id = 0;
+  /* in a context the process has: with none at all, no memory is CUDA's
+   * (and the query must not create one on the current device) */
+  gs_cu_scope_t scope;
+  int none = 1;
+  if (!ptr) return GS_SUCCESS;
+  if (gs_cu_enter_existing(&scope, &none) != GS_SUCCESS) {
+    gs_clear_error();
+    return GS_SUCCESS;
+  }
   struct cudaPointerAttributes attr;
-  if (ptr && cudaPointerGetAttributes(&attr, ptr) == cudaSuccess) {
+  if (!none && cudaPointerGetAttributes(&attr, ptr) == cudaSuccess) {
     if (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged) {
       device->kind = GS_DEVICE_CUDA;
       device->id = attr.device;
     } else if (attr.type == cudaMemoryTypeHost) {
       device->kind = GS_DEVICE_CUDA_HOST;
     }
-  } else {
+  } else if (!none) {
     cudaGetLastError(); /* an unregistered host pointer is not an error */
   }
+  gs_cu_leave(&scope);
   return GS_SUCCESS;
 }
 
-static gs_status_t device_malloc(int device, size_t bytes, void **ptr) {
+static gs_status_t device_malloc(int device, size_t bytes, uintptr_t stream, void **ptr) {
   gs_cu_scope_t scope;
   GS_CHECK(gs_cu_enter(device, &scope));
   gs_status_t s =
-      gs_cu_malloc_async(ptr, bytes, stream_for(device), "gs_malloc (CUDA device memory)");
+      gs_cu_malloc_async(ptr, bytes, gs_cu_as_stream(stream), "gs_malloc (CUDA device memory)");
   gs_cu_leave(&scope);
   return s;
 }
 
-static gs_status_t device_free(void *ptr) {
+static gs_status_t device_free(void *ptr, uintptr_t stream) {
   gs_device_t where;
   GS_CHECK(gs_pointer_device(ptr, &where));
+  if (where.kind != GS_DEVICE_CUDA)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_free: %p is not CUDA device memory", ptr);
   gs_cu_scope_t scope;
   GS_CHECK(gs_cu_enter(where.id, &scope));
-  gs_cu_free_async(ptr, stream_for(where.id));
+  cudaError_t e = cudaFreeAsync(ptr, (cudaStream_t)gs_cu_as_stream(stream));
   gs_cu_leave(&scope);
+  return e == cudaSuccess ? GS_SUCCESS : gs_cu_fail(e, "gs_free (CUDA device memory)");
+}
+
+/* Pinned memory belongs to a context: the thread's, or one the process
+ * has, else (the first CUDA memory of a process) the current device's.
+ * Portable, so that every context sees it pinned. */
+static gs_status_t pinned_malloc(size_t bytes, void **ptr) {
+  gs_cu_scope_t scope;
+  int none = 0, device = 0;
+  GS_CHECK(gs_cu_enter_existing(&scope, &none));
+  if (none) GS_CHECK(gs_cuda_get_device(&device));
+  if (none) GS_CHECK(gs_cu_enter(device, &scope));
+  cudaError_t e = cudaHostAlloc(ptr, bytes ? bytes : 64, cudaHostAllocPortable);
+  gs_cu_leave(&scope);
+  if (e != cudaSuccess) {
+    *ptr = NULL;
+    return gs_cu_fail(e, "gs_malloc (pinned host memory)");
+  }
   return GS_SUCCESS;
+}
+
+static gs_status_t pinned_free(void *ptr) {
+  gs_cu_scope_t scope;
+  int none = 0;
+  GS_CHECK(gs_cu_enter_existing(&scope, &none));
+  if (none) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_free: %p is not pinned memory", ptr);
+  cudaError_t e = cudaFreeHost(ptr);
+  gs_cu_leave(&scope);
+  return e == cudaSuccess ? GS_SUCCESS : gs_cu_fail(e, "gs_free (pinned host memory)");
 }
 
 /* Host memory the CUDA runtime does not stage: plain memmove. */
@@ -150,20 +183,21 @@ static gs_status_t device_copy(void *dst, gs_device_t dd, const void *src, gs_de
   int device = dd.kind == GS_DEVICE_CUDA ? dd.id : sd.id;
   gs_cu_scope_t scope;
   GS_CHECK(gs_cu_enter(device, &scope));
-  /* synchronous, on the legacy default stream once it follows the thread's
-   * work stream: a pageable source is consumed before this returns */
-  gs_status_t s = gs_cu_order(cudaStreamLegacy, stream_for(device), "gs_memcpy");
+  /* on the legacy default stream once it follows the thread's work stream
+   * (this call's: the caller set it), which then follows the copy: host
+   * memory is consumed or filled before this returns, a device destination
+   * may still be written after, in those streams' order */
+  void *work = gs_cu_work_stream();
+  gs_status_t s = gs_cu_order(cudaStreamLegacy, work, "gs_memcpy");
   cudaError_t e = s == GS_SUCCESS ? cudaMemcpy(dst, src, bytes, cudaMemcpyDefault) : cudaSuccess;
   if (e != cudaSuccess) s = gs_cu_fail(e, "gs_memcpy");
+  if (s == GS_SUCCESS) s = gs_cu_order(work, cudaStreamLegacy, "gs_memcpy");
   gs_cu_leave(&scope);
   return s;
 }
-
-#define ALLOC_HOST_PINNED(ptr, bytes) cudaMallocHost((ptr), (bytes) ? (bytes) : 64)
-#define FREE_HOST_PINNED(ptr) cudaFreeHost(ptr)
 #endif
 
-gs_status_t gs_malloc(gs_device_t device, size_t bytes, void **ptr) {
+gs_status_t gs_malloc_on(gs_device_t device, size_t bytes, uintptr_t stream, void **ptr) {
   static const char fn[] = "gs_malloc";
   gs_clear_error();
   if (!ptr) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: ptr is NULL", fn);
@@ -176,12 +210,8 @@ gs_status_t gs_malloc(gs_device_t device, size_t bytes, void **ptr) {
       }
       return GS_SUCCESS;
 #ifdef GS_HAVE_CUDA
-    case GS_DEVICE_CUDA_HOST: {
-      cudaError_t e = ALLOC_HOST_PINNED(ptr, bytes);
-      if (e != cudaSuccess) return gs_cu_fail(e, "gs_malloc (pinned host memory)");
-      return GS_SUCCESS;
-    }
-    case GS_DEVICE_CUDA: return device_malloc(device.id, bytes, ptr);
+    case GS_DEVICE_CUDA_HOST: return pinned_malloc(bytes, ptr);
+    case GS_DEVICE_CUDA: return device_malloc(device.id, bytes, stream, ptr);
 #else
     case GS_DEVICE_CUDA_HOST:
     case GS_DEVICE_CUDA:
@@ -191,17 +221,14 @@ gs_status_t gs_malloc(gs_device_t device, size_t bytes, void **ptr) {
   return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: unknown device kind %d", fn, (int)device.kind);
 }
 
-gs_status_t gs_free(gs_device_t device, void *ptr) {
+gs_status_t gs_free_on(gs_device_t device, void *ptr, uintptr_t stream) {
   gs_clear_error();
   if (!ptr) return GS_SUCCESS;
   switch (device.kind) {
     case GS_DEVICE_CPU: free(ptr); return GS_SUCCESS;
 #ifdef GS_HAVE_CUDA
-    case GS_DEVICE_CUDA_HOST: {
-      cudaError_t e = FREE_HOST_PINNED(ptr);
-      return e == cudaSuccess ? GS_SUCCESS : gs_cu_fail(e, "gs_free");
-    }
-    case GS_DEVICE_CUDA: return device_free(ptr);
+    case GS_DEVICE_CUDA_HOST: return pinned_free(ptr);
+    case GS_DEVICE_CUDA: return device_free(ptr, stream);
 #else
     case GS_DEVICE_CUDA_HOST:
     case GS_DEVICE_CUDA:
@@ -210,6 +237,12 @@ gs_status_t gs_free(gs_device_t device, void *ptr) {
   }
   return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_free: unknown device kind %d", (int)device.kind);
 }
+
+gs_status_t gs_malloc(gs_device_t device, size_t bytes, void **ptr) {
+  return gs_malloc_on(device, bytes, 1, ptr); /* the legacy default stream */
+}
+
+gs_status_t gs_free(gs_device_t device, void *ptr) { return gs_free_on(device, ptr, 1); }
 
 gs_status_t gs_memcpy(void *dst, gs_device_t dst_device, const void *src, gs_device_t src_device,
                       size_t bytes) {

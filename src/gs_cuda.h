@@ -35,6 +35,13 @@ typedef struct gs_cu_scope {
 } gs_cu_scope_t;
 gs_status_t gs_cu_enter(int device, gs_cu_scope_t *scope);
 void gs_cu_leave(gs_cu_scope_t *scope);
+/* For calls that name no device (pinned host memory, pointer queries),
+ * which would otherwise create a primary context on the current device
+ * (device 0 on a thread that never chose one): keeps the thread's current
+ * context, else enters a primary context the process already has (the
+ * current device's first). *none = 1 when the process has no context at
+ * all; then nothing is entered, and gs_cu_leave is still called. */
+gs_status_t gs_cu_enter_existing(gs_cu_scope_t *scope, int *none);
 
 /* A communicator's stream, on the entered device: non-blocking (it never
  * waits for, nor holds up, the legacy default stream). Every communicator
@@ -53,10 +60,16 @@ gs_status_t gs_cu_follow_entry(int device, void *stream);
  * completes at once, so other streams are ordered after the allocation
  * without waiting for anyone's work. The device must be entered. */
 gs_status_t gs_cu_alloc_stream(int device, void **stream);
+/* gradsync's memory stream on `device` (non-blocking, never destroyed):
+ * where gs_mem_t memory is allocated and freed. The device must be entered. */
+gs_status_t gs_cu_memory_stream(int device, void **stream);
 /* The calling thread's work stream (gs_cuda_set_stream; the legacy default
  * stream unless set): where the kernels API runs and what collectives are
- * ordered after. */
+ * ordered after. Read only inside a call that set it. */
 void *gs_cu_work_stream(void);
+/* A key naming `stream` for the life of the process (cudaStreamGetId: a
+ * handle may be reused by a stream created after it was destroyed). */
+gs_status_t gs_cu_stream_key(void *stream, unsigned long long *key);
 /* A stream as the public API numbers them (0 or 1: legacy default, 2: per
  * thread, else a cudaStream_t). */
 void *gs_cu_as_stream(uintptr_t stream);

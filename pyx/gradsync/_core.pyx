@@ -272,7 +272,7 @@ cdef class Comm:
             cop = adasum_mode(parse_op(op), self.adasum if adasum is None else adasum)
             tin = arguments(tensors, "tensors", outputs is None, "comm.allreduce_")
             if outputs is not None:
-                tout = arguments(outputs, "out", True)
+                tout = arguments(outputs, "out", True, None, None, tin)
         cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
         with nogil:
             CHKERR(gs_allreduce(h, tin.t, po, tin.n, cop, prescale, postscale))
@@ -297,6 +297,8 @@ cdef class Comm:
                 cop = adasum_mode(cop, self.adasum if adasum is None else adasum)
             if device_array:
                 fill_ref(&t, <_TensorRef>tensors, "tensor", 0, False, True, "comm.allreduce_")
+                if t.device.kind == GS_DEVICE_CUDA:  # not the stream an earlier call left
+                    (<DeviceArray>tensors).call_on(LEGACY_STREAM)
             else:
                 fill_tensor(&t, tensors, "tensor", 0, False, True, "comm.allreduce_")
         except BaseException as exc:

@@ -17,6 +17,9 @@ cdef extern from "Python.h" nogil:
     void *capsule_pointer "PyCapsule_GetPointer"(PyObject *capsule, const char *name)
     int Py_IsInitialized()
 
+cdef enum:
+    LEGACY_STREAM = 1  # the legacy default stream, as DLPack and gs_cuda_set_stream number it
+
 # gs_dtype_t -> DLPack (type code, bits)
 _GS_TO_DL = {code: key for key, code in _DL_DTYPES.items()}
 
@@ -118,20 +121,36 @@ cdef gs_device_t parse_device(object device, str what) except *:
     return d
 
 
-cdef int copy_memory(object dst, const gs_tensor_t *src) except -1:
-    """dst (an ndarray or a _TensorRef of src's size) takes src's bytes."""
+cdef int copy_memory(object dst, TensorList src, uintptr_t work=0) except -1:
+    """dst (an ndarray or a _TensorRef of src's one array's size) takes its
+    bytes, on the legacy default stream after the call's work stream (`work`,
+    else src's; gs_memcpy). A DeviceArray destination is written after every
+    recorded use and records the copy as its last write; a DeviceArray
+    source records the read."""
     cdef void *p
     cdef gs_device_t dev
-    cdef size_t nbytes = <size_t>src.count * gs_dtype_size(src.dtype)
+    cdef const gs_tensor_t *t = &src.t[0]
+    cdef size_t nbytes = <size_t>t.count * gs_dtype_size(t.dtype)
+    cdef gs_mem_t mem = NULL
+    if work == 0:
+        work = src.work_stream
     if isinstance(dst, _TensorRef):
         p = (<_TensorRef>dst).data
         dev = (<_TensorRef>dst).dev
+        if isinstance(dst, DeviceArray) and dev.kind == GS_DEVICE_CUDA:
+            mem = (<DeviceArray>dst).mem
+            CHKERR(gs_mem_order(&mem, 1, work, 1))
     else:
         p = cnp.PyArray_DATA(<cnp.ndarray>dst)
         dev.kind = GS_DEVICE_CPU
         dev.id = 0
+    gs_cuda_set_stream(work)  # this call's
     with nogil:
-        CHKERR(gs_memcpy(p, dev, src.data, src.device, nbytes))
+        CHKERR(gs_memcpy(p, dev, t.data, t.device, nbytes))
+    if mem != NULL:
+        CHKERR(gs_mem_use(&mem, 1, LEGACY_STREAM, 1))
+    if src.nmems:
+        CHKERR(gs_mem_use(src.mems, src.nmems, LEGACY_STREAM, 0))
     return 0
 
 
@@ -153,15 +172,25 @@ cdef class DeviceArray(_TensorRef):
 
     Every gradsync call takes it directly. Other libraries take it zero-copy:
     ``torch.from_dlpack(a)``, ``cupy.from_dlpack(a)`` (DLPack 1.x or legacy
-    capsules), or ``__cuda_array_interface__`` (CUDA memory only). Blocking
-    calls finish their work on an array before they return. While an
-    asynchronous collective on it is in flight, ``__dlpack__(stream=s)``
-    makes the consumer's stream ``s`` wait for that work (None: the host
-    waits), and the interface's 'stream' names the stream the work runs on;
-    otherwise there is nothing to wait for and 'stream' is None.
+    capsules), or ``__cuda_array_interface__`` (CUDA memory only).
+
+    CUDA memory is stream-ordered. The array is allocated and freed on
+    gradsync's memory stream of its device, and it records every stream that
+    gradsync's calls and exports use it on, when they do: its free waits for
+    them all (never for a stream that may be gone since), and a later call
+    on another stream waits for its last write (for every use, when the call
+    writes it). Work that may still be pending: the copy into it of
+    to_device/copy_from, gradient kernels on a caller's stream, a collective
+    still writing it. ``__dlpack__(stream=s)`` makes the consumer's stream
+    ``s`` wait for all of it (None: the host waits; -1: nothing), and the
+    interface's 'stream' names a stream that follows it all (None when
+    nothing is pending). Work a consumer queues after the export is the
+    consumer's to finish before it drops the array, as with any DLPack
+    producer.
     """
     cdef int64_t *shape_c    # shape and C strides (in elements) for DLPack exports
     cdef int64_t *strides_c
+    cdef gs_mem_t mem        # the memory and the record of its streams
     cdef object __weakref__
     cdef public object pending  # a weak reference to the Request writing it, or None
 
@@ -201,11 +230,13 @@ cdef class DeviceArray(_TensorRef):
         self.count = count
         nbytes = <size_t>(count * dt.itemsize)
         with nogil:
-            CHKERR(gs_malloc(self.dev, nbytes, &self.data))
+            CHKERR(gs_mem_alloc(self.dev, nbytes, &self.mem))
+        self.data = gs_mem_ptr(self.mem)
 
     def __dealloc__(self):
-        if self.data != NULL:
-            gs_free(self.dev, self.data)  # cannot report from here; frees what it can
+        # after every recorded use, on gradsync's memory stream; cannot
+        # report from here, frees what it can
+        gs_mem_free(&self.mem)
         PyMem_Free(self.shape_c)
         PyMem_Free(self.strides_c)
 
@@ -246,7 +277,7 @@ cdef class DeviceArray(_TensorRef):
         tl.load([arr], "arr", False, False)
         src = tl.arrays[0]
         out = DeviceArray(src.shape, src.dtype, device)
-        copy_memory(out, &tl.t[0])
+        copy_memory(out, tl)
         return out
 
     def copy_from(self, src):
@@ -264,7 +295,7 @@ cdef class DeviceArray(_TensorRef):
             raise ArgumentError(f"copy_from: src has shape {tuple(a.shape)} and dtype "
                                 f"{a.dtype}, this array {self._shape} and {self._dtype}",
                                 GS_ERR_INVALID_ARGUMENT)
-        copy_memory(self, &tl.t[0])
+        copy_memory(self, tl)
         return self
 
     def numpy(self):
@@ -279,9 +310,11 @@ cdef class DeviceArray(_TensorRef):
         host.kind = GS_DEVICE_CPU
         host.id = 0
         if self.dev.kind == GS_DEVICE_CUDA:
-            # follow the legacy default stream, not the work stream an earlier
-            # call left on this thread (a caller's stream, perhaps gone since)
-            CHKERR(gs_cuda_set_stream(1))
+            # on the legacy default stream after the writes recorded on this
+            # array, not after the work stream an earlier call left on this
+            # thread (a caller's stream, perhaps gone since)
+            CHKERR(gs_mem_order(&self.mem, 1, LEGACY_STREAM, 0))
+            CHKERR(gs_cuda_set_stream(LEGACY_STREAM))
         with nogil:
             CHKERR(gs_memcpy(dst, host, self.data, self.dev, nbytes))
         return out
@@ -298,9 +331,10 @@ cdef class DeviceArray(_TensorRef):
         consumer calls the deleter (or, never consumed, until it is freed).
 
         stream: the stream the consumer will use (CUDA: 1 legacy default, 2
-        per-thread default, a cudaStream_t, -1 none, None). If an
-        asynchronous collective is writing this array, that stream is made
-        to wait for it (None: the host waits; -1: nothing is waited for).
+        per-thread default, a cudaStream_t, -1 none, None). That stream is
+        made to wait for the work still pending on this array (None: the
+        host waits; -1: nothing is waited for): an asynchronous collective
+        writing it, and every use recorded on it (the consumer may write).
         dl_device: export to that device; CUDA and host memory are copied
         between (refused with copy=False), pinned memory is host memory.
         copy: True always exports a copy, False never does."""
@@ -309,7 +343,6 @@ cdef class DeviceArray(_TensorRef):
         cdef uint64_t flags = 0
         cdef bint versioned = max_version is not None and int(max_version[0]) >= 1
         self.check_stream(stream)
-        self.order_consumer(stream)
         if dl_device is not None:
             kind, ordinal = int(dl_device[0]), int(dl_device[1])
             if kind == kDLCPU or kind == kDLCUDAHost:
@@ -329,10 +362,22 @@ cdef class DeviceArray(_TensorRef):
             if copy is False:
                 raise BufferError(f"DeviceArray on {self.device} cannot be exported to "
                                   f"{tuple(dl_device)} without a copy, and copy=False")
+            r = self.in_flight()
+            if r is not None:  # the copy reads what the collective writes
+                r.synchronize()
             src = DeviceArray(self._shape, self._dtype, (<int>target.kind, target.id))
             src.copy_from(self)
             flags |= DLPACK_FLAG_BITMASK_IS_COPIED
+        src.order_consumer(stream)  # (a copy: the copy into it)
         return src.export(versioned, target, flags)
+
+    cdef int call_on(self, uintptr_t stream) except -1:
+        """A call that writes this array is about to run with `stream` as
+        its work stream: the stream follows every recorded use, and becomes
+        the thread's work stream."""
+        CHKERR(gs_mem_order(&self.mem, 1, stream, 1))
+        gs_cuda_set_stream(stream)
+        return 0
 
     cdef object in_flight(self):
         """The Request still writing this array, or None."""
@@ -343,12 +388,26 @@ cdef class DeviceArray(_TensorRef):
         return r
 
     cdef int order_consumer(self, stream) except -1:
+        """The consumer's stream (None: the host) waits for the collective
+        writing this array, if any, and every recorded use; an export on a
+        stream is recorded as a use there."""
+        cdef gs_mem_t mem = self.mem
+        cdef uintptr_t on
         r = self.in_flight()
         if r is not None and stream != -1:
             if stream is None or self.dev.kind != GS_DEVICE_CUDA:
                 r.synchronize()
             else:
                 r.wait(stream)
+        if self.dev.kind != GS_DEVICE_CUDA or stream == -1:
+            return 0
+        if stream is None:
+            with nogil:
+                CHKERR(gs_mem_order(&mem, 1, 0, 1))
+            return 0
+        on = <uintptr_t>stream
+        CHKERR(gs_mem_order(&mem, 1, on, 1))
+        CHKERR(gs_mem_use(&mem, 1, on, 1))
         return 0
 
     cdef int check_stream(self, stream) except -1:
@@ -410,18 +469,26 @@ cdef class DeviceArray(_TensorRef):
     # ---- CUDA array interface ---------------------------------------------
     cdef object pending_stream(self):
         """The stream an asynchronous collective on this array runs on, while
-        it does (consumers make theirs wait for it), else None."""
+        it does (consumers make theirs wait for it); else gradsync's memory
+        stream made to follow every use still pending; else None."""
+        cdef uintptr_t s = 0
         r = self.in_flight()
-        return r.stream() if r is not None else None
+        if r is not None:
+            return r.stream()
+        CHKERR(gs_mem_stream(self.mem, &s))
+        return s if s != 0 else None
 
     @property
     def __cuda_array_interface__(self):
         """Version 3 of the CUDA array interface (Numba, CuPy, PyTorch).
         CUDA memory only: for host memory this attribute does not exist, so
         consumers that probe for it never mistake host memory for device
-        memory. 'stream' is the stream of an asynchronous collective still
-        writing the array (the consumer waits for it), else None. bfloat16 is
-        typestr '<V2' with descr [('bfloat16', '<V2')]."""
+        memory. 'stream' (an int, a cudaStream_t) is one the consumer must
+        synchronize with: the stream of an asynchronous collective still
+        writing the array, or gradsync's memory stream made to follow the
+        array's pending work (a copy into it, kernels on a caller's stream);
+        None when nothing is pending. bfloat16 is typestr '<V2' with descr
+        [('bfloat16', '<V2')]."""
         if self.dev.kind != GS_DEVICE_CUDA:
             raise AttributeError("__cuda_array_interface__: this DeviceArray holds host memory "
                                  f"(device {self.device}); use __dlpack__ or numpy()")

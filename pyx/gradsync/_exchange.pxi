@@ -30,8 +30,9 @@ cdef object as_counts(object counts, Py_ssize_t want, str name):
     return a if want else np.zeros(1, dtype=np.int64)
 
 
-cdef TensorList optional_arguments(object objs, str name, bint writable):
-    return None if objs is None else arguments(objs, name, writable)
+cdef TensorList optional_arguments(object objs, str name, bint writable,
+                                   TensorList after=None):
+    return None if objs is None else arguments(objs, name, writable, None, None, after)
 
 
 cdef Request pending(TensorList a, TensorList b, object result):
@@ -70,7 +71,7 @@ def alltoallv(Comm c, inputs, outputs, object send_counts, object recv_counts, b
     cdef Request req
     with c.converting:
         tin = arguments(inputs, "tensors", False)
-        tout = arguments(outputs, "out", True)
+        tout = arguments(outputs, "out", True, None, None, tin)
         s = as_counts(send_counts, tin.n * size, "send_counts")
         r = as_counts(recv_counts, tin.n * size, "recv_counts")
     if run_async:
@@ -91,7 +92,7 @@ def gatherv(Comm c, inputs, object outputs, object counts, int root, bint run_as
     cdef Request req
     with c.converting:
         tin = arguments(inputs, "tensors", False)
-        tout = optional_arguments(outputs, "out", True)
+        tout = optional_arguments(outputs, "out", True, tin)
         k = as_counts(counts, tin.n * comm_size(c), "counts")
     cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
     if run_async:
@@ -112,7 +113,7 @@ def scatterv(Comm c, object inputs, outputs, object counts, int root, bint run_a
     cdef Request req
     with c.converting:
         tin = optional_arguments(inputs, "tensors", False)
-        tout = arguments(outputs, "out", True)
+        tout = arguments(outputs, "out", True, None, None, tin)
         k = as_counts(counts, tout.n * comm_size(c), "counts")
     cdef const gs_tensor_t *pi = tin.t if tin is not None else NULL
     if run_async:
@@ -134,7 +135,7 @@ def reduce(Comm c, inputs, object outputs, op, double prescale, double postscale
     with c.converting:
         cop = parse_op(op)
         tin = arguments(inputs, "tensors", outputs is None and comm_rank(c) == root)
-        tout = optional_arguments(outputs, "out", True)
+        tout = optional_arguments(outputs, "out", True, tin)
     cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
     if run_async:
         req = pending(tin, tout, result)
@@ -153,7 +154,7 @@ def allgatherv(Comm c, inputs, outputs, object counts, bint run_async, object re
     cdef Request req
     with c.converting:
         tin = arguments(inputs, "tensors", False)
-        tout = arguments(outputs, "out", True)
+        tout = arguments(outputs, "out", True, None, None, tin)
         k = as_counts(counts, tin.n * comm_size(c), "counts")
     if run_async:
         req = pending(tin, tout, result)
@@ -175,7 +176,7 @@ def reduce_scatter_into(Comm c, inputs, outputs, object rows, op, double prescal
     with c.converting:
         cop = parse_op(op)
         tin = arguments(inputs, "tensors", False)
-        tout = arguments(outputs, "out", True)
+        tout = arguments(outputs, "out", True, None, None, tin)
         k = as_counts(rows, tin.n, "rows")
     if run_async:
         req = pending(tin, tout, result)
@@ -250,9 +251,9 @@ def copy_(dst, src):
     """dst takes src's bytes (gs_memcpy; any memory to any memory, equal
     sizes); returns dst."""
     cdef TensorList tsrc = arguments(src, "src", False)
-    cdef TensorList tdst = arguments(dst, "dst", True)
+    cdef TensorList tdst = arguments(dst, "dst", True, None, None, tsrc)
     if tdst.t[0].count != tsrc.t[0].count or tdst.t[0].dtype != tsrc.t[0].dtype:
         raise ArgumentError(f"dst holds {tdst.t[0].count} x {tdst.arrays[0].dtype}, src "
                             f"{tsrc.t[0].count} x {tsrc.arrays[0].dtype}", GS_ERR_INVALID_ARGUMENT)
-    copy_memory(tdst.arrays[0], &tsrc.t[0])
+    copy_memory(tdst.arrays[0], tsrc, tdst.work_stream)
     return dst

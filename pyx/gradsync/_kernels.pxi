@@ -1,11 +1,14 @@
 # Gradient control kernels (included by _core.pyx): convert, check, call C.
 # The kernels name one array "tensors" in errors, as a list's (arguments(one=)).
+# They queue on the call's work stream and return: the DeviceArrays among
+# the arguments record that stream's use (TensorList.used).
 
 def zero_(tensors):
     """Sets every element's bits to 0."""
     cdef TensorList tl = arguments(tensors, "tensors", True, "gs.zero_", "tensors")
     with nogil:
         CHKERR(gs_zero(tl.t, tl.n))
+    tl.used(tl.work_stream)
 
 
 def accumulate_(acc, grad, bint overwrite, bint run=True):
@@ -18,11 +21,13 @@ def accumulate_(acc, grad, bint overwrite, bint run=True):
         raise ArgumentError(f"acc has {len(acc)} tensors but grad has {len(grad)}",
                             GS_ERR_INVALID_ARGUMENT)
     cdef TensorList ta = arguments(acc, "acc", True, "gs.accumulate_")
-    cdef TensorList tg = arguments(grad, "grad", False)
+    cdef TensorList tg = arguments(grad, "grad", False, None, None, ta)
     if not run:
         return
     with nogil:
         CHKERR(gs_accumulate(ta.t, tg.t, ta.n, overwrite))
+    ta.used(tg.work_stream)
+    tg.used(tg.work_stream)
 
 
 def all_finite(tensors):
@@ -39,3 +44,4 @@ def scale_(tensors, double factor):
     cdef TensorList tl = arguments(tensors, "tensors", True, "gs.scale_", "tensors")
     with nogil:
         CHKERR(gs_scale(tl.t, tl.n, factor))
+    tl.used(tl.work_stream)

@@ -1,7 +1,9 @@
 # The one path by which arrays enter gradsync (included by _core.pyx).
 #
 #   numpy.ndarray              used as it is (the fast path: no Python work)
-#   gradsync.DeviceArray       read from its fields
+#   gradsync.DeviceArray       read from its fields; the call's work stream
+#                              waits for the writes recorded on it (for every
+#                              recorded use, when the call writes it)
 #   DLPack C exchange API      types with __dlpack_c_exchange_api__ (DLPack
 #                              1.3; torch.Tensor): the tensor is read by one C
 #                              call, and the producer's current stream becomes
@@ -31,7 +33,13 @@
 # The work stream (gs_cuda_set_stream) is where the gradient kernels run on
 # CUDA memory, like the producer's own ops, and what collectives are ordered
 # after; a blocking collective returns once its results are in place, an
-# asynchronous one hands its Request the event to wait on.
+# asynchronous one hands its Request the event to wait on. It is the stream
+# the last producer named (the legacy default stream if none did), and it
+# waits, by an event, for every other stream a producer of the call named or
+# was told: a list may span several streams, and a call's second argument
+# list (outputs, grad) follows the first (arguments(after=)). Every call
+# sets it before the C call that reads it: nothing reads the one a previous
+# call left behind.
 
 import ml_dtypes
 from cpython.pycapsule cimport PyCapsule_IsValid, PyCapsule_GetPointer, PyCapsule_SetName
@@ -123,6 +131,10 @@ cdef class _TensorRef:
     cdef bint readonly
     cdef str readonly_why  # why it is read-only, for the error (None: writable)
     cdef bint copied      # the producer handed over a copy (DLPack IS_COPIED)
+    # the stream its producer named (CAI, C exchange API) or was told
+    # (DLPack), 0 if none: a call that takes this view again orders after it
+    cdef uintptr_t stream
+    cdef bint named       # the producer named `stream` (it becomes the work stream)
     cdef tuple _shape
     cdef object _dtype    # numpy dtype
     cdef object owner     # keeps the memory alive (DLPack owner, the exporting object)
@@ -244,6 +256,7 @@ cdef _TensorRef from_dlpack(object obj, str name, Py_ssize_t i, bint indexed, Te
     if kind == kDLCUDA:
         cuda_ordinal(int(dev[1]), label(name, i, indexed))  # a CUDA build and that device
         kwargs = {"stream": tl.work_stream}
+        tl.add_stream(tl.work_stream, False)  # ordered after its work: the call must follow
     elif kind == kDLCPU or kind == kDLCUDAHost:
         kwargs = {}
     else:
@@ -280,6 +293,8 @@ cdef _TensorRef from_dlpack(object obj, str name, Py_ssize_t i, bint indexed, Te
                         f"{type(capsule).__name__}, not an unused DLPack capsule")
     ref = ref_from_dltensor(dl, flags, name, i, indexed)
     ref.owner = holder
+    if kind == kDLCUDA:
+        ref.stream = tl.work_stream
     if holder.legacy != NULL and producer_kind(type(obj)) != _WRITABLE_PRODUCER:
         set_read_only(ref, "it came as a legacy (pre-1.0) DLPack capsule, which cannot say "
                       "whether its memory may be written, so gradsync takes it as read-only "
@@ -325,9 +340,12 @@ cdef _TensorRef from_exchange_api(object obj, const DLPackExchangeAPI *api, str 
     if ref.dev.kind == GS_DEVICE_CUDA and (tl.ordered_api != api
                                            or tl.ordered_device != ref.dev.id):
         api.current_work_stream(kDLCUDA, ref.dev.id, &stream)
-        tl.work_stream = <uintptr_t>stream if stream != NULL else 1  # NULL: legacy default
+        tl.add_stream(<uintptr_t>stream if stream != NULL else 1, True)  # NULL: legacy default
         tl.ordered_api = api
         tl.ordered_device = ref.dev.id
+    if ref.dev.kind == GS_DEVICE_CUDA:
+        ref.stream = tl.work_stream
+        ref.named = True
     return ref
 
 
@@ -393,8 +411,11 @@ cdef _TensorRef from_cuda_array_interface(object obj, str name, Py_ssize_t i, bi
     else:
         check_status(gs_cuda_get_device(&dev_id), where)
     if stream is not None:
-        tl.work_stream = <uintptr_t>stream
+        tl.add_stream(<uintptr_t>stream, True)
     ref = _TensorRef.__new__(_TensorRef)
+    if stream is not None:
+        ref.stream = <uintptr_t>stream
+        ref.named = True
     ref.owner = obj
     ref.data = <void *><uintptr_t>ptr
     ref.count = count
@@ -554,6 +575,11 @@ cdef class TensorList:
     # the call's work stream (gs_cuda_set_stream): 1, the legacy default
     # stream, unless a producer named its own
     cdef uintptr_t work_stream
+    cdef list streams     # every stream a producer named or was told, once each (or None)
+    cdef bint writable    # the call writes these arrays
+    cdef gs_mem_t *mems   # the records of the DeviceArrays among them
+    cdef Py_ssize_t nmems
+    cdef TensorList after  # the call's earlier argument list, or None
 
     def __cinit__(self):
         self.t = NULL
@@ -561,9 +587,58 @@ cdef class TensorList:
         self.ordered_api = NULL
         self.ordered_device = -1
         self.work_stream = 1
+        self.mems = NULL
+        self.nmems = 0
 
     def __dealloc__(self):
         PyMem_Free(self.t)
+        PyMem_Free(self.mems)
+
+    cdef int add_stream(self, uintptr_t stream, bint named) except -1:
+        """A stream the call must follow; named: the producer's, which
+        becomes the work stream."""
+        if self.streams is None:
+            self.streams = [stream]
+        elif stream not in self.streams:
+            self.streams.append(stream)
+        if named:
+            self.work_stream = stream
+        return 0
+
+    cdef int follows(self, TensorList earlier) except -1:
+        """This list is the same call's next argument list: it starts from
+        the streams the earlier one met."""
+        if earlier is not None:
+            self.after = earlier
+            self.work_stream = earlier.work_stream
+            self.streams = list(earlier.streams) if earlier.streams else None
+            self.ordered_api = earlier.ordered_api
+            self.ordered_device = earlier.ordered_device
+        return 0
+
+    cdef int order(self) except -1:
+        """Makes the work stream follow every other stream of the call and
+        the DeviceArrays' recorded uses (their last write; every use when the
+        call writes them), and sets it for the C call that follows."""
+        cdef uintptr_t w = self.work_stream
+        cdef int dev = self.t[0].device.id
+        cdef TensorList before = self.after
+        for s in self.streams or ():
+            if s != w:
+                CHKERR(gs_cuda_stream_order(dev, w, s))
+        if self.nmems:
+            CHKERR(gs_mem_order(self.mems, self.nmems, w, self.writable))
+        if before is not None and before.work_stream != w and before.nmems:
+            CHKERR(gs_mem_order(before.mems, before.nmems, w, before.writable))
+        gs_cuda_set_stream(w)  # this thread's, for the call that follows
+        return 0
+
+    cdef int used(self, uintptr_t stream) except -1:
+        """Work the call queued on `stream` (without waiting for it) uses
+        the DeviceArrays: recorded, for their consumers and their free."""
+        if self.nmems:
+            CHKERR(gs_mem_use(self.mems, self.nmems, stream, self.writable))
+        return 0
 
     cdef str label(self, Py_ssize_t i):
         """How errors name tensor i: "tensors[i]", or "tensor" alone."""
@@ -582,6 +657,7 @@ cdef class TensorList:
         self.arrays = objs
         self.name = name
         self.indexed = indexed
+        self.writable = writable
         for i in range(n):
             obj = objs[i]
             if type(obj) is not np.ndarray:
@@ -591,6 +667,7 @@ cdef class TensorList:
                 self.arrays[i] = obj
                 if isinstance(obj, _TensorRef):
                     fill_ref(&self.t[i], <_TensorRef>obj, name, i, indexed, writable, call)
+                    self.met(<_TensorRef>obj, n)
                     continue
             fill_tensor(&self.t[i], obj, name, i, indexed, writable, call)
         # one call, one memory: host (plain or pinned) or one CUDA device
@@ -603,7 +680,22 @@ cdef class TensorList:
                     f"but {label(name, 0, indexed)} is in {device_words(self.t[0].device)} "
                     "memory; one call takes tensors on one device", GS_ERR_INVALID_ARGUMENT)
         if n > 0 and self.t[0].device.kind == GS_DEVICE_CUDA:
-            gs_cuda_set_stream(self.work_stream)  # this thread's, for the call that follows
+            self.order()
+        return 0
+
+    cdef int met(self, _TensorRef ref, Py_ssize_t n) except -1:
+        """A view read earlier (its stream) or a DeviceArray (its record)."""
+        if ref.dev.kind != GS_DEVICE_CUDA:
+            return 0
+        if isinstance(ref, DeviceArray):
+            if self.mems == NULL:
+                self.mems = <gs_mem_t *>PyMem_Malloc(max(n, 1) * sizeof(gs_mem_t))
+                if self.mems == NULL:
+                    raise MemoryError()
+            self.mems[self.nmems] = (<DeviceArray>ref).mem
+            self.nmems += 1
+        elif ref.stream != 0:  # (again, for one just read: the same stream)
+            self.add_stream(ref.stream, ref.named)
         return 0
 
 
@@ -612,12 +704,14 @@ _SINGULAR = {"tensors": "tensor"}
 
 
 cdef TensorList arguments(object tensors, str name, bint writable, str call=None,
-                          str one=None):
+                          str one=None, TensorList after=None):
     """The binding's reading of an array argument: one array or a list/tuple
     of them (named ``name[i]`` in errors; one array ``one``, by default
     ``_SINGULAR[name]``); writable: the call writes into them (``call`` names
-    it in the error for a read-only one)."""
+    it in the error for a read-only one); after: the same call's earlier
+    argument list, whose streams this one's work stream follows too."""
     cdef TensorList tl = TensorList()
+    tl.follows(after)
     if type(tensors) is list:
         tl.load(<list>tensors, name, True, writable, call)
     elif type(tensors) is tuple:

@@ -3,7 +3,9 @@
  * background thread (asynchronous collectives), and device 0's primary
  * context must never have been created. Earlier, leaving a call restored
  * "device 0" with cudaSetDevice on threads that had never chosen a device,
- * which opened a context (and its memory) on GPU 0 for every rank. Runs
+ * which opened a context (and its memory) on GPU 0 for every rank; and the
+ * calls that name no device (pinned memory, pointer queries) ran outside
+ * any context, where the runtime creates the current device's. Runs
  * against the emulated CUDA runtime with two devices (it records which
  * primary contexts were created); skips elsewhere. */
 #define _GNU_SOURCE
@@ -55,6 +57,16 @@ int main(int argc, char **argv) {
   CHECK(back[7] == 8.0f * (float)p + 8.0f, "result %g", (double)back[7]);
   GS_OK(gs_free(dev, d));
   GS_OK(gs_free(dev, g));
+  SECTION("pinned memory and pointer queries name no device");
+  const gs_device_t pinned = {GS_DEVICE_CUDA_HOST, 0};
+  void *ph = NULL;
+  GS_OK(gs_malloc(pinned, 4096, &ph));
+  gs_device_t where = {GS_DEVICE_CPU, 0};
+  GS_OK(gs_pointer_device(ph, &where));
+  CHECK(where.kind == GS_DEVICE_CUDA_HOST, "pinned memory reported as kind %d", (int)where.kind);
+  GS_OK(gs_free(pinned, ph));
+  GS_OK(gs_pointer_device(h, &where));
+  CHECK(where.kind == GS_DEVICE_CPU, "stack memory reported as kind %d", (int)where.kind);
   GS_OK(gs_comm_free(&c));
   SECTION("device 0 still has no context");
   CHECK(created(1), "device 1's context was never created (the test did not run there?)");

@@ -42,13 +42,15 @@ static float *floats(int64_t n, float value) {
   return h;
 }
 
-/* Allocated and filled on the legacy default stream (gs_malloc allocates on
- * the thread's work stream, which the sections set to a held one). */
+/* Allocated and filled on the legacy default stream, then waited for: an
+ * upload from pageable memory returns with its DMA still queued there, and
+ * the sections' held streams are not ordered after it. */
 static gs_tensor_t to_device(const float *h, int64_t n) {
   void *d = NULL;
   gs_cuda_set_stream(1);
   GS_OK(gs_malloc(DEV, (size_t)n * sizeof(float), &d));
   GS_OK(gs_memcpy(d, DEV, h, HOST, (size_t)n * sizeof(float)));
+  CHECK(emu_sync(1) == 0, "the upload failed");
   return (gs_tensor_t){d, n, GS_FLOAT32, DEV};
 }
 

@@ -44,6 +44,9 @@ static gs_tensor_t device_floats(int64_t n, float value) {
   void *d = NULL;
   GS_OK(gs_malloc(DEV, (size_t)n * sizeof(float), &d));
   GS_OK(gs_memcpy(d, DEV, h, HOST, (size_t)n * sizeof(float)));
+  /* an upload from pageable memory returns with its DMA still queued on
+   * the legacy stream, which the sections' own streams do not follow */
+  CHECK(emu_sync(LEGACY) == 0, "the upload failed");
   free(h);
   return (gs_tensor_t){d, n, GS_FLOAT32, DEV};
 }

@@ -29,15 +29,18 @@ constexpr int kThreads = 256;
 size_t esize(int dtype) { return gs_dtype_size((gs_dtype_t)dtype); }
 
 // A device range of `n` elements of `dtype` at element `first` of p.
-cudaError_t check_elems(const void *p, int64_t first, int64_t n, int dtype, const char *what) {
+// `access`: EMU_READ or EMU_WRITE, for the race checks.
+cudaError_t check_elems(const void *p, int64_t first, int64_t n, int dtype, int access,
+                        const char *what) {
   size_t es = esize(dtype);
   if (n <= 0) return cudaSuccess;
-  return emu_check_range((const char *)p + (size_t)first * es, (size_t)n * es, es, 0, what);
+  return emu_check_range((const char *)p + (size_t)first * es, (size_t)n * es, es, 0, access,
+                         what);
 }
 
 template <class T>
 cudaError_t check_table(const T *p, int64_t i, const char *what) {
-  return emu_check_range(p + i, sizeof(T), 8, 0, what);
+  return emu_check_range(p + i, sizeof(T), 8, 0, EMU_READ, what);
 }
 
 #define TRY(call)                          \
@@ -61,9 +64,9 @@ cudaError_t run_elementwise(void *arg) {
     gs_cu_item_t it = k->items[i];
     TRY(check_table(k->runs, it.run, "elementwise kernel: run"));
     gs_cu_run_t r = k->runs[it.run];
-    TRY(check_elems(r.a, it.first, it.count, r.adtype, "elementwise kernel: a"));
-    if (k->mode != GS_CU_ZERO)
-      TRY(check_elems(r.b, it.first, it.count, r.bdtype, "elementwise kernel: b"));
+    if (k->mode != GS_CU_ZERO && r.b != r.a)
+      TRY(check_elems(r.b, it.first, it.count, r.bdtype, EMU_READ, "elementwise kernel: b"));
+    TRY(check_elems(r.a, it.first, it.count, r.adtype, EMU_WRITE, "elementwise kernel: a"));
     for (int t = 0; t < kThreads; t++)
       gs_pieces::elementwise_item(k->mode, r, it.first, it.count, k->scale, t, kThreads);
   }
@@ -90,13 +93,14 @@ bool nonfinite(int dtype, const void *p, int64_t i) {
 
 cudaError_t run_nonfinite(void *arg) {
   const Nonfinite *k = (const Nonfinite *)arg;
-  TRY(emu_check_range(k->flag, sizeof(int), sizeof(int), 0, "all_finite kernel: flag"));
+  TRY(emu_check_range(k->flag, sizeof(int), sizeof(int), 0, EMU_WRITE, "all_finite kernel: flag"));
   for (int64_t i = 0; i < k->nitems; i++) {
     TRY(check_table(k->items, i, "all_finite kernel: work item"));
     gs_cu_item_t it = k->items[i];
     TRY(check_table(k->t, it.run, "all_finite kernel: tensor"));
     gs_tensor_t x = k->t[it.run];
-    TRY(check_elems(x.data, it.first, it.count, x.dtype, "all_finite kernel: tensor data"));
+    TRY(check_elems(x.data, it.first, it.count, x.dtype, EMU_READ,
+                    "all_finite kernel: tensor data"));
     for (int64_t j = 0; j < it.count; j++)
       if (nonfinite(x.dtype, x.data, it.first + j)) *k->flag = 1;
   }
@@ -124,9 +128,10 @@ cudaError_t each_slice(const Slices *k, const char *what, Visit visit) {
     gs_cu_item_t it = k->items[i];
     TRY(check_table(k->slices, it.run, what));
     gs_cu_slice_t sl = k->slices[it.run];
-    TRY(check_elems(k->a, sl.start + it.first, it.count, k->dtype, what));
-    TRY(check_elems(k->b, sl.start + it.first, it.count, k->dtype, what));
-    if (k->out) TRY(check_elems(k->out, sl.start + it.first, it.count, k->dtype, what));
+    TRY(check_elems(k->a, sl.start + it.first, it.count, k->dtype, EMU_READ, what));
+    TRY(check_elems(k->b, sl.start + it.first, it.count, k->dtype, EMU_READ, what));
+    if (k->out)
+      TRY(check_elems(k->out, sl.start + it.first, it.count, k->dtype, EMU_WRITE, what));
     if (it.run != last) TRY(visit(it.run, sl));
     last = it.run;
   }
@@ -135,8 +140,9 @@ cudaError_t each_slice(const Slices *k, const char *what, Visit visit) {
 
 cudaError_t run_dots(void *arg) {
   const Slices *k = (const Slices *)arg;
-  TRY(emu_check_range(k->d, 3 * (size_t)k->nslices * sizeof(double), 8, 0, "dots kernel: d"));
-  TRY(emu_check_range(k->first_item, ((size_t)k->nslices + 1) * sizeof(int64_t), 8, 0,
+  TRY(emu_check_range(k->d, 3 * (size_t)k->nslices * sizeof(double), 8, 0, EMU_WRITE,
+                      "dots kernel: d"));
+  TRY(emu_check_range(k->first_item, ((size_t)k->nslices + 1) * sizeof(int64_t), 8, 0, EMU_READ,
                       "dots kernel: first items"));
   size_t es = esize(k->dtype);
   for (int64_t j = 0; j < k->nslices; j++) k->d[3 * j] = k->d[3 * j + 1] = k->d[3 * j + 2] = 0;
@@ -151,7 +157,8 @@ cudaError_t run_combine(void *arg) {
   const Slices *k = (const Slices *)arg;
   size_t es = esize(k->dtype);
   return each_slice(k, "combine kernel", [&](int64_t j, gs_cu_slice_t sl) {
-    TRY(emu_check_range(k->coef + 2 * j, 2 * sizeof(double), 8, 0, "combine kernel: coef"));
+    TRY(emu_check_range(k->coef + 2 * j, 2 * sizeof(double), 8, 0, EMU_READ,
+                        "combine kernel: coef"));
     size_t o = (size_t)sl.start * es;
     gs_cpu_adasum_combine((gs_dtype_t)k->dtype, k->coef[2 * j], (const char *)k->a + o,
                           k->coef[2 * j + 1], (const char *)k->b + o, (char *)k->out + o,
@@ -171,8 +178,8 @@ cudaError_t run_keys(void *arg) {
   const Keys *k = (const Keys *)arg;
   size_t es = esize(k->dtype), kb = (size_t)gs_cu_key_bytes((gs_dtype_t)k->dtype);
   size_t sb = k->inverse ? kb : es, db = k->inverse ? es : kb;
-  TRY(emu_check_range(k->src, (size_t)k->count * sb, sb, 0, "order-key kernel: src"));
-  TRY(emu_check_range(k->dst, (size_t)k->count * db, db, 0, "order-key kernel: dst"));
+  TRY(emu_check_range(k->src, (size_t)k->count * sb, sb, 0, EMU_READ, "order-key kernel: src"));
+  TRY(emu_check_range(k->dst, (size_t)k->count * db, db, 0, EMU_WRITE, "order-key kernel: dst"));
   for (int64_t i = 0; i < k->count; i++)
     gs_pieces::order_key(k->dtype, k->max != 0, k->inverse != 0, k->src, k->dst, i);
   return cudaSuccess;

@@ -162,6 +162,12 @@ static CUresult drv_pop(CUcontext *ctx) {
   if (ctx) *ctx = (CUcontext)&context_tokens[d];
   return CUDA_SUCCESS;
 }
+static CUresult drv_state(CUdevice dev, unsigned int *flags, int *active) {
+  if (dev < 0 || dev >= device_count()) return CUDA_ERROR_INVALID_DEVICE;
+  *flags = 0;
+  *active = __atomic_load_n(&primary_created[dev], 0);
+  return CUDA_SUCCESS;
+}
 static CUresult drv_current(CUcontext *ctx) {
   *ctx = depth > 0 ? (CUcontext)&context_tokens[stack[depth - 1]]
          : runtime_device >= 0 ? (CUcontext)&context_tokens[runtime_device] : NULL;
@@ -178,6 +184,7 @@ cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **fn, unsi
       {"cuCtxPushCurrent", (void *)drv_push},
       {"cuCtxPopCurrent", (void *)drv_pop},
       {"cuCtxGetCurrent", (void *)drv_current},
+      {"cuDevicePrimaryCtxGetState", (void *)drv_state},
   };
   *fn = NULL;
   for (size_t k = 0; k < sizeof table / sizeof *table; k++)
@@ -193,7 +200,7 @@ typedef struct alloc {
   size_t bytes;
   enum cudaMemoryType type;
   int device;
-  int pending; /* cudaMallocAsync'ed, its stream has not reached the allocation yet */
+  emu_accesses_t *acc; /* stream work's accesses (emu_races.c) */
 } alloc_t;
 
 static pthread_mutex_t mem_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -202,6 +209,14 @@ static size_t nallocs, cap_allocs;
 static void **quarantine;
 static size_t *quarantine_bytes, nquarantine, quarantine_total;
 static long pageable_uploads;
+static int hold_uploads;
+
+/* Test hook: the next pageable host-to-device cudaMemcpy's DMA waits behind
+ * a gate (gs_emulated_release): it is still queued when cudaMemcpy returns,
+ * as it may be on hardware. */
+__attribute__((visibility("default"))) void gs_emulated_hold_uploads(void) {
+  __atomic_store_n(&hold_uploads, 1, 0);
+}
 
 /* Test hook: host-to-device copies from pageable memory seen so far. */
 __attribute__((visibility("default"))) long gs_emulated_pageable_uploads(void) { return __atomic_load_n(&pageable_uploads, 0); }
@@ -233,7 +248,7 @@ static cudaError_t track(void *p, size_t bytes, enum cudaMemoryType type, int de
   size_t at = 0;
   while (at < nallocs && allocs[at].base < (char *)p) at++;
   memmove(&allocs[at + 1], &allocs[at], (nallocs - at) * sizeof *allocs);
-  allocs[at] = (alloc_t){p, bytes, type, device, 0};
+  allocs[at] = (alloc_t){p, bytes, type, device, NULL};
   nallocs++;
   pthread_mutex_unlock(&mem_mu);
   return cudaSuccess;
@@ -254,8 +269,9 @@ static cudaError_t emu_alloc(void **p, size_t bytes, enum cudaMemoryType type) {
   return cudaSuccess;
 }
 
-/* Poisons and quarantines: later use finds no live allocation there. */
-static cudaError_t emu_release(void *p, enum cudaMemoryType type) {
+/* Poisons and quarantines: later use finds no live allocation there. A
+ * stream-ordered free (`ordered`) must also be ordered after every use. */
+static cudaError_t emu_release(void *p, enum cudaMemoryType type, int ordered) {
   if (!p) return cudaSuccess;
   pthread_mutex_lock(&mem_mu);
   long i = find(p);
@@ -265,6 +281,11 @@ static cudaError_t emu_release(void *p, enum cudaMemoryType type) {
             type == cudaMemoryTypeHost ? "pinned" : "device");
     return fail(cudaErrorInvalidValue);
   }
+  if (ordered && emu_races_free(&allocs[i].acc, p, "cudaFreeAsync") != 0) {
+    pthread_mutex_unlock(&mem_mu);
+    return cudaErrorIllegalAddress;
+  }
+  emu_races_drop(&allocs[i].acc);
   size_t bytes = allocs[i].bytes;
   memmove(&allocs[i], &allocs[i + 1], (nallocs - (size_t)i - 1) * sizeof *allocs);
   nallocs--;
@@ -290,7 +311,7 @@ static cudaError_t emu_release(void *p, enum cudaMemoryType type) {
   return cudaSuccess;
 }
 
-cudaError_t emu_check_range(const void *p, size_t bytes, size_t align, int host_ok,
+cudaError_t emu_check_range(const void *p, size_t bytes, size_t align, int host_ok, int access,
                             const char *what) {
   if (bytes == 0) return cudaSuccess;
   if (align > 1 && (uintptr_t)p % align) {
@@ -301,13 +322,11 @@ cudaError_t emu_check_range(const void *p, size_t bytes, size_t align, int host_
   pthread_mutex_lock(&mem_mu);
   long i = find(p);
   int ok = i >= 0 ? (const char *)p + bytes <= allocs[i].base + allocs[i].bytes : host_ok;
-  int early = i >= 0 && allocs[i].pending;
+  int raced = ok && i >= 0 && access != EMU_TOUCH &&
+              emu_races_access(&allocs[i].acc, p, (const char *)p + bytes, access == EMU_WRITE,
+                               what) != 0;
   pthread_mutex_unlock(&mem_mu);
-  if (early) {
-    fprintf(stderr, "emulated CUDA: %s: [%p, +%zu) is used on a stream not ordered after its "
-            "cudaMallocAsync (the allocating stream has not reached it)\n", what, p, bytes);
-    return cudaErrorIllegalAddress;
-  }
+  if (raced) return cudaErrorIllegalAddress;
   if (!ok) {
     fprintf(stderr, "emulated CUDA: %s: [%p, +%zu) is not inside live device memory (freed, "
             "out of bounds, or host memory)\n", what, p, bytes);
@@ -316,42 +335,60 @@ cudaError_t emu_check_range(const void *p, size_t bytes, size_t align, int host_
   return cudaSuccess;
 }
 
-static int is_tracked(const void *p) {
+/* The kind of memory at p: unregistered (pageable host memory) unless tracked. */
+static enum cudaMemoryType kind_of(const void *p) {
   pthread_mutex_lock(&mem_mu);
-  int t = find(p) >= 0;
+  long i = find(p);
+  enum cudaMemoryType t = i >= 0 ? allocs[i].type : cudaMemoryTypeUnregistered;
   pthread_mutex_unlock(&mem_mu);
   return t;
 }
 
-cudaError_t cudaMalloc(void **p, size_t n) { return emu_alloc(p, n, cudaMemoryTypeDevice); }
-cudaError_t cudaMallocHost(void **p, size_t n) { return emu_alloc(p, n, cudaMemoryTypeHost); }
-cudaError_t cudaFree(void *p) { return emu_release(p, cudaMemoryTypeDevice); }
-cudaError_t cudaFreeHost(void *p) { return emu_release(p, cudaMemoryTypeHost); }
+static int is_tracked(const void *p) { return kind_of(p) != cudaMemoryTypeUnregistered; }
 
-static cudaError_t make_live(void *arg) {
+/* Test hook: reads device memory now, from the host, outside any stream's
+ * order (what a test looks at without taking part in the race checks).
+ * 0, or -1 when [src, +bytes) is not inside one live allocation. */
+__attribute__((visibility("default"))) int gs_emulated_peek(void *dst, const void *src,
+                                                            size_t bytes) {
   pthread_mutex_lock(&mem_mu);
-  long i = find(*(void **)arg);
-  if (i >= 0) allocs[i].pending = 0;
+  long i = find(src);
+  int ok = i >= 0 && (const char *)src + bytes <= allocs[i].base + allocs[i].bytes;
+  if (ok) memcpy(dst, src, bytes);
   pthread_mutex_unlock(&mem_mu);
-  return cudaSuccess;
+  return ok ? 0 : -1;
 }
 
-/* Usable once `stream` reaches the allocation: on another stream only when
- * ordered after it (an event, or the host having waited for it), as the
- * stream-ordered allocator requires. */
+/* Calls that need a context create the current device's primary context
+ * when the thread has none, as the runtime does. */
+cudaError_t cudaMalloc(void **p, size_t n) { return emu_alloc(p, n, cudaMemoryTypeDevice); }
+cudaError_t cudaMallocHost(void **p, size_t n) { return emu_alloc(p, n, cudaMemoryTypeHost); }
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
+  (void)flags;
+  return emu_alloc(p, n, cudaMemoryTypeHost);
+}
+cudaError_t cudaFree(void *p) { return emu_release(p, cudaMemoryTypeDevice, 0); }
+cudaError_t cudaFreeHost(void *p) {
+  if (emu_current_device() < 0) return emu_sticky();
+  return emu_release(p, cudaMemoryTypeHost, 0);
+}
+
+/* Stream-ordered: the allocation is born at the stream's position now, and
+ * work on other streams must be ordered after that (emu_races.c). */
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t stream) {
   cudaError_t e = emu_alloc(p, n, cudaMemoryTypeDevice);
-  if (e != cudaSuccess) return e;
-  pthread_mutex_lock(&mem_mu);
-  long i = find(*p);
-  if (i >= 0) allocs[i].pending = 1;
-  pthread_mutex_unlock(&mem_mu);
-  if (emu_enqueue(stream, make_live, p, sizeof *p) != cudaSuccess) make_live(p);
-  return cudaSuccess;
+  emu_point_t at;
+  if (e == cudaSuccess && emu_mark(stream, &at) == cudaSuccess) {
+    pthread_mutex_lock(&mem_mu);
+    long i = find(*p);
+    if (i >= 0) emu_races_born(&allocs[i].acc, allocs[i].base, allocs[i].base + allocs[i].bytes, at);
+    pthread_mutex_unlock(&mem_mu);
+  }
+  return e;
 }
 
 static cudaError_t free_later(void *arg) {
-  return emu_release(*(void **)arg, cudaMemoryTypeDevice);
+  return emu_release(*(void **)arg, cudaMemoryTypeDevice, 1);
 }
 
 cudaError_t cudaFreeAsync(void *p, cudaStream_t stream) {
@@ -361,6 +398,7 @@ cudaError_t cudaFreeAsync(void *p, cudaStream_t stream) {
 
 cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *attr, const void *ptr) {
   memset(attr, 0, sizeof *attr);
+  if (emu_current_device() < 0) return emu_sticky();
   attr->type = cudaMemoryTypeUnregistered;
   attr->device = 0;
   pthread_mutex_lock(&mem_mu);
@@ -387,9 +425,10 @@ typedef struct copy_job {
 static cudaError_t run_copy(void *arg) {
   copy_job_t *c = arg;
   const void *src = c->snapshot ? c->snapshot : c->src;
-  cudaError_t e = emu_check_range(c->dst, c->bytes, 1, !is_tracked(c->dst), "cudaMemcpy dst");
+  cudaError_t e =
+      emu_check_range(c->dst, c->bytes, 1, !is_tracked(c->dst), EMU_WRITE, "cudaMemcpy dst");
   if (e == cudaSuccess && !c->snapshot)
-    e = emu_check_range(src, c->bytes, 1, !is_tracked(src), "cudaMemcpy src");
+    e = emu_check_range(src, c->bytes, 1, !is_tracked(src), EMU_READ, "cudaMemcpy src");
   if (e == cudaSuccess) memmove(c->dst, src, c->bytes);
   free(c->snapshot);
   return e;
@@ -417,10 +456,26 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcp
   return copy(dst, src, n, stream, 1);
 }
 
+static int on_device(enum cudaMemoryType t) {
+  return t == cudaMemoryTypeDevice || t == cudaMemoryTypeManaged;
+}
+
+/* The runtime's documented host synchronization: from pageable memory to
+ * the device, the legacy stream is synchronized, the source staged and the
+ * DMA may still be queued on return; device to device nothing is waited
+ * for; otherwise the copy is done on return. */
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
   (void)kind;
+  enum cudaMemoryType from = kind_of(src), to = kind_of(dst);
+  if (from == cudaMemoryTypeUnregistered && on_device(to)) {
+    cudaError_t e = cudaStreamSynchronize(cudaStreamLegacy);
+    if (e == cudaSuccess && __atomic_exchange_n(&hold_uploads, 0, 0))
+      e = (cudaError_t)gs_emulated_hold(1);
+    return e == cudaSuccess ? copy(dst, src, n, cudaStreamLegacy, 0) : e;
+  }
   cudaError_t e = copy(dst, src, n, cudaStreamLegacy, 0);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(cudaStreamLegacy);
+  if (e == cudaSuccess && !(on_device(from) && on_device(to)))
+    e = cudaStreamSynchronize(cudaStreamLegacy);
   return e;
 }
 
@@ -437,8 +492,4 @@ cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr att
   return cudaSuccess;
 }
 
-cudaError_t cudaStreamGetDevice(cudaStream_t stream, int *device) {
-  (void)stream;
-  *device = emu_current_device();
-  return *device < 0 ? emu_sticky() : cudaSuccess;
-}
+

@@ -1,9 +1,11 @@
 /* Emulated CUDA: streams, events and the sticky error (see emu.h). Every
  * stream owns a thread that runs its operations in order, each after the
  * operations it depends on (earlier work on its own stream, stream waits on
- * events, and the legacy default stream's implicit ordering). One lock and
- * one condition variable cover all of it: this is a test harness, made to
- * be simple and strict, not fast. */
+ * events, and the legacy default stream's implicit ordering). Each
+ * operation also carries the vector clock of what it is ordered after, for
+ * the race checks (emu_races.c). One lock and one condition variable cover
+ * all of it: this is a test harness, made to be simple and strict, not
+ * fast. */
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdio.h>
@@ -14,13 +16,23 @@
 
 #include "emu.h"
 
+#define HOOK __attribute__((visibility("default")))
+
 #define MAX_DEVICES 8
 #define STREAM_MAGIC 0x5354524du
 #define EVENT_MAGIC 0x45564e54u
 
+/* A vector clock: for each stream (by index), the last operation of it
+ * that an operation is ordered after. */
+typedef struct clock {
+  uint64_t *vc;
+  int n;
+} clock_t_;
+
 typedef struct dep {
   emu_stream_t *s;
   uint64_t seq;
+  const clock_t_ *clock; /* the clock at that point (an event's) */
 } dep_t;
 
 typedef struct op {
@@ -30,6 +42,7 @@ typedef struct op {
   void *arg;
   int ndeps;
   dep_t *deps;
+  clock_t_ clock;
 } op_t;
 
 struct emu_stream {
@@ -37,9 +50,11 @@ struct emu_stream {
   int device;
   int legacy;        /* the legacy default stream of `device` */
   int nonblocking;   /* cudaStreamNonBlocking: no implicit legacy ordering */
-  int destroyed;     /* cudaStreamDestroy: its thread ends once its work has */
+  int idx;           /* its index in the clocks */
+  int destroyed;     /* cudaStreamDestroy'd: its work runs, its handle is dead */
   op_t *head, *tail;
   uint64_t enqueued, completed;
+  clock_t_ clock;    /* of its latest enqueued operation */
   emu_stream_t *next_all;
 };
 
@@ -47,6 +62,7 @@ typedef struct emu_event {
   unsigned magic;
   emu_stream_t *s;
   uint64_t seq;
+  clock_t_ clock;
 } emu_event_t;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -55,6 +71,10 @@ static emu_stream_t *all_streams;
 static emu_stream_t *legacy_streams[MAX_DEVICES];
 static cudaError_t sticky_error = cudaSuccess;
 static long delay_us = -1;
+static int nstreams;
+static long destroyed_uses;
+static _Thread_local const op_t *running; /* on a stream's thread, while it runs */
+static _Thread_local int running_stream;
 
 cudaError_t emu_sticky(void) {
   pthread_mutex_lock(&mu);
@@ -86,6 +106,8 @@ static void *stream_thread(void *arg) {
     if (!s->head) break; /* destroyed, and its work done */
     op_t *o = s->head;
     cudaError_t before = sticky_error;
+    running = o;
+    running_stream = s->idx;
     pthread_mutex_unlock(&mu);
     long d = op_delay();
     if (d > 0 && o->fn) {
@@ -96,6 +118,7 @@ static void *stream_thread(void *arg) {
      * wait on the host hangs: it sees the error instead */
     cudaError_t e = (o->fn && before == cudaSuccess) ? o->fn(o->arg) : cudaSuccess;
     pthread_mutex_lock(&mu);
+    running = NULL;
     if (e != cudaSuccess && sticky_error == cudaSuccess) sticky_error = e;
     s->head = o->next;
     if (!s->head) s->tail = NULL;
@@ -103,6 +126,7 @@ static void *stream_thread(void *arg) {
     pthread_cond_broadcast(&progress);
     free(o->arg);
     free(o->deps);
+    free(o->clock.vc);
     free(o);
   }
   pthread_mutex_unlock(&mu);
@@ -116,6 +140,7 @@ static emu_stream_t *new_stream(int device, int legacy, int nonblocking) {
   s->device = device;
   s->legacy = legacy;
   s->nonblocking = nonblocking;
+  s->idx = nstreams++;
   pthread_t th;
   pthread_attr_t attr;
   pthread_attr_init(&attr);
@@ -133,14 +158,61 @@ static emu_stream_t *new_stream(int device, int legacy, int nonblocking) {
 
 /* The emulated stream behind a handle, under the lock. NULL and
  * cudaStreamLegacy (and, approximated, cudaStreamPerThread) are the current
- * device's legacy default stream. */
+ * device's legacy default stream. A destroyed stream's handle is dead: its
+ * use is counted and reported, and resolves to nothing. */
 static emu_stream_t *resolve(cudaStream_t h, int device) {
   if (h == NULL || h == cudaStreamLegacy || h == cudaStreamPerThread) {
     if (!legacy_streams[device]) legacy_streams[device] = new_stream(device, 1, 0);
     return legacy_streams[device];
   }
   emu_stream_t *s = (emu_stream_t *)h;
-  return s->magic == STREAM_MAGIC && !s->destroyed ? s : NULL;
+  if (s->magic != STREAM_MAGIC) return NULL;
+  if (s->destroyed) {
+    destroyed_uses++;
+    fprintf(stderr, "emulated CUDA: use of stream %p after cudaStreamDestroy\n", (void *)s);
+    return NULL;
+  }
+  return s;
+}
+
+/* ---- vector clocks ---------------------------------------------------------------- */
+
+/* Raises c to at least `other`, entry by entry (growing it as needed). */
+static int clock_join(clock_t_ *c, const uint64_t *other, int n) {
+  if (n > c->n) {
+    uint64_t *g = realloc(c->vc, (size_t)n * sizeof *g);
+    if (!g) return -1;
+    memset(g + c->n, 0, (size_t)(n - c->n) * sizeof *g);
+    c->vc = g;
+    c->n = n;
+  }
+  for (int i = 0; i < n; i++)
+    if (other[i] > c->vc[i]) c->vc[i] = other[i];
+  return 0;
+}
+
+static int clock_copy(clock_t_ *to, const clock_t_ *from) {
+  free(to->vc);
+  to->vc = NULL;
+  to->n = 0;
+  return clock_join(to, from->vc, from->n);
+}
+
+/* The clock of operation `seq` of s, queued now after `deps`: its stream's
+ * earlier work, its dependencies' clocks, and everything already finished
+ * (the host may have waited for it, so nothing queued now runs before it). */
+static int clock_of(clock_t_ *c, emu_stream_t *s, const dep_t *deps, int ndeps, uint64_t seq) {
+  uint64_t *done = calloc((size_t)nstreams, sizeof *done);
+  if (!done) return -1;
+  for (emu_stream_t *t = all_streams; t; t = t->next_all) done[t->idx] = t->completed;
+  int e = clock_join(c, done, nstreams);
+  free(done);
+  if (e == 0) e = clock_join(c, s->clock.vc, s->clock.n);
+  for (int k = 0; k < ndeps && e == 0; k++)
+    e = deps[k].clock ? clock_join(c, deps[k].clock->vc, deps[k].clock->n)
+                      : clock_join(c, deps[k].s->clock.vc, deps[k].s->clock.n);
+  if (e == 0) c->vc[s->idx] = seq;
+  return e == 0 ? clock_copy(&s->clock, c) : -1;
 }
 
 /* Appends an operation; `extra` is one more dependency (a stream wait). */
@@ -160,7 +232,13 @@ static cudaError_t push(emu_stream_t *s, emu_fn fn, void *arg, const dep_t *extr
     for (emu_stream_t *t = all_streams; t; t = t->next_all)
       if (t != s && t->device == s->device && !t->nonblocking && (s->legacy || t->legacy) &&
           t->enqueued > t->completed)
-        o->deps[o->ndeps++] = (dep_t){t, t->enqueued};
+        o->deps[o->ndeps++] = (dep_t){t, t->enqueued, NULL};
+  }
+  if (clock_of(&o->clock, s, o->deps, o->ndeps, s->enqueued + 1) != 0) {
+    free(o->clock.vc);
+    free(o->deps);
+    free(o);
+    return cudaErrorMemoryAllocation;
   }
   o->fn = fn;
   o->arg = arg;
@@ -204,17 +282,57 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned int flags) {
 
 cudaError_t cudaStreamCreate(cudaStream_t *out) { return cudaStreamCreateWithFlags(out, 0); }
 
-/* Its queued work still runs, then its thread ends; the struct stays (events
- * and other streams' dependencies may still name it), and any later use of
- * the handle fails. */
+static cudaError_t lock_stream(cudaStream_t h, emu_stream_t **s);
+
 cudaError_t cudaStreamDestroy(cudaStream_t h) {
-  emu_stream_t *s = (emu_stream_t *)h;
-  if (!s || h == cudaStreamLegacy || h == cudaStreamPerThread) return cudaErrorInvalidResourceHandle;
-  pthread_mutex_lock(&mu);
-  cudaError_t e = s->magic == STREAM_MAGIC && !s->destroyed && !s->legacy
-                      ? cudaSuccess : cudaErrorInvalidResourceHandle;
+  /* its work still runs; the emulated stream stays (a test harness), but
+   * its handle is dead from now on */
+  emu_stream_t *s;
+  cudaError_t locked = lock_stream(h, &s);
+  if (locked != cudaSuccess) return locked;
+  cudaError_t e = s && !s->legacy ? cudaSuccess : cudaErrorInvalidResourceHandle;
   if (e == cudaSuccess) s->destroyed = 1;
-  pthread_cond_broadcast(&progress);
+  pthread_cond_broadcast(&progress); /* its thread ends once its work has */
+  pthread_mutex_unlock(&mu);
+  return e;
+}
+
+cudaError_t cudaStreamGetId(cudaStream_t h, unsigned long long *id) {
+  emu_stream_t *s;
+  cudaError_t locked = lock_stream(h, &s);
+  if (locked != cudaSuccess) return locked;
+  if (s) *id = (unsigned long long)s->idx + 1;
+  pthread_mutex_unlock(&mu);
+  return s ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+cudaError_t cudaStreamGetDevice(cudaStream_t h, int *device) {
+  emu_stream_t *s;
+  cudaError_t locked = lock_stream(h, &s);
+  if (locked != cudaSuccess) return locked;
+  if (s) *device = s->device;
+  pthread_mutex_unlock(&mu);
+  return s ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
+
+/* ---- what the race checks ask (emu.h) ------------------------------------------- */
+
+int emu_running_clock(emu_clock_t *c) {
+  const op_t *o = running;
+  if (!o) return 0;
+  c->self = (emu_point_t){running_stream, o->seq};
+  c->vc = o->clock.vc;
+  c->n = o->clock.n;
+  return 1;
+}
+
+cudaError_t emu_mark(cudaStream_t h, emu_point_t *at) {
+  emu_stream_t *s;
+  cudaError_t locked = lock_stream(h, &s);
+  if (locked != cudaSuccess) return locked;
+  uint64_t seq = 0;
+  cudaError_t e = s ? push(s, NULL, NULL, NULL, &seq) : cudaErrorInvalidResourceHandle;
+  if (e == cudaSuccess) *at = (emu_point_t){s->idx, seq};
   pthread_mutex_unlock(&mu);
   return e;
 }
@@ -285,6 +403,7 @@ cudaError_t cudaEventDestroy(cudaEvent_t h) {
   emu_event_t *ev = (emu_event_t *)h;
   if (!ev || ev->magic != EVENT_MAGIC) return cudaErrorInvalidResourceHandle;
   ev->magic = 0;
+  free(ev->clock.vc);
   free(ev);
   return cudaSuccess;
 }
@@ -302,6 +421,7 @@ cudaError_t cudaEventRecord(cudaEvent_t h, cudaStream_t stream) {
   if (e == cudaSuccess) {
     ev->s = s;
     ev->seq = seq;
+    if (clock_copy(&ev->clock, &s->clock) != 0) e = cudaErrorMemoryAllocation;
   }
   pthread_mutex_unlock(&mu);
   return e;
@@ -337,71 +457,17 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t h, unsigned int
   emu_stream_t *s;
   cudaError_t locked = lock_stream(stream, &s);
   if (locked != cudaSuccess) return locked;
-  dep_t dep = {ev->s, ev->seq};
+  dep_t dep = {ev->s, ev->seq, &ev->clock};
   cudaError_t e = s ? push(s, NULL, NULL, &dep, NULL) : cudaErrorInvalidResourceHandle;
   pthread_mutex_unlock(&mu);
   return e;
 }
 
-/* ---- test hooks (exported; tests find them with dlsym and skip on hardware) ---------- */
-
-#define HOOK __attribute__((visibility("default")))
-
-static cudaStream_t as_handle(uintptr_t s) {
-  return s == 0 || s == 1 ? cudaStreamLegacy : s == 2 ? cudaStreamPerThread : (cudaStream_t)s;
-}
-
-static cudaError_t sleep_op(void *arg) {
-  double seconds = *(double *)arg;
-  struct timespec t = {(time_t)seconds, (long)((seconds - (double)(time_t)seconds) * 1e9)};
-  nanosleep(&t, NULL);
-  return cudaSuccess;
-}
-
-static cudaError_t fault_op(void *arg) { return *(cudaError_t *)arg; }
-
-/* Queues `seconds` of device work on `stream` (of the current device). */
-HOOK int gs_emulated_sleep(uintptr_t stream, double seconds) {
-  return emu_enqueue(as_handle(stream), sleep_op, &seconds, sizeof seconds);
-}
-
-/* A gate: device work that lasts until gs_emulated_release (or 30 s, so a
- * test whose host waits behind a gate fails its check instead of hanging).
- * Tests that ask "is the stream still busy?" hold it with a gate rather than
- * a sleep, which a loaded machine could outlast. */
-static pthread_mutex_t gate_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t gate_opened = PTHREAD_COND_INITIALIZER;
-static unsigned long gate_generation; /* bumped by each release */
-static unsigned long gates_passed;    /* gates whose stream went on past them */
-
-static cudaError_t gate_op(void *arg) {
-  unsigned long closed_in = *(unsigned long *)arg;
-  struct timespec until;
-  clock_gettime(CLOCK_REALTIME, &until);
-  until.tv_sec += 30;
-  pthread_mutex_lock(&gate_mu);
-  int r = 0;
-  while (gate_generation == closed_in && r == 0)
-    r = pthread_cond_timedwait(&gate_opened, &gate_mu, &until);
-  gates_passed++;
-  pthread_mutex_unlock(&gate_mu);
-  return cudaSuccess;
-}
-
-/* Queues a closed gate on `stream`: it stays busy until the next release. */
-HOOK int gs_emulated_hold(uintptr_t stream) {
-  pthread_mutex_lock(&gate_mu);
-  unsigned long generation = gate_generation;
-  pthread_mutex_unlock(&gate_mu);
-  return emu_enqueue(as_handle(stream), gate_op, &generation, sizeof generation);
-}
-
-/* Opens every gate queued so far. */
-HOOK void gs_emulated_release(void) {
-  pthread_mutex_lock(&gate_mu);
-  gate_generation++;
-  pthread_cond_broadcast(&gate_opened);
-  pthread_mutex_unlock(&gate_mu);
+long emu_destroyed_uses(void) {
+  pthread_mutex_lock(&mu);
+  long n = destroyed_uses;
+  pthread_mutex_unlock(&mu);
+  return n;
 }
 
 /* cudaEventQuery calls so far: a count that keeps growing while another
@@ -413,46 +479,16 @@ HOOK long gs_emulated_event_queries(void) {
   return n;
 }
 
-/* Gates passed so far (opened, or past their 30 s): a test that finds the
- * count unchanged knows the work behind its gate has not run yet, however
- * much else it queued behind it. */
-HOOK long gs_emulated_gates_passed(void) {
-  pthread_mutex_lock(&gate_mu);
-  long n = (long)gates_passed;
-  pthread_mutex_unlock(&gate_mu);
-  return n;
-}
-
-/* Queues work that fails with `error` (a sticky one loses the context). */
-HOOK int gs_emulated_fault(uintptr_t stream, int error) {
-  cudaError_t e = (cudaError_t)error;
-  return emu_enqueue(as_handle(stream), fault_op, &e, sizeof e);
-}
-
-/* 1 while `stream` has work queued or running. */
-HOOK int gs_emulated_busy(uintptr_t stream) {
-  return cudaStreamQuery(as_handle(stream)) == cudaErrorNotReady;
-}
-
 /* Operations queued on `stream` so far (copies, kernels, event records,
  * stream waits): lets a test see that another thread's call has queued its
  * work before it goes on. */
 HOOK long gs_emulated_queued(uintptr_t stream) {
   emu_stream_t *s;
-  if (lock_stream(as_handle(stream), &s) != cudaSuccess) return -1;
+  cudaStream_t h = stream == 1 ? cudaStreamLegacy : stream == 2 ? cudaStreamPerThread
+                                                               : (cudaStream_t)stream;
+  if (lock_stream(h, &s) != cudaSuccess) return -1;
   long n = s ? (long)s->enqueued : -1;
   pthread_mutex_unlock(&mu);
   return n;
 }
 
-/* A stream of the test's own on the current device (non-blocking: the
- * legacy default stream does not wait for it), as a caller's CAI stream. */
-HOOK uintptr_t gs_emulated_stream(int nonblocking) {
-  cudaStream_t s = NULL;
-  if (cudaStreamCreateWithFlags(&s, nonblocking ? cudaStreamNonBlocking : 0) != cudaSuccess)
-    return 0;
-  return (uintptr_t)s;
-}
-
-/* Waits on the host for `stream`. */
-HOOK int gs_emulated_sync(uintptr_t stream) { return cudaStreamSynchronize(as_handle(stream)); }

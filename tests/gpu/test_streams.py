@@ -36,6 +36,9 @@ from gsutil import collectively, run_child
 try:
     _LIB = ctypes.CDLL("libgradsync.so")
     _SLEEP, _BUSY, _SYNC = _LIB.gs_emulated_sleep, _LIB.gs_emulated_busy, _LIB.gs_emulated_sync
+    # reads device memory now, outside every stream's order (no race check)
+    _PEEK = _LIB.gs_emulated_peek
+    _PEEK.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
     # a gate holds a stream busy until _RELEASE: "still busy?" is then a
     # question of order, not of how fast this machine is
     _HOLD, _RELEASE = _LIB.gs_emulated_hold, _LIB.gs_emulated_release
@@ -84,10 +87,14 @@ def test_kernels_do_not_wait(stream, held):
 
 class OnStream:
     """A DeviceArray seen through __cuda_array_interface__ with `stream` as
-    the caller's work stream."""
+    the caller's work stream. Taken onto that stream as a consumer takes it
+    (__dlpack__(stream=...) makes the stream wait for the array's pending
+    work, such as to_device's copy)."""
 
     def __init__(self, array, stream):
         self.array, self.stream = array, stream
+        del_me = array.__dlpack__(stream=stream)
+        del del_me
 
     @property
     def __cuda_array_interface__(self):
@@ -121,21 +128,28 @@ def test_collective_follows_the_callers_stream(comm, own_stream, on, call):
         np.testing.assert_array_equal(x.numpy(), np.full(2000, 3.0 * comm.size, np.float32))
 
 
+def peek(array):
+    """What a device array's memory holds now, whatever is queued on it."""
+    out = np.empty(array.shape, array.dtype)
+    assert _PEEK(out.ctypes.data, array.ptr, out.nbytes) == 0
+    return out
+
+
 def test_kernels_run_on_the_callers_cai_stream(comm, own_stream):
     x = gs.to_device(np.full(1000, 2.0, np.float32), 0)
+    _SYNC(LEGACY)  # its copy has landed: peek() below looks outside every stream's order
     with collectively():
         _HOLD(own_stream)
         gs.scale_(OnStream(x, own_stream), 3.0)
         gs.accumulate_(OnStream(x, own_stream), OnStream(x, own_stream))  # x = 12
         busy = bool(_BUSY(own_stream))
-        before = x.numpy()  # a copy on the default stream, which does not wait for own_stream
+        before = peek(x)  # (x.numpy() would race the kernels: they wrote through views)
         _RELEASE()
         _SYNC(own_stream)
         assert busy, "a gradient kernel waited on the host for the caller's stream"
         np.testing.assert_array_equal(before, np.full(1000, 2.0, np.float32),
                                       err_msg="the kernels' result showed while their stream "
-                                      "was held: they ran elsewhere, or numpy() followed a "
-                                      "stream an earlier call named")
+                                      "was held: they ran elsewhere")
         np.testing.assert_array_equal(x.numpy(), np.full(1000, 12.0, np.float32))
 
 
@@ -324,6 +338,9 @@ def test_nccl_older_than_2_14_is_refused():
 
 
 def test_no_context_on_a_device_never_used():
+    """Not by collectives, kernels, pinned memory, nor by asking where a
+    __cuda_array_interface__ pointer lives: calls that name no device go to
+    a context the process has (device 1's), never create device 0's."""
     script = """
 import ctypes, numpy as np, gradsync as gs
 lib = ctypes.CDLL("libgradsync.so")
@@ -333,6 +350,12 @@ c.allreduce_(x)
 c.allreduce_async_(x, op="max").synchronize()
 r = c.allreduce_async_(x); r.wait(); r.synchronize()
 gs.scale_(x, 2.0)
+pinned = gs.DeviceArray((8,), np.float32, "cuda_host")
+gs.scale_(pinned, 2.0)
+del pinned
+class View:
+    __cuda_array_interface__ = dict(x.__cuda_array_interface__, stream=None)
+gs.scale_(View(), 0.5)
 print(lib.gs_emulated_context_created(0), lib.gs_emulated_context_created(1))
 """
     p = run_child(script, _emulated_env(GS_EMU_DEVICES=2))
