@@ -69,6 +69,20 @@ class Busy:
                 self.torch.cuda._sleep(SPIN_CYCLES)
 
 
+def warm_up():
+    """One small kernel call first: the process's first call allocates the
+    kernel-table ring (pinned memory, whose allocation may synchronize the
+    device), which would wait out the busy-wait and hide every ordering
+    mistake the probes look for (seen on an H200, 2026-11-26: every probe
+    passed on the old code until the ring was warmed up first)."""
+    import numpy as np
+
+    import gradsync as gs
+    w = gs.to_device(np.ones(4, np.float32))
+    gs.scale_([w], 1.0)
+    gs.all_finite([w])
+
+
 def probe_ring_held_front():
     import threading
 
@@ -78,6 +92,7 @@ def probe_ring_held_front():
     x = gs.to_device(np.ones(1 << 20, np.float32))
     # one table larger than the ring (1 MiB to start, and nothing has grown it)
     small = [gs.DeviceArray(1, np.float32) for _ in range(40000)]
+    warm_up()
     busy = Busy()
     out = {}
 
@@ -106,23 +121,35 @@ def probe_ring_held_front():
 
 
 def probe_ring_many():
+    import threading
+
     import numpy as np
 
     import gradsync as gs
     host = np.linspace(1, 2, 1000, dtype=np.float32)
     x = gs.to_device(host)
+    nan = gs.to_device(np.array([1.0, np.nan], np.float32))
+    warm_up()
     busy = Busy()
     busy.start()
+    out = {}
+    # a reader waiting for its result behind the busy GPU, as the launches queue
+    reader = threading.Thread(target=lambda: out.update(finite=gs.all_finite([nan])), daemon=True)
+    reader.start()
+    time.sleep(0.3)
     n = 3000
     try:
         for i in range(n):
             gs.scale_([x], 2.0 if i % 2 else 0.5)  # exact: powers of two
     except Exception as exc:
         return "defect", f"call {i} of {n} failed: {type(exc).__name__}: {exc}"
+    reader.join(30)
+    if reader.is_alive() or out.get("finite") is not False:
+        return "defect", f"the reader: {'stuck' if reader.is_alive() else out}"
     got = x.numpy()
     if not np.array_equal(got, host):
         return "defect", f"values changed: max diff {float(np.max(np.abs(got - host)))}"
-    return "ok", f"{n} launches queued behind a busy stream completed"
+    return "ok", f"{n} launches queued behind a busy stream and a waiting reader completed"
 
 
 def probe_dead_stream():
@@ -135,6 +162,7 @@ def probe_dead_stream():
         import cupy
     except ImportError:
         return "skipped", "CuPy is not importable"
+    warm_up()
     s = cupy.cuda.Stream(non_blocking=True)
     with s:
         c = cupy.ones(1000, dtype=cupy.float32)
@@ -168,6 +196,7 @@ def probe_dlpack_stale():
     except ImportError as exc:
         return "skipped", f"torch on CUDA is needed: {exc}"
     n = 1 << 22
+    warm_up()
     details, verdict = [], "ok"
     for consumer in ("torch-dlpack", "cupy-cai"):
         x = gs.to_device(np.ones(n, np.float32))

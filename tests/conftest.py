@@ -32,8 +32,10 @@ PACKAGES = ("torch", "jax", "jaxlib", "horovod", "numpy", "mpi4py", "gradsync", 
 def check_no_shadowing(tests_dir=TESTS_DIR):
     """Raises pytest.UsageError naming any folder under tests_dir that has a
     package's name (it would be imported instead of the package)."""
+    def importable(path):  # a folder left with only __pycache__ imports nothing
+        return os.path.isdir(path) and any(e != "__pycache__" for e in os.listdir(path))
     clash = sorted(n for n in os.listdir(tests_dir)
-                   if n in PACKAGES and os.path.isdir(os.path.join(tests_dir, n)))
+                   if n in PACKAGES and importable(os.path.join(tests_dir, n)))
     if clash:
         raise pytest.UsageError(
             "tests/ holds folders named like packages the tests import: "

@@ -353,6 +353,10 @@ def test_cai_stream_is_honoured(device):
             torch.cuda._sleep(100_000_000)
             t.fill_(4.0)
         gs.scale_(CAIOnly(a, stream=s.cuda_stream), 0.5)
+        # the kernel went on s, through a view gradsync cannot trace back to
+        # `a`: the caller waits for its own stream (H200, 2026-11-26: without
+        # this wait numpy() read zeros)
+        s.synchronize()
         assert np.all(a.numpy() == 2.0)
 
 
