@@ -16,6 +16,14 @@ export PYTHONPATH := $(CURDIR)/pyx$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHON
 
 LIB := pyx/gradsync/libgradsync.so
+# The library's sources, named once: one folder per layer under src/
+# (docs/ARCHITECTURE.md); private includes name their folder, from -Isrc.
+LIB_SOURCES := $(wildcard src/*/*.c)
+LIB_DEPS := $(LIB_SOURCES) $(wildcard src/*/*.h src/*/*.cuh src/*/*.cu include/*.h)
+LIB_INCLUDES := -Iinclude -Isrc
+LIB_CFLAGS := -std=gnu11 -fPIC -fvisibility=hidden -ffp-contract=off -fopenmp \
+    -DGS_BUILDING_LIBRARY $(LIB_INCLUDES)
+LIB_LIBS := -Wl,-soname,libgradsync.so -ldl -lpthread -lm
 C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
@@ -33,14 +41,14 @@ build: deps
 
 tests/c/bin/%: tests/c/%.c $(LIB) tests/c/gs_test.h
 	@mkdir -p tests/c/bin
-	$(MPICC_RESOLVED) -O2 -g -std=gnu11 -Wall -Wextra -Iinclude -Itests/c -o $@ $< \
+	$(MPICC_RESOLVED) -O2 -g -std=gnu11 -Wall -Wextra $(LIB_INCLUDES) -Itests/c -o $@ $< \
 	    -Lpyx/gradsync -lgradsync -Wl,-rpath,$(CURDIR)/pyx/gradsync -lm
 
 # The CUDA kernels' per-thread code on the host, against the host kernels
 # (no GPU, no MPI).
-tests/c/bin/test_cuda_pieces: tests/c/test_cuda_pieces.cc src/cuda_pieces.cuh src/half.h $(LIB)
+tests/c/bin/test_cuda_pieces: tests/c/test_cuda_pieces.cc src/kernels/cuda_pieces.cuh src/base/half.h $(LIB)
 	@mkdir -p tests/c/bin
-	g++ -std=c++17 -O1 -g -Wall -Wextra -ffp-contract=off -Iinclude -Isrc -o $@ $< \
+	g++ -std=c++17 -O1 -g -Wall -Wextra -ffp-contract=off $(LIB_INCLUDES) -o $@ $< \
 	    -Lpyx/gradsync -lgradsync -Wl,-rpath,$(CURDIR)/pyx/gradsync
 
 c-tests: build $(C_TESTS) $(C_EXAMPLES) tests/c/bin/test_cuda_pieces
@@ -94,30 +102,27 @@ CPU_ONLY_LIB := build/cpu-only/libgradsync.so
 
 # The library as a machine without nvcc builds it: it must link with no
 # undefined symbol (the CUDA entry points have CPU stubs).
-$(CPU_ONLY_LIB): $(wildcard src/*.c src/*.h include/*.h)
+$(CPU_ONLY_LIB): $(LIB_DEPS)
 	@mkdir -p build/cpu-only
-	$(MPICC_RESOLVED) -O1 -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter -Werror \
-	    -fvisibility=hidden -fopenmp -DGS_BUILDING_LIBRARY -Iinclude -Isrc -shared -o $@ \
-	    $(wildcard src/*.c) -Wl,-soname,libgradsync.so -Wl,--no-undefined -ldl -lpthread -lm
+	$(MPICC_RESOLVED) -O1 $(LIB_CFLAGS) -Wall -Wextra -Wno-unused-parameter -Werror -shared -o $@ \
+	    $(LIB_SOURCES) $(LIB_LIBS) -Wl,--no-undefined
 
 # The emulated runtime (tests/emulated_cuda): streams on threads, tracked
 # device memory, the launchers on the host, and an emulated NCCL.
 NCCL_INCLUDE ?= $(shell $(PYTHON) -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'include'))" 2>/dev/null)
 EMU_SOURCES := $(wildcard tests/emulated_cuda/*.c)
 EMU_KERNELS := build/emulated/emu_kernels.o
-$(EMU_KERNELS): tests/emulated_cuda/emu_kernels.cc tests/emulated_cuda/emu.h src/cuda_pieces.cuh src/gs_cuda.h src/half.h
+$(EMU_KERNELS): tests/emulated_cuda/emu_kernels.cc tests/emulated_cuda/emu.h src/kernels/cuda_pieces.cuh src/device/gs_cuda.h src/base/half.h
 	@mkdir -p build/emulated
 	g++ -std=c++17 -O1 -g -fPIC -Wall -Wextra -fvisibility=hidden -ffp-contract=off \
-	    -I$(CUDA_INCLUDE) -Iinclude -Isrc -c $< -o $@
+	    -I$(CUDA_INCLUDE) $(LIB_INCLUDES) -c $< -o $@
 
-$(EMULATED_LIB): $(wildcard src/*.c src/*.h src/*.cuh include/*.h) $(EMU_SOURCES) $(EMU_KERNELS)
+$(EMULATED_LIB): $(LIB_DEPS) $(EMU_SOURCES) $(EMU_KERNELS)
 	@mkdir -p build/emulated
-	$(MPICC_RESOLVED) -O1 -g -fPIC -std=gnu11 -Wall -Wextra -Wno-unused-parameter \
-	    -fvisibility=hidden -ffp-contract=off -fopenmp -DGS_BUILDING_LIBRARY -DGS_HAVE_CUDA \
+	$(MPICC_RESOLVED) -O1 -g $(LIB_CFLAGS) -Wall -Wextra -Wno-unused-parameter -DGS_HAVE_CUDA \
 	    $(if $(NCCL_INCLUDE),-DGS_HAVE_NCCL -I$(NCCL_INCLUDE)) \
-	    -DGS_CUDA_ARCHS='"emulated"' -I$(CUDA_INCLUDE) -Iinclude -Isrc -shared -o $@ \
-	    $(wildcard src/*.c) $(EMU_SOURCES) $(EMU_KERNELS) -Wl,-soname,libgradsync.so \
-	    -Wl,--no-undefined -ldl -lpthread -lm -lstdc++
+	    -DGS_CUDA_ARCHS='"emulated"' -I$(CUDA_INCLUDE) -shared -o $@ \
+	    $(LIB_SOURCES) $(EMU_SOURCES) $(EMU_KERNELS) $(LIB_LIBS) -Wl,--no-undefined -lstdc++
 
 # Device tests against the emulated runtime: every path (staged MPI, the
 # CUDA-aware MPI path, NCCL through the emulated NCCL), the stream
@@ -170,7 +175,7 @@ lint: lint-c
 	$(PYTHON) -m ruff check pyx scripts tests
 	$(PYTHON) -m cython_lint.cython_lint pyx/gradsync/*.pyx pyx/gradsync/*.pxi pyx/gradsync/*.pxd
 
-C_FORMATTED = $(wildcard src/*.c src/*.h src/*.cu src/*.cuh include/*.h tests/c/*.c)
+C_FORMATTED = $(LIB_DEPS) $(wildcard tests/c/*.c)
 lint-c:
 	@sh scripts/install_deps.sh lint
 	$(SCRIPTS_DIR)/clang-format --dry-run --Werror $(C_FORMATTED)
@@ -302,7 +307,7 @@ FUZZ_KNOWN ?=
 FUZZ_MPI = $(wordlist 2,1000,$(shell $(MPICC_RESOLVED) -show))
 FUZZ_CFLAGS = -g -O1 -std=gnu11 -ffp-contract=off -Wno-unknown-pragmas \
     -Wno-implicit-function-declaration '-D__builtin_cpu_supports(f)=gs_fuzz_cpu_supports(f)' \
-    -DGS_BUILDING_LIBRARY -Iinclude -Isrc $(if $(FUZZ_KNOWN),-DGS_FUZZ_AVOID_KNOWN)
+    -DGS_BUILDING_LIBRARY $(LIB_INCLUDES) $(if $(FUZZ_KNOWN),-DGS_FUZZ_AVOID_KNOWN)
 FUZZ_ENV = LSAN_OPTIONS=suppressions=$(CURDIR)/tests/fuzz/lsan.supp \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1$(if $(FUZZ_KNOWN),:suppressions=$(CURDIR)/tests/fuzz/known_ubsan.supp)
 
@@ -316,7 +321,7 @@ fuzz: deps
 	  echo "== fuzz: libFuzzer + ASan + UBSan for $(FUZZ_SECONDS) s"; \
 	  clang $(FUZZ_CFLAGS) -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
 	      -fsanitize-recover=pointer-overflow -o build/fuzz/fuzz_args tests/fuzz/fuzz_args.c \
-	      $(wildcard src/*.c) $(FUZZ_MPI) -ldl -lpthread -lm || exit 1; \
+	      $(LIB_SOURCES) $(FUZZ_MPI) -ldl -lpthread -lm || exit 1; \
 	  $(FUZZ_ENV) timeout $$(( $(FUZZ_SECONDS) + 600 )) build/fuzz/fuzz_args \
 	      -max_total_time=$(FUZZ_SECONDS) -timeout=30 -rss_limit_mb=4096 -print_final_stats=1 \
 	      -artifact_prefix=build/fuzz/ build/fuzz/corpus tests/fuzz/corpus; \
@@ -324,7 +329,7 @@ fuzz: deps
 	  echo "== fuzz: no libFuzzer: $(FUZZ_RUNS) pseudo-random inputs under gcc's ASan + UBSan"; \
 	  gcc $(FUZZ_CFLAGS) -DGS_FUZZ_STANDALONE -fsanitize=address,undefined \
 	      -fno-sanitize-recover=all -fsanitize-recover=pointer-overflow \
-	      -o build/fuzz/fuzz_args_standalone tests/fuzz/fuzz_args.c $(wildcard src/*.c) \
+	      -o build/fuzz/fuzz_args_standalone tests/fuzz/fuzz_args.c $(LIB_SOURCES) \
 	      $(FUZZ_MPI) -ldl -lpthread -lm || exit 1; \
 	  $(FUZZ_ENV) GS_FUZZ_RUNS=$(FUZZ_RUNS) timeout 3600 build/fuzz/fuzz_args_standalone \
 	      tests/fuzz/corpus/*; \
@@ -351,12 +356,10 @@ ASAN_ENV = ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1:suppressions=$(CURDIR)/tests/fuzz/known_ubsan.supp
 check-asan: build
 	@mkdir -p build/asan/bin
-	$(MPICC_RESOLVED) $(ASAN_FLAGS) -fsanitize-recover=pointer-overflow -fPIC -std=gnu11 \
-	    -fvisibility=hidden -ffp-contract=off -fopenmp -DGS_BUILDING_LIBRARY -Iinclude -Isrc \
-	    -shared -o build/asan/libgradsync.so $(wildcard src/*.c) -Wl,-soname,libgradsync.so \
-	    -ldl -lpthread -lm
+	$(MPICC_RESOLVED) $(ASAN_FLAGS) -fsanitize-recover=pointer-overflow $(LIB_CFLAGS) \
+	    -shared -o build/asan/libgradsync.so $(LIB_SOURCES) $(LIB_LIBS)
 	@for t in $(C_TESTS) $(C_EXAMPLES); do b=build/asan/bin/$$(basename $$t); \
-	    $(MPICC_RESOLVED) $(ASAN_FLAGS) -fno-sanitize=alignment -std=gnu11 -Iinclude -Itests/c \
+	    $(MPICC_RESOLVED) $(ASAN_FLAGS) -fno-sanitize=alignment -std=gnu11 $(LIB_INCLUDES) -Itests/c \
 	        -o $$b tests/c/$$(basename $$t).c \
 	        -Lbuild/asan -lgradsync -Wl,-rpath,$(CURDIR)/build/asan -lm || exit 1; \
 	    echo "== ASan $$b at 2 ranks"; \

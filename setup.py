@@ -7,7 +7,7 @@ which `make` runs for you). The extension and mpi4py must use the same MPI
 library; gradsync checks that at import.
 
 CUDA: when nvcc is found ($NVCC, PATH, /usr/local/cuda/bin) the CUDA kernels
-(src/*.cu) are compiled for GRADSYNC_CUDA_ARCHS (default "80;90": A100 and
+(src/*/*.cu) are compiled for GRADSYNC_CUDA_ARCHS (default "80;90": A100 and
 H100/H200 code, plus PTX of the newest for later GPUs) and the CUDA runtime is
 linked statically, so the library loads on machines without a GPU or driver.
 GRADSYNC_CUDA=0 builds for the CPU only. NCCL's header comes from $NCCL_HOME or
@@ -26,6 +26,7 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 INCLUDE = os.path.join(ROOT, "include")
+SRC = os.path.join(ROOT, "src")
 C_FLAGS = ["-O3", "-g", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
            "-fvisibility=hidden", "-fno-fast-math", "-ffp-contract=off", "-fopenmp",
            "-DGS_BUILDING_LIBRARY"]
@@ -132,10 +133,13 @@ class BuildWithRuntime(build_ext):
         pkg_dir = os.path.dirname(self.get_ext_fullpath("gradsync._core"))
         os.makedirs(pkg_dir, exist_ok=True)
         lib = os.path.join(pkg_dir, "libgradsync.so")
-        sources = sorted(glob.glob(os.path.join(ROOT, "src", "*.c")))
-        cu_sources = sorted(glob.glob(os.path.join(ROOT, "src", "*.cu")))
-        deps = sources + cu_sources + glob.glob(os.path.join(ROOT, "src", "*.h")) + glob.glob(os.path.join(ROOT, "src", "*.cuh")) + \
-            glob.glob(os.path.join(INCLUDE, "*.h")) + [os.path.abspath(__file__)]
+        # one folder per layer (docs/ARCHITECTURE.md); private includes name
+        # their folder, found from -Isrc
+        sources = sorted(glob.glob(os.path.join(SRC, "*", "*.c")))
+        cu_sources = sorted(glob.glob(os.path.join(SRC, "*", "*.cu")))
+        deps = sources + cu_sources + glob.glob(os.path.join(SRC, "*", "*.h")) + \
+            glob.glob(os.path.join(SRC, "*", "*.cuh")) + glob.glob(os.path.join(INCLUDE, "*.h")) + \
+            [os.path.abspath(__file__)]
         nvcc = find_nvcc()
         config = os.path.join(pkg_dir, ".gradsync-build")
         config_now = f"nvcc={nvcc} archs={os.environ.get('GRADSYNC_CUDA_ARCHS', '')}\n"
@@ -147,7 +151,7 @@ class BuildWithRuntime(build_ext):
             # Link to a temporary name and rename: a process loading the
             # library meanwhile sees the old file or the new one, never half.
             tmp = lib + ".tmp"
-            cmd = shlex.split(mpicc) + flags + ["-I" + INCLUDE, "-shared", "-o", tmp] + \
+            cmd = shlex.split(mpicc) + flags + ["-I" + INCLUDE, "-I" + SRC, "-shared", "-o", tmp] + \
                 sources + objects + libs + \
                 ["-Wl,-soname,libgradsync.so", "-Wl,--no-undefined", "-ldl", "-lpthread", "-lm"]
             print(" ".join(cmd))
@@ -172,7 +176,7 @@ class BuildWithRuntime(build_ext):
         for src in cu_sources:
             obj = os.path.join(objdir, os.path.basename(src) + ".o")
             cmd = [nvcc, "-std=c++17", "-O3", "--fmad=false", "-Xcompiler",
-                   "-fPIC,-fvisibility=hidden", "-I" + INCLUDE, "-I" + os.path.join(ROOT, "src"),
+                   "-fPIC,-fvisibility=hidden", "-I" + INCLUDE, "-I" + SRC,
                    "-DGS_BUILDING_LIBRARY"] + gencode + ["-c", src, "-o", obj]
             print(" ".join(cmd))
             subprocess.check_call(cmd)

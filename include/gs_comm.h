@@ -21,7 +21,7 @@ typedef struct gs_comm *gs_comm_t;
 
 /* Options for gs_comm_create. Fields are only ever appended; `size` tells the
  * library which fields the caller knows about. Negative values mean "take the
- * environment variable, else the default" (see gs_env.h for both). */
+ * environment variable, else the default" (src/base/env.c reads every variable; docs/GUIDE.md lists them). */
 typedef struct gs_config {
   size_t size;                /* sizeof(gs_config_t), set by the initializer */
   int64_t fusion_threshold;   /* bytes per fused message; GRADSYNC_FUSION_THRESHOLD */

@@ -3,14 +3,15 @@
 
 Every C file of src/ is compiled with gcc's -fcallgraph-info (the .cu file's
 host side with g++ over the same flags, its kernels being leaves), which
-lists each function a file defines and each function it calls. Each file
-belongs to one layer of LAYERS below (bottom first). The check fails when
+lists each function a file defines and each function it calls. src/ has one
+folder per layer, and a file's folder is its layer (LAYERS below, bottom
+first). The check fails when
 - a call goes up: a function in one layer calls one defined in a higher one;
 - files call each other in a cycle (within a layer too);
 - a private header includes one of a higher layer, or headers include each
   other in a cycle;
 - a C file is longer than MAX_FILE_LINES, or a function than MAX_FUNCTION_LINES;
-- a file of src/ is in no layer.
+- a file of src/ sits in no layer's folder.
 Calls through function pointers (the transport table, queued jobs) are not
 calls in this graph: they are how a lower layer runs what a higher one gave
 it. The layer table is printed with each file's outgoing calls by layer.
@@ -32,57 +33,43 @@ SRC = os.path.join(TOP, "src")
 MAX_FILE_LINES = 500
 MAX_FUNCTION_LINES = 60
 
-# (layer, what it is, its files) from the bottom up. A file calls its own
-# layer or lower ones; headers likewise include their own layer or lower.
+# The layers, bottom first: each is a folder of src/, and the folder a file
+# sits in is its layer (this ordered list is the only table). A file calls
+# its own layer or lower ones; headers likewise include their own or lower.
 LAYERS = [
     ("base", "status and last error, logging, every environment knob, dtypes, the clock, "
-     "hashes, the timeline recorder",
-     ["gs_base.h", "status.c", "log.c", "env.c", "dtype.c", "clock.c", "timeline.c",
-      "half.h"]),
-    ("kernels", "host kernels; CUDA kernels and their launchers (pure computation)",
-     ["gs_kernels_internal.h", "simd.h", "cpu_simd.c", "cpu_kernels.c", "cpu_reduce.c",
-      "cpu_scale.c", "cpu_adasum.c", "cuda_pieces.cuh", "cuda_kernels.cu"]),
-    ("runtime", "the runtime lock, a communicator's fate, the one wait loop",
-     ["gs_runtime.h", "runtime.c", "progress.c"]),
-    ("device", "CUDA contexts, streams, events, memory, kernel tables, the kernels on "
-     "CUDA memory",
-     ["gs_cuda.h", "cuda_device.c", "cuda_memory.c", "cuda_ring.c", "device_memory.c", "cuda_jobs.c",
-      "cuda_absent.c", "device_kernels.c"]),
-    ("mpi", "the communicator's state, MPI types and ops, the MPI wait, recursive doubling",
-     ["gs_comm_state.h", "gs_mpi.h", "mpi_types.c", "mpi_wait.c", "rdouble.c"]),
-    ("transports", "one gs_transport_t per way of moving data; hosts and the hierarchical "
-     "allreduce; MPI's exchange collectives",
-     ["gs_transport.h", "transport_mpi.c", "transport_cuda_aware.c", "transport_staged.c",
-      "transport_nccl.c", "hierarchical.c", "mpi_xfer.c"]),
+     "hashes, the timeline recorder"),
+    ("kernels", "host kernels; CUDA kernels and their launchers (pure computation)"),
+    ("runtime", "the runtime lock, a communicator's fate, the one wait loop"),
+    ("device", "CUDA contexts, streams, events, memory, the kernel-table ring, kernel "
+     "tables, the kernels on CUDA memory"),
+    ("mpi", "the communicator's state, MPI types and ops, the MPI wait, recursive doubling"),
+    ("transport", "one gs_transport_t per way of moving data; hosts and the hierarchical "
+     "allreduce; MPI's exchange collectives"),
     ("engine", "where a call's data lives and which path moves it, its buffers, the fusion "
-     "plan, pack and unpack",
-     ["gs_engine.h", "engine.c", "buffers.c", "fusion.c"]),
-    ("queue", "the background thread, requests, entering the runtime",
-     ["gs_queue.h", "queue.c"]),
+     "plan, pack and unpack; the background thread, requests, entering the runtime"),
     ("algorithms", "Adasum, and the exchange collectives' data movement, over the "
-     "transport and kernel entries",
-     ["gs_algorithms.h", "adasum.c", "xfer.c"]),
-    ("communicator", "communicators, argument checks, cross-rank validation",
-     ["gs_comm_internal.h", "comm.c", "args.c", "check.c", "check_explain.c",
-      "check_stall.c"]),
-    ("collectives", "the call skeleton and the public collectives, kernels and info",
-     ["gs_collective.h", "collective.c", "allreduce.c", "broadcast.c", "allgather.c",
-      "reduce_scatter.c", "shard.c", "alltoall.c", "rooted.c", "reduce.c", "p2p.c",
-      "kernels.c", "info.c"]),
-    ("async", "the asynchronous entry points, over the queue",
-     ["async.c"]),
+     "transport and kernel entries"),
+    ("comm", "communicators, argument checks, cross-rank validation"),
+    ("coll", "the call skeleton, the public collectives, kernels and info, and their "
+     "asynchronous entry points"),
 ]
+LAYER_INDEX = {name: k for k, (name, _) in enumerate(LAYERS)}
+
+
+def rel(path):
+    """A source's name as the layer table shows it: 'transport/nccl.c'."""
+    return os.path.relpath(os.path.realpath(path), os.path.realpath(SRC))
+
+
+def layer(name):
+    """(index, folder) of a file named as rel() names it; (99, '?') outside every layer."""
+    folder = name.split("/")[0] if "/" in name else ""
+    return (LAYER_INDEX[folder], folder) if folder in LAYER_INDEX else (99, "?")
+
 
 DEF = re.compile(r'node: \{ title: "([^"]+)" label: "([^"\\]+)\\n([^:]+):(\d+)')
 EDGE = re.compile(r'edge: \{ sourcename: "([^"]+)" targetname: "([^"]+)"')
-
-
-def layer_of():
-    table = {}
-    for k, (name, _, files) in enumerate(LAYERS):
-        for f in files:
-            table[f] = (k, name)
-    return table
 
 
 def call_graph(cc, files, flags):
@@ -95,7 +82,7 @@ def call_graph(cc, files, flags):
             compiler = shlex_split(cc)
             if f.endswith(".cu"):
                 compiler = ["g++", "-x", "c++", "-std=c++17", "-D__CUDACC__=0"]
-            out = os.path.join(tmp, os.path.basename(f) + ".o")
+            out = os.path.join(tmp, rel(f).replace("/", "__") + ".o")
             cmd = compiler + flags + ["-fcallgraph-info", "-c", f, "-o", out]
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
             if r.returncode != 0:
@@ -104,9 +91,9 @@ def call_graph(cc, files, flags):
                 raise SystemExit(f"check_layers: cannot compile {f}:\n{r.stderr}")
             ci = out[:-2] + ".ci"
             text = open(ci).read() if os.path.exists(ci) else ""
-            base = os.path.basename(f)
+            base = rel(f)
             for title, _, where, _ in DEF.findall(text):
-                if os.path.basename(where) == base and "shape" not in title:
+                if rel(where) == base and "shape" not in title:
                     defined.setdefault(title.split(":")[-1], base)
                     local.add((base, title.split(":")[-1]))
             for src, dst in EDGE.findall(text):
@@ -120,13 +107,14 @@ def shlex_split(s):
 
 
 def includes():
-    """[(file, included private header)] for src/ files and headers."""
+    """[(file, included private header)] for src/ files and headers, both named
+    as rel() names them (private includes name their folder: "engine/gs_engine.h")."""
     out = []
-    for f in sorted(glob.glob(os.path.join(SRC, "*"))):
+    for f in sorted(glob.glob(os.path.join(SRC, "*", "*"))):
         for line in open(f, errors="replace"):
             m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
             if m and os.path.exists(os.path.join(SRC, m.group(1))):
-                out.append((os.path.basename(f), m.group(1)))
+                out.append((rel(f), m.group(1)))
     return out
 
 
@@ -199,12 +187,13 @@ def main():
     ap.add_argument("--cc", default=os.environ.get("MPICC") or shutil.which("mpicc") or "mpicc")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
-    layers = layer_of()
-    files = sorted(glob.glob(os.path.join(SRC, "*.c")) + glob.glob(os.path.join(SRC, "*.cu")))
+    files = sorted(glob.glob(os.path.join(SRC, "*", "*.c")) +
+                   glob.glob(os.path.join(SRC, "*", "*.cu")))
     problems = []
-    for f in sorted(os.listdir(SRC)):
-        if f not in layers:
-            problems.append(f"{f} is in no layer (add it to LAYERS in scripts/check_layers.py)")
+    for f in sorted(glob.glob(os.path.join(SRC, "*")) + glob.glob(os.path.join(SRC, "*", "*"))):
+        if os.path.isfile(f) and layer(rel(f))[0] == 99:
+            problems.append(f"{rel(f)} is in no layer: every file sits in one of the folders "
+                            "of LAYERS in scripts/check_layers.py")
     cuda_inc = os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")
     flags = ["-std=gnu11", "-DGS_BUILDING_LIBRARY", "-I" + os.path.join(TOP, "include"),
              "-I" + SRC]
@@ -218,43 +207,39 @@ def main():
         if not target or target == caller:
             continue
         file_edges.add((caller, target))
-        lc, lt = layers.get(caller, (99, "?")), layers.get(target, (99, "?"))
-        if lt[0] > lc[0]:
+        if layer(target)[0] > layer(caller)[0]:
             up.setdefault((caller, target), set()).add(f"{fn} -> {callee}")
     for (a, b), calls in sorted(up.items()):
-        problems.append(f"call up: {a} ({layers.get(a, (0, '?'))[1]}) calls {b} "
-                        f"({layers.get(b, (0, '?'))[1]}): "
-                        + ", ".join(sorted(calls)[:4]))
+        problems.append(f"call up: {a} calls {b}: " + ", ".join(sorted(calls)[:4]))
     for comp in cycles(file_edges):
         problems.append("call cycle among " + ", ".join(comp))
     inc = includes()
     for a, b in inc:
-        if a in layers and b in layers and layers[b][0] > layers[a][0]:
-            problems.append(f"include up: {a} ({layers[a][1]}) includes {b} ({layers[b][1]})")
+        if layer(b)[0] > layer(a)[0]:
+            problems.append(f"include up: {a} includes {b}")
     for comp in cycles(inc):
         problems.append("include cycle among " + ", ".join(comp))
     for f in files:
         n = sum(1 for _ in open(f, errors="replace"))
         if n > MAX_FILE_LINES:
-            problems.append(f"{os.path.basename(f)} has {n} lines (at most {MAX_FILE_LINES})")
+            problems.append(f"{rel(f)} has {n} lines (at most {MAX_FILE_LINES})")
         for name, length in long_functions(f):
-            problems.append(f"{os.path.basename(f)}: {name} has {length} lines "
-                            f"(at most {MAX_FUNCTION_LINES})")
+            problems.append(f"{rel(f)}: {name} has {length} lines (at most {MAX_FUNCTION_LINES})")
     if not args.quiet:
-        print(f"{'layer':<14} files (calls out: layers they reach)")
-        for k, (name, what, fs) in enumerate(LAYERS):
-            present = [f for f in fs if os.path.exists(os.path.join(SRC, f))]
-            print(f"{k:>2} {name:<11} {what}")
+        print(f"{'layer (src/ folder)':<22} files (calls out: layers they reach)")
+        for k, (name, what) in enumerate(LAYERS):
+            present = sorted(rel(f) for f in glob.glob(os.path.join(SRC, name, "*")))
+            print(f"{k:>2} {name + '/':<19} {what}")
             for f in present:
-                reach = sorted({layers[b][0] for a, b in file_edges if a == f and b in layers})
-                print(f"     {f:<24} -> {', '.join(LAYERS[r][0] for r in reach) or '-'}")
+                reach = sorted({layer(b)[0] for a, b in file_edges if a == f and layer(b)[0] < 99})
+                print(f"     {f:<28} -> {', '.join(LAYERS[r][0] for r in reach) or '-'}")
     for p in problems:
         print("check_layers:", p)
     if problems:
         print(f"check_layers: {len(problems)} problem(s)")
         return 1
-    print(f"check_layers: {len(files)} files in {len(LAYERS)} layers, every call and include "
-          "goes down, no cycles")
+    print(f"check_layers: {len(files)} files in {len(LAYERS)} layers (src/ folders), every call "
+          "and include goes down, no cycles")
     return 0
 
 

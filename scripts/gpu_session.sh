@@ -42,7 +42,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 
 source_hash() {
-  cat setup.py Makefile src/* include/* pyx/gradsync/*.pyx pyx/gradsync/*.pxi \
+  cat setup.py Makefile src/*/* include/* pyx/gradsync/*.pyx pyx/gradsync/*.pxi \
     pyx/gradsync/*.pxd tests/c/*.c tests/c/*.h tests/emulated_cuda/* 2>/dev/null |
     sha1sum | cut -c1-40
 }

@@ -9,7 +9,6 @@ a pytree of arrays (one array, a list, a dict of parameters...) and returns
 the same structure; a pytree is one fused call::
 
     import gradsync as gs
-from gradsync import _core
     import gradsync.jax as gsj
 
     comm = gs.Communicator()

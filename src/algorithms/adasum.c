@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_algorithms.h"
+#include "algorithms/gs_algorithms.h"
 
 #define SQRT_DBL_MIN 1.4916681462400413e-154 /* sqrt(DBL_MIN) */
 

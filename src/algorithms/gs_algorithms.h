@@ -1,10 +1,10 @@
-/* gradsync private, layer 9 (algorithms): Adasum over the transport and
+/* gradsync private, algorithms/ (a layer: docs/ARCHITECTURE.md): Adasum over the transport and
  * kernel entries (adasum.c), and where the exchange collectives' data goes
  * (xfer.c). */
 #ifndef GRADSYNC_ALGORITHMS_H
 #define GRADSYNC_ALGORITHMS_H
 
-#include "gs_queue.h"
+#include "engine/gs_queue.h"
 
 /* ---- Adasum (adasum.c) --------------------------------------------------- */
 

@@ -14,7 +14,7 @@
  * empty but the root's. */
 #include <stdlib.h>
 
-#include "gs_algorithms.h"
+#include "algorithms/gs_algorithms.h"
 
 static gs_status_t local_copy(const gs_engine_t *e, gs_dtype_t dtype, void *dst, const void *src,
                               int64_t count) {

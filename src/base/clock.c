@@ -1,7 +1,7 @@
 /* The clock every timeout, stall warning and timeline event reads. */
 #include <time.h>
 
-#include "gs_base.h"
+#include "base/gs_base.h"
 
 double gs_now(void) {
   struct timespec ts;

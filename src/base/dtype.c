@@ -1,5 +1,5 @@
 /* The dtype and op tables. */
-#include "gs_base.h"
+#include "base/gs_base.h"
 
 static const struct {
   const char *name;

@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "gs_info.h"
-#include "gs_base.h"
+#include "base/gs_base.h"
 #include "gs_comm.h"
 
 static int env_int64(const char *name, int64_t *out) {

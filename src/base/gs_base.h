@@ -1,4 +1,4 @@
-/* gradsync private, layer 1 (base): status and the last error, logging,
+/* gradsync private, base/ (a layer: docs/ARCHITECTURE.md): status and the last error, logging,
  * every environment knob, dtypes, the clock and the timeline recorder.
  * Needs neither MPI nor CUDA, so the CUDA sources include it too. */
 #ifndef GRADSYNC_BASE_H

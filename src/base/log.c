@@ -8,7 +8,7 @@
 
 #include <mpi.h>
 
-#include "gs_base.h"
+#include "base/gs_base.h"
 
 static int level_from_env(void) {
   const char *s = gs_env_log_level();

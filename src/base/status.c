@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gs_base.h"
+#include "base/gs_base.h"
 
 static _Thread_local char last_error[GS_ERROR_MAX];
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_base.h"
+#include "base/gs_base.h"
 
 typedef struct tl_event {
   const char *name;  /* static strings only: phase and call names */

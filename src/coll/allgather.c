@@ -2,7 +2,7 @@
  * first exchange counts (so callers can allocate), then gather. */
 #include <stdlib.h>
 
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 /* gs_allgather_counts (d->counts: row sizes, may be NULL) and
  * gs_allgather_rows (d->counts2: rows, with the row sizes) share one path. */

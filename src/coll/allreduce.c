@@ -1,5 +1,5 @@
 /* Fused allreduce. */
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 /* Where reduce_message works: `in` is the input laid out as the message
  * (NULL: it is not), `at` the memory the message is reduced in (the

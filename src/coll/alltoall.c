@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 static gs_status_t counts_check(gs_comm_t c, gs_coll_t *d) {
   const int64_t *send = d->counts, *recv = d->counts2;

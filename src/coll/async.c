@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 typedef enum {
   CALL_ALLREDUCE,

@@ -1,5 +1,5 @@
 /* Fused broadcast. */
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 static gs_status_t broadcast_check(gs_comm_t c, gs_coll_t *d) {
   if (d->root < 0 || d->root >= c->size)

@@ -1,4 +1,4 @@
-/* gradsync private, layer 11 (collectives): every public collective fills
+/* gradsync private, coll/ (a layer: docs/ARCHITECTURE.md): every public collective fills
  * one call descriptor and hands it to one skeleton (collective.c), as NCCL's
  * collectives hand an info struct to one enqueue: enter the runtime, check
  * the arguments, validate across ranks, open the engine, plan, run the
@@ -7,7 +7,7 @@
 #define GRADSYNC_COLLECTIVE_H
 
 #include "gradsync.h"
-#include "gs_comm_internal.h"
+#include "comm/gs_comm_internal.h"
 
 typedef struct gs_coll gs_coll_t;
 struct gs_coll {

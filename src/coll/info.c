@@ -1,5 +1,5 @@
 /* What this build contains. */
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 const char *gs_version(void) { return GS_VERSION_STRING; }
 

@@ -1,7 +1,7 @@
 /* The gradient kernels' public entry points (gs_zero, gs_accumulate,
  * gs_all_finite, gs_scale): argument checks, then the host kernels
  * (cpu_kernels.c) or, for CUDA memory, the device ones (device_kernels.c). */
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 static int on_device(const gs_tensor_t *t, int64_t n) {
   return n > 0 && t[0].device.kind == GS_DEVICE_CUDA;

@@ -13,7 +13,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 #define P2P_TAG_BASE 8
 #define P2P_MAGIC 0x67737032u /* "gsp2" */

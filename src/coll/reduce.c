@@ -2,7 +2,7 @@
  * inputs are packed, postscale and average's 1/size as the root unpacks),
  * with the result at one rank. Inputs are read only, except the root's in an
  * in-place call. */
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 /* One message. The sending side is the inputs' own memory when it is laid
  * out as the message and needs no prescale, else the fusion buffer's first

@@ -2,7 +2,7 @@
  * with the balanced split rows / size + (r < rows % size). */
 #include <stdlib.h>
 
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 gs_status_t gs_block_range(int64_t rows, int64_t row_elems, int size, int rank, int64_t *first,
                            int64_t *count) {

@@ -6,7 +6,7 @@
  * the same MPI algorithm from counts they all hold. */
 #include <stdlib.h>
 
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 /* Per tensor: a hash of its column of counts (the validated `extra`), and
  * whether every count and displacement fits one MPI call. */

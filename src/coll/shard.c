@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 gs_status_t gs_shard_layout(const int64_t *counts, int64_t n, int size, gs_shard_layout_t *layout,
                             int64_t *offsets, int *owners) {

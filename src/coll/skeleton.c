@@ -1,5 +1,5 @@
 /* The skeleton every public collective runs through. */
-#include "gs_collective.h"
+#include "coll/gs_collective.h"
 
 double gs_postscale(gs_comm_t c, gs_op_t op, double postscale) {
   return op == GS_OP_AVERAGE ? postscale * (1.0 / c->size) : postscale;

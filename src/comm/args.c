@@ -3,7 +3,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "gs_comm_internal.h"
+#include "comm/gs_comm_internal.h"
 
 typedef struct span {
   const char *lo, *hi;

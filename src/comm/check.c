@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gs_comm_internal.h"
+#include "comm/gs_comm_internal.h"
 
 /* What every rank contributes: its signature (each field, then each field
  * negated, so a MAX merge yields max and min at once) and, for small calls,

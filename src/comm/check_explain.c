@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_comm_internal.h"
+#include "comm/gs_comm_internal.h"
 
 const char *gs_call_name(gs_call_kind_t kind) {
   switch (kind) {

@@ -4,7 +4,7 @@
 #include <sched.h>
 #include <string.h>
 
-#include "gs_comm_internal.h"
+#include "comm/gs_comm_internal.h"
 
 #define NOTICE_TAG 7
 

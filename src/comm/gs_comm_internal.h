@@ -1,10 +1,10 @@
-/* gradsync private, layer 10 (communicator): communicators (comm.c),
+/* gradsync private, comm/ (a layer: docs/ARCHITECTURE.md): communicators (comm.c),
  * argument checks (args.c) and cross-rank validation (check.c, with
  * check_explain.c and check_stall.c). */
 #ifndef GRADSYNC_COMM_INTERNAL_H
 #define GRADSYNC_COMM_INTERNAL_H
 
-#include "gs_algorithms.h"
+#include "algorithms/gs_algorithms.h"
 
 /* ---- communicators (comm.c) ----------------------------------------------- */
 

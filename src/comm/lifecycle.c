@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_comm_internal.h"
+#include "comm/gs_comm_internal.h"
 #include "gs_info.h"
 
 gs_status_t gs_comm_valid(gs_comm_t comm, const char *where) {

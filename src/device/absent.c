@@ -1,7 +1,7 @@
 /* A build without CUDA: the internal device entry points exist so the
  * library links whole (--no-undefined), and say so if ever reached. No
  * tensor gets to them: gs_check_tensors refuses CUDA memory first. */
-#include "gs_cuda.h"
+#include "device/gs_cuda.h"
 
 #ifndef GS_HAVE_CUDA
 static gs_status_t absent(const char *what) {

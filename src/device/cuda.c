@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "gs_info.h"
-#include "gs_cuda.h"
+#include "device/gs_cuda.h"
 
 #ifndef GS_CUDA_ARCHS
 #define GS_CUDA_ARCHS ""

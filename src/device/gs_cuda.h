@@ -1,4 +1,4 @@
-/* gradsync private, layer 4 (device): the CUDA side of the runtime,
+/* gradsync private, device/ (a layer: docs/ARCHITECTURE.md): the CUDA side of the runtime,
  * callable from C. Over the launchers (gs_kernels_internal.h), two parts:
  * - the device runtime (cuda_device.c): contexts entered by push and pop,
  *   a non-blocking stream per communicator, each device's entry stream, the
@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "gs_device.h"
-#include "gs_runtime.h"
+#include "runtime/gs_runtime.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_cuda.h"
+#include "device/gs_cuda.h"
 
 #ifdef GS_HAVE_CUDA
 

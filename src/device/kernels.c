@@ -5,7 +5,7 @@
  * must read its answer (it waits for its own kernel, polling). */
 #include <stdlib.h>
 
-#include "gs_cuda.h"
+#include "device/gs_cuda.h"
 
 /* Runs `mode` over pairs (a[i], b[i]) (b may be NULL) on a's device. */
 static gs_status_t device_elementwise(gs_cu_mode_t mode, const gs_tensor_t *a, const gs_tensor_t *b,

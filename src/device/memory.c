@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_cuda.h"
+#include "device/gs_cuda.h"
 
 #ifdef GS_HAVE_CUDA
 #include <cuda_runtime_api.h>

@@ -13,7 +13,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "gs_cuda.h"
+#include "device/gs_cuda.h"
 
 typedef struct mark {
   void *event;            /* pooled (gs_cu_record) */

@@ -5,7 +5,7 @@
  * (gs_cu_grow), pinned staging after its stream drained (gs_cu_grow_pinned). */
 #include <stdlib.h>
 
-#include "gs_engine.h"
+#include "engine/gs_engine.h"
 
 /* A 64-byte aligned host buffer of at least `need` bytes. */
 static gs_status_t host_grow(void **buf, size_t *have, size_t need, const char *what) {

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_engine.h"
+#include "engine/gs_engine.h"
 
 void gs_plan_free(gs_plan_t *plan) {
   if (plan->slots != plan->inline_slots) free(plan->slots);

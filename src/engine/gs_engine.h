@@ -1,10 +1,10 @@
-/* gradsync private, layer 7 (engine): where a call's data lives and which
+/* gradsync private, engine/ (a layer: docs/ARCHITECTURE.md): where a call's data lives and which
  * path moves it (engine.c), every buffer a communicator keeps (buffers.c),
  * and the fusion plan with its pack and unpack (fusion.c). */
 #ifndef GRADSYNC_ENGINE_H
 #define GRADSYNC_ENGINE_H
 
-#include "gs_transport.h"
+#include "transport/gs_transport.h"
 
 /* ---- where a call's data lives (engine.c) --------------------------------
  * Every collective opens an engine after validation: host memory goes to the

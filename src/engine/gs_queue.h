@@ -1,4 +1,4 @@
-/* gradsync private, layer 8 (queue): the background thread that runs
+/* gradsync private, engine/ (a layer: docs/ARCHITECTURE.md): the background thread that runs
  * queued jobs in issue order, the requests that track them (device work
  * included), and entering the runtime, which lets queued jobs finish first
  * (queue.c). */
@@ -6,7 +6,7 @@
 #define GRADSYNC_QUEUE_H
 
 #include "gs_async.h"
-#include "gs_engine.h"
+#include "engine/gs_engine.h"
 
 /* Every public call runs between these: gs_enter_runtime waits for queued
  * asynchronous jobs (their order is the order the ranks agree on), then

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_engine.h"
+#include "engine/gs_engine.h"
 
 #ifdef GS_HAVE_CUDA
 #include <cuda_runtime_api.h>

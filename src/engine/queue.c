@@ -15,7 +15,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "gs_queue.h"
+#include "engine/gs_queue.h"
 
 typedef enum job_kind {
   JOB_CALL,  /* job.run on the background thread */

@@ -8,9 +8,9 @@
 #include <omp.h>
 #endif
 
-#include "gs_kernels_internal.h"
-#include "half.h"
-#include "simd.h"
+#include "kernels/gs_kernels.h"
+#include "base/half.h"
+#include "kernels/simd.h"
 
 #define PIECE ((int64_t)1 << 16)             /* elements per work item */
 #define PARALLEL_MIN ((int64_t)1 << 20)      /* below this: calling thread only */

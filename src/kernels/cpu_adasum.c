@@ -10,10 +10,10 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "gs_kernels_internal.h"
-#include "half.h"
+#include "kernels/gs_kernels.h"
+#include "base/half.h"
 
-#include "simd.h"
+#include "kernels/simd.h"
 
 #define LANES 8
 

@@ -1,8 +1,8 @@
 /* Host reduction kernel: inout[i] = op(in[i], inout[i]). float16 and
  * bfloat16 are widened to float32, combined, and rounded once. Used by the
  * MPI user ops and by the validation message's small payloads. */
-#include "gs_kernels_internal.h"
-#include "half.h"
+#include "kernels/gs_kernels.h"
+#include "base/half.h"
 
 /* NaN propagates through min/max as through sum: a non-finite gradient must
  * not be hidden by the reduction. The result does not depend on the order

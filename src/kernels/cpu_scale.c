@@ -2,8 +2,8 @@
  * average): widen to float32 (float64 for float64), multiply, round once. */
 #include <string.h>
 
-#include "gs_kernels_internal.h"
-#include "half.h"
+#include "kernels/gs_kernels.h"
+#include "base/half.h"
 
 #define SCALE_HALF(to_f, from_f)                                       \
   do {                                                                 \

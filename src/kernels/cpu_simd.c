@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "gs_info.h"
-#include "gs_kernels_internal.h"
+#include "kernels/gs_kernels.h"
 
 const char *gs_simd_level(void) {
   if (gs_env_simd_portable()) return "portable";

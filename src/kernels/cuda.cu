@@ -11,8 +11,8 @@
 
 #include <stdint.h>
 
-#include "cuda_pieces.cuh"
-#include "gs_kernels_internal.h"
+#include "kernels/cuda_pieces.cuh"
+#include "kernels/gs_kernels.h"
 
 namespace {
 

@@ -15,8 +15,8 @@
 
 #include <stdint.h>
 
-#include "gs_kernels_internal.h"
-#include "half.h"
+#include "kernels/gs_kernels.h"
+#include "base/half.h"
 
 namespace gs_pieces {
 

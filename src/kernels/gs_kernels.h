@@ -1,4 +1,4 @@
-/* gradsync private, layer 2 (kernels): the host kernels (cpu_*.c) and the
+/* gradsync private, kernels/ (a layer: docs/ARCHITECTURE.md): the host kernels (cpu_*.c) and the
  * CUDA kernels' launchers (cuda_kernels.cu; on a machine without a GPU,
  * tests/emulated_cuda). Pure computation: no MPI, no waits, no
  * communicators. The launchers queue one kernel on a stream over tables
@@ -6,7 +6,7 @@
 #ifndef GRADSYNC_KERNELS_INTERNAL_H
 #define GRADSYNC_KERNELS_INTERNAL_H
 
-#include "gs_base.h"
+#include "base/gs_base.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -5,7 +5,7 @@
 #ifndef GRADSYNC_SIMD_H
 #define GRADSYNC_SIMD_H
 
-#include "gs_kernels_internal.h"
+#include "kernels/gs_kernels.h"
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>

@@ -1,4 +1,4 @@
-/* gradsync private, layer 5 (mpi): a communicator's state. Every layer
+/* gradsync private, mpi/ (a layer: docs/ARCHITECTURE.md): a communicator's state. Every layer
  * from here up reads its fields; comm.c owns its lifetime, and each field's
  * comment names the file that owns it. */
 #ifndef GRADSYNC_COMM_STATE_H
@@ -7,7 +7,7 @@
 #include <mpi.h>
 
 #include "gs_comm.h"
-#include "gs_cuda.h"
+#include "device/gs_cuda.h"
 
 struct gs_comm {
   uint32_t magic;          /* GS_COMM_MAGIC while alive: catches stale handles */

@@ -1,11 +1,11 @@
-/* gradsync private, layer 5 (mpi): MPI's types and ops for gradsync's
+/* gradsync private, mpi/ (a layer: docs/ARCHITECTURE.md): MPI's types and ops for gradsync's
  * dtypes (mpi_types.c), the MPI wait (mpi_wait.c) and the one recursive
  * doubling that validation, small allreduces and Adasum's fold share
  * (rdouble.c). */
 #ifndef GRADSYNC_MPI_H
 #define GRADSYNC_MPI_H
 
-#include "gs_comm_state.h"
+#include "mpi/gs_comm_state.h"
 
 /* ---- types and ops (mpi_types.c) ---------------------------------------- */
 

@@ -3,7 +3,7 @@
  * out, be interrupted and let other threads in. Validation merges its
  * messages with it, small allreduces reduce with it, and Adasum folds its
  * extra ranks in and out with it (its tree as the core). */
-#include "gs_mpi.h"
+#include "mpi/gs_mpi.h"
 
 int gs_rd_core_size(int size) {
   int q = 1;

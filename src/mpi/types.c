@@ -5,7 +5,7 @@
 #include <limits.h>
 #include <pthread.h>
 
-#include "gs_mpi.h"
+#include "mpi/gs_mpi.h"
 
 /* ---- MPI objects gradsync creates: its own reductions where MPI's would be
  * wrong (float16/bfloat16 math, NaN-propagating float min/max). Created on

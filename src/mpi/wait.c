@@ -3,7 +3,7 @@
  * in; MPI's errors become gradsync statuses with MPI's own words. */
 #include <stdio.h>
 
-#include "gs_mpi.h"
+#include "mpi/gs_mpi.h"
 
 gs_status_t gs_mpi_fail(int mpi_err, const char *what) {
   char msg[MPI_MAX_ERROR_STRING + 1];

@@ -1,11 +1,11 @@
-/* gradsync private, layer 2 (runtime): the runtime lock, what a thread knows
+/* gradsync private, runtime/ (a layer: docs/ARCHITECTURE.md): the runtime lock, what a thread knows
  * of the communicator it is working on (its fate), and the one loop behind
  * every wait on every transport (progress.c). */
 #ifndef GRADSYNC_RUNTIME_H
 #define GRADSYNC_RUNTIME_H
 
-#include "gs_base.h"
-#include "gs_kernels_internal.h"
+#include "base/gs_base.h"
+#include "kernels/gs_kernels.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,7 +50,7 @@ void gs_runtime_after_unlock(void (*fn)(void *), void *arg);
  * for the length of a call. */
 typedef struct gs_fate {
   gs_status_t broken; /* GS_SUCCESS while usable */
-  int owns_core;      /* ranks on this node <= its cores */
+  int owns_core; /* ranks on this node <= its cores */
 } gs_fate_t;
 /* Binds `fate` to the calling thread; returns the one bound before. The
  * binding ends with gs_runtime_unlock's outermost release. */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <time.h>
 
-#include "gs_runtime.h"
+#include "runtime/gs_runtime.h"
 
 static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic int app_threads;

@@ -4,7 +4,7 @@
  * GRADSYNC_TIMEOUT_SECONDS, and on giving up leaves the communicator
  * unusable and lets the waiter cancel or abort what it waited for. */
 #include "gs_comm.h"
-#include "gs_runtime.h"
+#include "runtime/gs_runtime.h"
 
 static gs_interrupt_check_t interrupt_check;
 static const double interrupt_every = 0.1; /* seconds between checks */

@@ -1,4 +1,4 @@
-/* gradsync private, layer 6 (transports): one gs_transport_t per way of
+/* gradsync private, transport/ (a layer: docs/ARCHITECTURE.md): one gs_transport_t per way of
  * moving data, each in its own file (transport_mpi.c, transport_cuda_aware.c,
  * transport_staged.c, transport_nccl.c), so a new transport (UCC, Gloo)
  * touches one file; the hosts' topology and the hierarchical allreduce
@@ -8,7 +8,7 @@
 #ifndef GRADSYNC_TRANSPORT_H
 #define GRADSYNC_TRANSPORT_H
 
-#include "gs_mpi.h"
+#include "mpi/gs_mpi.h"
 
 typedef gs_status_t (*gs_exchange_fn)(gs_comm_t, const void *send, int64_t scount, void *recv,
                                       int64_t rcount, gs_dtype_t, int peer);

@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gs_transport.h"
+#include "transport/gs_transport.h"
 
 /* The message moves in segments this large, pipelined through the three
  * phases (1 and 4 MiB measured alike at 1 Gbit/s, 4 MiB ahead at 10);

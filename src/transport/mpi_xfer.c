@@ -4,7 +4,7 @@
 #include <limits.h>
 #include <stdlib.h>
 
-#include "gs_transport.h"
+#include "transport/gs_transport.h"
 
 /* counts and displacements as ints (the caller checked that they fit). */
 static int *int_copy(const int64_t *a, const int64_t *b, int p) {

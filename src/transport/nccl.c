@@ -28,7 +28,7 @@
 #include <string.h>
 
 #include "gs_info.h"
-#include "gs_transport.h"
+#include "transport/gs_transport.h"
 
 #ifndef GS_NCCL_LIBRARY
 #define GS_NCCL_LIBRARY ""

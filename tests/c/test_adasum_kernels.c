@@ -5,7 +5,7 @@
  * paths can be called directly. */
 #include "gs_test.h"
 
-#include "../../src/cpu_adasum.c"
+#include "../../src/kernels/cpu_adasum.c"
 
 /* The library's dispatcher is internal; this test calls both paths itself. */
 int gs_simd_avx2(void) { return 0; }

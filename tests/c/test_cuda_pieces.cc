@@ -1,4 +1,4 @@
-// The CUDA elementwise kernels' per-thread code (src/cuda_pieces.cuh), run
+// The CUDA elementwise kernels' per-thread code (src/kernels/cuda_pieces.cuh), run
 // on the host for every thread of a block in turn, against gradsync's host
 // kernels (libgradsync's public gs_accumulate and gs_scale), bit for bit:
 // every dtype pair, in place and disjoint, random lengths, starting offsets
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_pieces.cuh"
+#include "kernels/cuda_pieces.cuh"
 #include "gs_kernels.h"
 #include "gs_status.h"
 #include "gs_types.h"

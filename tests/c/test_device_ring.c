@@ -1,4 +1,4 @@
-/* The kernel-table ring (src/cuda_ring.c) against the emulated CUDA runtime,
+/* The kernel-table ring (src/device/ring.c) against the emulated CUDA runtime,
  * whose gates hold a stream busy until the test opens them (on hardware,
  * without the hooks, this test skips). Each section is judged by order:
  * launches must return while a gate is still closed, and the values must

@@ -1,11 +1,11 @@
-/* float16 and bfloat16 conversions: src/half.h checked exhaustively (all
+/* float16 and bfloat16 conversions: src/base/half.h checked exhaustively (all
  * 65536 patterns each way) and on large samples of float32 values (ties,
  * subnormals, overflow, NaN) against the references in gs_test.h; then the
  * same conversions seen through the library's public behaviour (prescale and
  * the float16/bfloat16 sum). The work is split across ranks; the collective
  * checks run on every rank. */
 #include "gs_test.h"
-#include "../../src/half.h" /* internal, allowed in tests */
+#include "../../src/base/half.h" /* internal, allowed in tests */
 
 static int rank_, size_;
 

@@ -12,8 +12,8 @@
 extern "C" {
 #include "emu.h"
 }
-#include "cuda_pieces.cuh"
-#include "gs_kernels_internal.h"
+#include "kernels/cuda_pieces.cuh"
+#include "kernels/gs_kernels.h"
 
 extern "C" {
 size_t gs_dtype_size(gs_dtype_t dtype);

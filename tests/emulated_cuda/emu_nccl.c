@@ -49,7 +49,7 @@
 #include <nccl.h>
 
 #include "emu.h"
-#include "half.h"
+#include "base/half.h"
 
 #define API __attribute__((visibility("default")))
 

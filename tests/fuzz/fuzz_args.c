@@ -45,7 +45,7 @@
 
 #include "gradsync.h"
 
-/* clang 14 knows no "f16c" for __builtin_cpu_supports, which src/info.c
+/* clang 14 knows no "f16c" for __builtin_cpu_supports, which src/coll/info.c
  * asks about: `make fuzz` compiles every file with the builtin renamed to
  * this function (-D'__builtin_cpu_supports(f)=gs_fuzz_cpu_supports(f)'). */
 #ifdef __builtin_cpu_supports
@@ -410,7 +410,7 @@ static int64_t decode_n(reader_t *r, int *bad) {
   if (k >= 250) {
     *bad = 1;
 #ifdef GS_FUZZ_AVOID_KNOWN
-    if (k == 255) return -6; /* known: INT64_MIN is negated in src/check.c */
+    if (k == 255) return -6; /* known: INT64_MIN is negated in src/comm/check.c */
 #endif
     return k == 255 ? INT64_MIN : -(int64_t)(k - 249);
   }
@@ -688,7 +688,7 @@ static void call_shard_layout(reader_t *r) {
   {
     __int128 sum = 0;
     for (int i = 0; i < n; i++) sum += counts[i] > 0 ? counts[i] : 0;
-    if (sum > ((__int128)1 << 62)) return; /* known: src/shard.c overflows int64 */
+    if (sum > ((__int128)1 << 62)) return; /* known: src/coll/shard.c overflows int64 */
   }
 #endif
   int limit_ok = 1; /* the documented per-count limit: 2^60 */
@@ -872,7 +872,7 @@ static void call_block_range(reader_t *r) {
   int unrepresentable = !bad && (f > INT64_MAX || k > INT64_MAX);
   int either = !bad && !unrepresentable && f + k > INT64_MAX;
 #ifdef GS_FUZZ_AVOID_KNOWN
-  if (unrepresentable) return; /* known: src/reduce_scatter.c overflows int64 */
+  if (unrepresentable) return; /* known: src/coll/reduce_scatter.c overflows int64 */
 #endif
   gs_status_t st = gs_block_range(rows, re, size, rank, null_out ? NULL : &first,
                                   null_out ? NULL : &count);

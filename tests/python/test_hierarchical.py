@@ -1,4 +1,4 @@
-"""The hierarchical allreduce (docs/CLUSTER.md section 4, src/hierarchical.c):
+"""The hierarchical allreduce (docs/CLUSTER.md section 4, src/transport/hierarchical.c):
 reduce-scatter inside each host, allreduce across hosts, allgather inside the
 host, against float64 (int64) references, bitwise identical on every rank and
 from run to run, and chosen where it should be.
