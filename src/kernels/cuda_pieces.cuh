@@ -18,6 +18,14 @@
 #include "kernels/gs_kernels.h"
 #include "base/half.h"
 
+/* Loops over compile-time trip counts whose bodies index register arrays:
+ * unrolled on the device so each index is a constant (no local memory). */
+#ifdef __CUDACC__
+#define GS_UNROLL _Pragma("unroll")
+#else
+#define GS_UNROLL
+#endif
+
 namespace gs_pieces {
 
 /* ---- element access by dtype ------------------------------------------------- */
@@ -135,22 +143,24 @@ GS_HD void elementwise_piece(const gs_cu_run_t &r, int64_t first, int64_t count,
   if (head < 0 || head > count) head = count; /* all scalar */
   int64_t nvec = (count - head) / V;
   int64_t tail = head + nvec * V;
-  /* scalar: the head, the tail, or everything; four loads before a store */
+  /* scalar: the head, the tail, or everything; four loads before a store.
+   * Lane u keeps its own slot (a flag, not a packed count), so every array
+   * index is a constant once unrolled and the arrays live in registers: a
+   * runtime index put them in local memory (a 112-byte stack on sm_90). */
   for (int64_t k0 = tid; k0 < count; k0 += 4 * (int64_t)nthreads) {
-    int64_t idx[4];
     A x[4];
     B y[4];
-    int m = 0;
+    bool on[4];
+    GS_UNROLL
     for (int u = 0; u < 4; u++) {
       int64_t k = k0 + (int64_t)u * nthreads;
-      if (k < count && (k < head || k >= tail)) {
-        idx[m] = first + k;
-        x[m] = MODE == GS_CU_ACCUMULATE ? a[first + k] : A(0);
-        y[m] = b[first + k];
-        m++;
-      }
+      on[u] = k < count && (k < head || k >= tail);
+      x[u] = on[u] && MODE == GS_CU_ACCUMULATE ? a[first + k] : A(0);
+      y[u] = on[u] ? b[first + k] : B(0);
     }
-    for (int u = 0; u < m; u++) a[idx[u]] = apply<MODE, ADT, BDT>(x[u], y[u], scale);
+    GS_UNROLL
+    for (int u = 0; u < 4; u++)
+      if (on[u]) a[first + k0 + (int64_t)u * nthreads] = apply<MODE, ADT, BDT>(x[u], y[u], scale);
   }
   /* vectors: two in flight per thread */
   int64_t base = first + head;
@@ -164,10 +174,12 @@ GS_HD void elementwise_piece(const gs_cu_run_t &r, int64_t first, int64_t count,
       y1 = load<B, V>(b, base + j2 * V);
       if (MODE == GS_CU_ACCUMULATE) x1 = load<A, V>(a, base + j2 * V);
     }
+    GS_UNROLL
     for (int u = 0; u < V; u++)
       x0.v[u] = apply<MODE, ADT, BDT>(MODE == GS_CU_ACCUMULATE ? x0.v[u] : A(0), y0.v[u], scale);
     store<A, V>(a, base + j * V, x0);
     if (two) {
+      GS_UNROLL
       for (int u = 0; u < V; u++)
         x1.v[u] = apply<MODE, ADT, BDT>(MODE == GS_CU_ACCUMULATE ? x1.v[u] : A(0), y1.v[u], scale);
       store<A, V>(a, base + j2 * V, x1);
@@ -197,6 +209,7 @@ GS_HD void bits_piece(void *dst, const void *src, int64_t first, int64_t count, 
       x0 = load<T, V>(b, base + j * V);
       if (j2 < nvec) x1 = load<T, V>(b, base + j2 * V);
     } else {
+      GS_UNROLL
       for (int u = 0; u < V; u++) x0.v[u] = x1.v[u] = T(0);
     }
     store<T, V>(a, base + j * V, x0);
