@@ -141,6 +141,29 @@ static void load_driver(void) {
   drv.state = (state_fn)entry("cuDevicePrimaryCtxGetState");
 }
 
+/* gradsync's kernels, loaded into each device's primary context at its
+ * first entry (gs_cu_load_kernels says why), before gradsync queues any
+ * NCCL work there. A device whose load fails (no kernel image for its
+ * architecture) still serves memory and copies; its kernel launches fail
+ * with the same error, naming the call. */
+static unsigned char kernels_tried[MAX_DEVICES];
+
+static void load_kernels(int device) {
+  if (__atomic_load_n(&kernels_tried[device], __ATOMIC_ACQUIRE)) return;
+  pthread_mutex_lock(&device_lock);
+  if (!kernels_tried[device]) {
+    int e = gs_cu_load_kernels();
+    if (e) {
+      gs_log(GS_LOG_WARNING, "gradsync's CUDA kernels do not load on device %d: %s (built for %s)",
+             device, cudaGetErrorString((cudaError_t)e), GS_CUDA_ARCHS);
+      cudaGetLastError();
+    }
+    /* set once loaded: a thread that finds it set launches loaded kernels */
+    __atomic_store_n(&kernels_tried[device], 1, __ATOMIC_RELEASE);
+  }
+  pthread_mutex_unlock(&device_lock);
+}
+
 gs_status_t gs_cu_enter(int device, gs_cu_scope_t *scope) {
   scope->device = device;
   scope->pushed = 0;
@@ -161,10 +184,12 @@ gs_status_t gs_cu_enter(int device, gs_cu_scope_t *scope) {
                    "driver error %d)",
                    device, (int)r);
   CUcontext now = NULL;
-  if (drv.current(&now) == CUDA_SUCCESS && now == ctx) return GS_SUCCESS;
-  if (drv.push(ctx) != CUDA_SUCCESS)
-    return gs_fail(GS_ERR_CUDA, "gradsync: cannot make CUDA device %d current", device);
-  scope->pushed = 1;
+  if (drv.current(&now) != CUDA_SUCCESS || now != ctx) {
+    if (drv.push(ctx) != CUDA_SUCCESS)
+      return gs_fail(GS_ERR_CUDA, "gradsync: cannot make CUDA device %d current", device);
+    scope->pushed = 1;
+  }
+  load_kernels(device);
   return GS_SUCCESS;
 }
 

@@ -93,6 +93,12 @@ int gs_cu_launch_combine(int dtype, const void *a, const void *b, void *out,
  * inverse, keys -> floats. */
 int gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src, void *dst,
                             int64_t count, void *stream);
+/* Loads every kernel above into the current context (cudaFuncGetAttributes
+ * on each, as NCCL does for its own): under lazy loading (CUDA_MODULE_LOADING
+ * =LAZY, the default since CUDA 12.2) a kernel is otherwise loaded at its
+ * first launch, and a load while NCCL kernels spin on the device can wait
+ * for them forever. Returns 0 or the CUDA error. */
+int gs_cu_load_kernels(void);
 /* The unsigned integer dtype keys of `dtype` take: 4 or 8 bytes. */
 static inline int gs_cu_key_bytes(gs_dtype_t dtype) { return dtype == GS_FLOAT64 ? 8 : 4; }
 

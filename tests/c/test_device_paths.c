@@ -9,6 +9,9 @@
  * Skips (passes) when no CUDA device is visible. Under
  * build/emulated/libgradsync.so (make test-emulated) the "device" is host
  * memory behind an emulated runtime, which exercises all of the plumbing. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+
 #include "gs_test.h"
 
 #define NSIZES 6
@@ -383,6 +386,27 @@ static void bad_calls(gs_comm_t c) {
   free_list(&l);
 }
 
+/* Lazy module loading can deadlock against spinning NCCL kernels: under
+ * the emulated runtime (which counts kernel loads by cudaFuncGetAttributes,
+ * and NCCL launches made while a kernel of their device was not loaded),
+ * every kernel was loaded before the first NCCL launch, none lazily after
+ * one, and each once on this device however many communicators opened it. */
+static void kernels_loaded_before_nccl(void) {
+  long (*nccl_launches)(void) = (long (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_nccl_launches");
+  int (*count)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_kernel_count");
+  long (*loads)(int, int) = (long (*)(int, int))dlsym(RTLD_DEFAULT, "gs_emulated_kernel_loads");
+  long (*unloaded)(void) = (long (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_unloaded_at_nccl");
+  long (*lazy)(void) = (long (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_lazy_after_nccl");
+  if (!nccl_launches || !count || !loads || !unloaded || !lazy) return; /* real CUDA */
+  SECTION("kernels loaded once per device, before NCCL work");
+  for (int k = 0; k < count(); k++)
+    CHECK(loads(DEV.id, k) == 1, "kernel %d was loaded %ld times on device %d (want once)", k,
+          loads(DEV.id, k), DEV.id);
+  CHECK(unloaded() == 0, "%ld NCCL launches (of %ld) found a kernel not loaded on their device",
+        unloaded(), nccl_launches());
+  CHECK(lazy() == 0, "%ld kernels were loaded lazily, at a launch after NCCL work", lazy());
+}
+
 int main(int argc, char **argv) {
   gs_test_init(&argc, &argv, "test_device_paths");
   int ndev = 0;
@@ -410,5 +434,6 @@ int main(int argc, char **argv) {
   broadcasts_and_gathers(any_path, 0);
   GS_OK(gs_comm_free(&any_path));
   kernels();
+  kernels_loaded_before_nccl();
   return gs_test_finish();
 }

@@ -101,6 +101,20 @@ void emu_races_born(emu_accesses_t **a, const char *lo, const char *hi, emu_poin
 int emu_races_free(emu_accesses_t **a, const void *base, const char *what);
 void emu_races_drop(emu_accesses_t **a);
 
+/* A host call that waits for the device without bound (cudaFreeHost,
+ * cudaFree, a synchronous cudaMemcpy, cudaStreamSynchronize, ...): counted
+ * (emu_blocking_calls, gs_emulated_blocking_calls) when any stream of the
+ * current device has work queued, where a spinning NCCL kernel hangs it.
+ * emu_stream_sync is cudaStreamSynchronize uncounted, for the emulation's
+ * own uses and the test hooks. */
+void emu_blocking_call(const char *fn);
+long emu_blocking_calls(void);
+cudaError_t emu_stream_sync(cudaStream_t stream);
+
+/* NCCL work is about to be queued on the current device (emu_kernels.cc
+ * counts it when a kernel of gradsync's is not loaded there yet). */
+void emu_nccl_launching(void);
+
 /* Makes sure the calling thread has a current context (creating device 0's
  * primary context when it has none, as the runtime does); returns the
  * current device, or -1 with the sticky error recorded. */

@@ -190,11 +190,99 @@ int queued(cudaError_t e, const char *what) {
   return (int)e;
 }
 
+// ---- module loading --------------------------------------------------------
+// Lazy loading, as the runtime does it since CUDA 12.2: a kernel is loaded
+// into a device's context by cudaFuncGetAttributes on it, or else at its
+// first launch. The counts let a test see that gradsync loads every kernel,
+// once per device, before it queues NCCL work there (a lazy load while
+// NCCL kernels spin can wait for them forever, so the emulation counts
+// NCCL launches made on a device with a kernel not loaded yet, and kernel
+// loads made lazily on a device where NCCL work was already queued).
+constexpr int kMaxDevices = 8;
+const void *const kKernels[] = {(const void *)run_elementwise, (const void *)run_nonfinite,
+                                (const void *)run_dots, (const void *)run_combine,
+                                (const void *)run_keys};
+constexpr int kKernelCount = (int)(sizeof kKernels / sizeof *kKernels);
+enum { K_ELEMENTWISE, K_NONFINITE, K_DOTS, K_COMBINE, K_KEYS };
+long loads[kMaxDevices][kKernelCount]; // explicit loads (atomics)
+int lazy[kMaxDevices][kKernelCount];   // loaded by a launch
+int nccl_seen[kMaxDevices];            // NCCL work queued on the device
+long unloaded_at_nccl, lazy_after_nccl;
+
+int kernel_index(const void *fn) {
+  for (int i = 0; i < kKernelCount; i++)
+    if (kKernels[i] == fn) return i;
+  return -1;
+}
+
+bool loaded(int device, int k) {
+  return __atomic_load_n(&loads[device][k], __ATOMIC_SEQ_CST) > 0 ||
+         __atomic_load_n(&lazy[device][k], __ATOMIC_SEQ_CST);
+}
+
+// A launch of kernel k on the current device: a lazy load if nobody loaded it.
+void launching(int k) {
+  int device = emu_current_device();
+  if (device < 0 || device >= kMaxDevices || loaded(device, k)) return;
+  if (__atomic_exchange_n(&lazy[device][k], 1, __ATOMIC_SEQ_CST)) return;
+  if (__atomic_load_n(&nccl_seen[device], __ATOMIC_SEQ_CST))
+    __atomic_add_fetch(&lazy_after_nccl, 1, __ATOMIC_SEQ_CST);
+}
+
 }  // namespace
+
+#define HOOK __attribute__((visibility("default")))
+
+extern "C" cudaError_t cudaFuncGetAttributes(cudaFuncAttributes *attr, const void *fn) {
+  int k = kernel_index(fn), device = emu_current_device();
+  if (device < 0) return emu_sticky();
+  if (k < 0 || !attr || device >= kMaxDevices) return cudaErrorInvalidDeviceFunction;
+  memset(attr, 0, sizeof *attr);
+  attr->maxThreadsPerBlock = 1024;
+  __atomic_add_fetch(&loads[device][k], 1, __ATOMIC_SEQ_CST);
+  return cudaSuccess;
+}
+
+extern "C" int gs_cu_load_kernels(void) {
+  cudaFuncAttributes attr;
+  for (const void *k : kKernels) {
+    cudaError_t e = cudaFuncGetAttributes(&attr, k);
+    if (e != cudaSuccess) return (int)e;
+  }
+  return 0;
+}
+
+// NCCL work about to be queued on the current device (emu_nccl.c).
+extern "C" void emu_nccl_launching(void) {
+  int device = emu_current_device();
+  if (device < 0 || device >= kMaxDevices) return;
+  __atomic_store_n(&nccl_seen[device], 1, __ATOMIC_SEQ_CST);
+  for (int k = 0; k < kKernelCount; k++)
+    if (!loaded(device, k)) {
+      __atomic_add_fetch(&unloaded_at_nccl, 1, __ATOMIC_SEQ_CST);
+      return;
+    }
+}
+
+// Test hooks: how many kernels there are; explicit loads of kernel k on
+// `device`; NCCL launches made while a kernel of their device was not
+// loaded; kernels loaded lazily, by their first launch, after NCCL work.
+extern "C" HOOK int gs_emulated_kernel_count(void) { return kKernelCount; }
+extern "C" HOOK long gs_emulated_kernel_loads(int device, int k) {
+  if (device < 0 || device >= kMaxDevices || k < 0 || k >= kKernelCount) return -1;
+  return __atomic_load_n(&loads[device][k], __ATOMIC_SEQ_CST);
+}
+extern "C" HOOK long gs_emulated_unloaded_at_nccl(void) {
+  return __atomic_load_n(&unloaded_at_nccl, __ATOMIC_SEQ_CST);
+}
+extern "C" HOOK long gs_emulated_lazy_after_nccl(void) {
+  return __atomic_load_n(&lazy_after_nccl, __ATOMIC_SEQ_CST);
+}
 
 extern "C" int gs_cu_launch_elementwise(int mode, const gs_cu_run_t *runs,
                                                 const gs_cu_item_t *items, int64_t nitems,
                                                 double scale, void *stream) {
+  launching(K_ELEMENTWISE);
   Elementwise k = {mode, runs, items, nitems, scale};
   return queued(emu_enqueue((cudaStream_t)stream, run_elementwise, &k, sizeof k),
                 "gradsync: elementwise kernel launch");
@@ -202,6 +290,7 @@ extern "C" int gs_cu_launch_elementwise(int mode, const gs_cu_run_t *runs,
 
 extern "C" int gs_cu_launch_nonfinite(const gs_tensor_t *t, const gs_cu_item_t *items,
                                               int64_t nitems, int *flag, void *stream) {
+  launching(K_NONFINITE);
   Nonfinite k = {t, items, nitems, flag};
   return queued(emu_enqueue((cudaStream_t)stream, run_nonfinite, &k, sizeof k),
                 "gradsync: all_finite kernel launch");
@@ -212,6 +301,7 @@ extern "C" int gs_cu_launch_dots(int dtype, const void *a, const void *b,
                                          int64_t nitems, const int64_t *first_item,
                                          int64_t nslices, double *partial, double *d,
                                          void *stream) {
+  launching(K_DOTS);
   Slices k = {dtype, a, b, nullptr, slices, items, nitems, nslices, first_item, nullptr,
               partial, d};
   return queued(emu_enqueue((cudaStream_t)stream, run_dots, &k, sizeof k),
@@ -222,6 +312,7 @@ extern "C" int gs_cu_launch_combine(int dtype, const void *a, const void *b, voi
                                             const gs_cu_slice_t *slices, const double *coef,
                                             const gs_cu_item_t *items, int64_t nitems,
                                             void *stream) {
+  launching(K_COMBINE);
   Slices k = {dtype, a, b, out, slices, items, nitems, 0, nullptr, coef, nullptr, nullptr};
   return queued(emu_enqueue((cudaStream_t)stream, run_combine, &k, sizeof k),
                 "gradsync: adasum combine kernel launch");
@@ -230,6 +321,7 @@ extern "C" int gs_cu_launch_combine(int dtype, const void *a, const void *b, voi
 extern "C" int gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src,
                                                void *dst, int64_t count, void *stream) {
   if (count <= 0) return 0;
+  launching(K_KEYS);
   Keys k = {dtype, max, inverse, src, dst, count};
   return queued(emu_enqueue((cudaStream_t)stream, run_keys, &k, sizeof k),
                 "gradsync: min/max order-key kernel launch");

@@ -431,6 +431,7 @@ static ncclResult_t submit(op_t proto, cudaStream_t stream) {
     o->recv = proto.recv;
     return ncclSuccess;
   }
+  emu_nccl_launching();
   __atomic_add_fetch(&launches, 1, __ATOMIC_SEQ_CST);
   return emu_enqueue(stream, run_ops, &o, sizeof o) == cudaSuccess ? ncclSuccess
                                                                    : ncclUnhandledCudaError;
@@ -573,6 +574,7 @@ API ncclResult_t ncclGroupEnd(void) {
   if (--group_depth > 0 || !group_ops) return ncclSuccess;
   op_t *ops = group_ops;
   group_ops = NULL;
+  emu_nccl_launching();
   __atomic_add_fetch(&launches, 1, __ATOMIC_SEQ_CST);
   return emu_enqueue(group_stream, run_ops, &ops, sizeof ops) == cudaSuccess
              ? ncclSuccess : ncclUnhandledCudaError;
