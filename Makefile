@@ -130,7 +130,8 @@ $(EMULATED_LIB): $(LIB_DEPS) $(EMU_SOURCES) $(EMU_KERNELS)
 EMU_ENV = LD_LIBRARY_PATH=$(CURDIR)/build/emulated
 EMU_NCCL_ENV = $(EMU_ENV) GS_EMU_DISTINCT_GPUS=1 GRADSYNC_NCCL_LIBRARY=$(CURDIR)/$(EMULATED_LIB)
 EMU_C_TESTS := $(addprefix tests/c/bin/,test_device_paths test_exchange_device test_device_streams \
-    test_device_context test_device_sticky test_nccl_faults test_device_ring test_device_memory)
+    test_device_context test_device_sticky test_nccl_faults test_device_ring test_device_memory \
+    test_device_blocking)
 test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	@if [ -z "$(NVCC)" ] || [ -z "$(CUDA_INCLUDE)" ]; then \
 	    echo "== test-emulated: no CUDA toolkit, skipped"; exit 0; fi; \
@@ -145,7 +146,7 @@ test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	    echo "== $$t at $$n ranks (emulated CUDA: staged MPI, then NCCL)"; \
 	    $(EMU_NCCL_ENV) timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n tests/c/bin/$$t || exit 1; done; \
 	    for t in test_device_streams test_device_context test_device_sticky test_nccl_faults \
-	        test_device_memory; do \
+	        test_device_memory test_device_blocking; do \
 	    echo "== $$t at $$n ranks (emulated CUDA)"; \
 	    $(EMU_ENV) timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n tests/c/bin/$$t || exit 1; done; \
 	    if [ $$n = 2 ]; then \

@@ -113,10 +113,7 @@ gs_status_t gs_cu_grow_pinned(void **b, size_t *h, size_t n, void *s) {
   (void)s;
   return absent("gradsync: pinned buffer");
 }
-void gs_cu_release(void *buf, int pinned) {
-  (void)buf;
-  (void)pinned;
-}
+void gs_cu_release(void *buf) { (void)buf; }
 gs_status_t gs_cu_copy(void *d, const void *s, size_t b, void *st) {
   (void)d;
   (void)s;

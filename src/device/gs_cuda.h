@@ -98,9 +98,12 @@ void gs_cu_free_async(void *ptr, void *stream);
  * freed in stream order). */
 gs_status_t gs_cu_grow(void **buf, size_t *have, size_t need, void *stream);
 /* A pinned host buffer of at least `need` bytes; before an old one is
- * freed, the work queued on `stream` (its only user) is waited for. */
+ * given back, the work queued on `stream` (its only user) is waited for
+ * (polling). Pinned buffers are never freed while gradsync runs
+ * (cudaFreeHost waits for the whole device): a released one is reused. */
 gs_status_t gs_cu_grow_pinned(void **buf, size_t *have, size_t need, void *stream);
-void gs_cu_release(void *buf, int pinned);
+/* Gives back a gs_cu_grow_pinned buffer no queued work uses any more. */
+void gs_cu_release(void *buf);
 /* Asynchronous copy on the stream (any direction; host memory pinned). */
 gs_status_t gs_cu_copy(void *dst, const void *src, size_t bytes, void *stream);
 
@@ -142,6 +145,11 @@ typedef struct gs_cu_result gs_cu_result_t;
 gs_status_t gs_cu_result_get(size_t bytes, gs_cu_result_t **r);
 gs_status_t gs_cu_result_fetch(gs_cu_result_t *r, const void *src, size_t bytes, void *stream);
 gs_status_t gs_cu_result_read(gs_cu_result_t *r, void *out, size_t bytes, const char *what);
+/* The other way: `bytes` of host memory at `src` copied into the buffer at
+ * once, and from there to device memory `dst` on `stream`; the buffer is
+ * reused only once that copy has run. */
+gs_status_t gs_cu_result_upload(gs_cu_result_t *r, void *dst, const void *src, size_t bytes,
+                                void *stream);
 void gs_cu_result_put(gs_cu_result_t *r);
 
 /* ---- the jobs (cuda_jobs.c): host lists in, one launch each ----------------------- */

@@ -1,12 +1,15 @@
 /* Memory on host and CUDA devices. Device memory is stream-ordered
- * (cudaMallocAsync from the device's default pool, kept cached): a buffer
+ * (from a pool of gradsync's own per device, kept cached): a buffer
  * is freed in the order of the stream that used it last, so a free never
- * waits for the device and never pulls memory from under queued work. Pinned
- * host memory has no stream order: before an old pinned buffer is freed,
- * the stream that used it is waited for (polling, so with timeouts). The
- * public allocations name their stream (gs_malloc_on; gs_malloc: the legacy
- * default stream): nothing here reads the thread's work stream, which an
- * earlier call may have left naming a stream that is gone by now. */
+ * waits for the device and never pulls memory from under queued work.
+ * Pinned host memory has no stream order, and cudaFreeHost waits for the
+ * whole device (every stream, every library's): gradsync's own pinned
+ * buffers are never given back while it runs (a released one is handed out
+ * again), and an old one is reused only after the stream that used it is
+ * waited for (polling, so with timeouts). The public allocations name
+ * their stream (gs_malloc_on; gs_malloc: the legacy default stream):
+ * nothing here reads the thread's work stream, which an earlier call may
+ * have left naming a stream that is gone by now. gs_memcpy is copy.c's. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,25 +21,44 @@
 
 #define MAX_DEVICES 64
 
-/* The device's default pool keeps what is freed (no release threshold), so
- * a steady workload allocates from the pool, not from the driver. */
-static void keep_pool(int device) {
-  static int kept[MAX_DEVICES];
-  if (device < 0 || device >= MAX_DEVICES || __atomic_load_n(&kept[device], __ATOMIC_ACQUIRE))
-    return;
-  cudaMemPool_t pool;
-  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+/* gradsync's own stream-ordered pool per device, which keeps what is freed
+ * (no release threshold), so a steady workload allocates from the pool,
+ * not from the driver. Not the device's default pool: its release
+ * threshold is shared by every library that allocates from it (CuPy's
+ * stream-ordered allocator, any cudaMallocAsync), and raising it would
+ * keep their freed memory from the driver too (docs/DECISIONS.md). */
+static cudaMemPool_t pools[MAX_DEVICES];
+static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static cudaMemPool_t own_pool(int device) {
+  if (device < 0 || device >= MAX_DEVICES) return NULL;
+  pthread_mutex_lock(&pools_lock);
+  if (!pools[device]) {
+    struct cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.handleTypes = cudaMemHandleTypeNone;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t pool = NULL;
     uint64_t keep_all = UINT64_MAX;
-    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+    if (cudaMemPoolCreate(&pool, &props) == cudaSuccess) {
+      cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep_all);
+      pools[device] = pool;
+    }
+    cudaGetLastError(); /* none: the allocation below says why */
   }
-  cudaGetLastError();
-  __atomic_store_n(&kept[device], 1, __ATOMIC_RELEASE);
+  cudaMemPool_t pool = pools[device];
+  pthread_mutex_unlock(&pools_lock);
+  return pool;
 }
 
 gs_status_t gs_cu_malloc_async(void **ptr, size_t bytes, void *stream, const char *what) {
   int device = 0;
-  if (cudaGetDevice(&device) == cudaSuccess) keep_pool(device);
-  cudaError_t e = cudaMallocAsync(ptr, bytes ? bytes : 256, (cudaStream_t)stream);
+  cudaMemPool_t pool = cudaGetDevice(&device) == cudaSuccess ? own_pool(device) : NULL;
+  size_t n = bytes ? bytes : 256;
+  cudaError_t e = pool ? cudaMallocFromPoolAsync(ptr, n, pool, (cudaStream_t)stream)
+                       : cudaMallocAsync(ptr, n, (cudaStream_t)stream);
   if (e != cudaSuccess) {
     *ptr = NULL;
     return gs_cu_fail(e, what);
@@ -59,33 +81,80 @@ gs_status_t gs_cu_grow(void **buf, size_t *have, size_t need, void *stream) {
   return GS_SUCCESS;
 }
 
-gs_status_t gs_cu_grow_pinned(void **buf, size_t *have, size_t need, void *stream) {
-  if (need <= *have && *buf) return GS_SUCCESS;
-  size_t want = gs_grow_size(*have, need);
-  if (*buf) {
-    GS_CHECK(gs_cu_stream_wait(stream, "gradsync: before growing pinned staging memory"));
-    cudaFreeHost(*buf);
-    *buf = NULL;
-    *have = 0;
-  }
-  cudaError_t e = cudaMallocHost(buf, want);
+/* gradsync's pinned buffers, in use or spare. cudaFreeHost synchronizes
+ * the device, so a free while NCCL kernels of any communicator are in
+ * flight (one waiting for a peer that waits for this host) would hang past
+ * every timeout: a released buffer becomes a spare instead, handed out
+ * again (the smallest that fits), and the process's exit frees them all.
+ * Growth is geometric, so the spares add up to less than what is in use at
+ * the peak. */
+typedef struct pinned_block {
+  void *p;
+  size_t bytes;
+  int spare;
+  struct pinned_block *next;
+} pinned_block_t;
+static pinned_block_t *pinned_blocks;
+static pthread_mutex_t pinned_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* A spare of at least `need` bytes, taken; NULL if none. */
+static pinned_block_t *take_spare(size_t need) {
+  pinned_block_t *best = NULL;
+  pthread_mutex_lock(&pinned_lock);
+  for (pinned_block_t *b = pinned_blocks; b; b = b->next)
+    if (b->spare && b->bytes >= need && (!best || b->bytes < best->bytes)) best = b;
+  if (best) best->spare = 0;
+  pthread_mutex_unlock(&pinned_lock);
+  return best;
+}
+
+/* A new pinned buffer (cudaMallocHost: the one pinned call that remains on
+ * these paths, made only past the high-water mark; docs/RELIABILITY.md). */
+static gs_status_t new_pinned(size_t want, void **buf) {
+  pinned_block_t *b = malloc(sizeof *b);
+  cudaError_t e = b ? cudaMallocHost(buf, want) : cudaErrorMemoryAllocation;
   if (e != cudaSuccess) {
+    free(b);
     *buf = NULL;
     cudaGetLastError();
     return gs_fail(GS_ERR_NO_MEMORY,
-                   "gradsync: cannot allocate %zu bytes of pinned host "
-                   "memory: %s",
-                   want, cudaGetErrorString(e));
+                   "gradsync: cannot allocate %zu bytes of pinned host memory: %s", want,
+                   cudaGetErrorString(e));
   }
+  *b = (pinned_block_t){*buf, want, 0, NULL};
+  pthread_mutex_lock(&pinned_lock);
+  b->next = pinned_blocks;
+  pinned_blocks = b;
+  pthread_mutex_unlock(&pinned_lock);
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_cu_grow_pinned(void **buf, size_t *have, size_t need, void *stream) {
+  if (need <= *have && *buf) return GS_SUCCESS;
+  size_t want = gs_grow_size(*have, need);
+  if (*buf) { /* spare once the stream that used it is done with it */
+    GS_CHECK(gs_cu_stream_wait(stream, "gradsync: before growing pinned staging memory"));
+    gs_cu_release(*buf);
+    *buf = NULL;
+    *have = 0;
+  }
+  pinned_block_t *b = take_spare(need);
+  if (b) {
+    *buf = b->p;
+    *have = b->bytes;
+    return GS_SUCCESS;
+  }
+  GS_CHECK(new_pinned(want, buf));
   *have = want;
   return GS_SUCCESS;
 }
 
-void gs_cu_release(void *buf, int pinned) {
+void gs_cu_release(void *buf) {
   if (!buf) return;
-  /* only at communicator free, after its last wait: nothing is queued */
-  cudaError_t e = pinned ? cudaFreeHost(buf) : cudaFree(buf);
-  if (e != cudaSuccess) cudaGetLastError();
+  pthread_mutex_lock(&pinned_lock);
+  for (pinned_block_t *b = pinned_blocks; b; b = b->next)
+    if (b->p == buf) b->spare = 1;
+  pthread_mutex_unlock(&pinned_lock);
 }
 
 gs_status_t gs_cu_copy(void *dst, const void *src, size_t bytes, void *stream) {
@@ -173,28 +242,6 @@ static gs_status_t pinned_free(void *ptr) {
   return e == cudaSuccess ? GS_SUCCESS : gs_cu_fail(e, "gs_free (pinned host memory)");
 }
 
-/* Host memory the CUDA runtime does not stage: plain memmove. */
-static int host_only(gs_device_t a, gs_device_t b) {
-  return a.kind != GS_DEVICE_CUDA && b.kind != GS_DEVICE_CUDA;
-}
-
-static gs_status_t device_copy(void *dst, gs_device_t dd, const void *src, gs_device_t sd,
-                               size_t bytes) {
-  int device = dd.kind == GS_DEVICE_CUDA ? dd.id : sd.id;
-  gs_cu_scope_t scope;
-  GS_CHECK(gs_cu_enter(device, &scope));
-  /* on the legacy default stream once it follows the thread's work stream
-   * (this call's: the caller set it), which then follows the copy: host
-   * memory is consumed or filled before this returns, a device destination
-   * may still be written after, in those streams' order */
-  void *work = gs_cu_work_stream();
-  gs_status_t s = gs_cu_order(cudaStreamLegacy, work, "gs_memcpy");
-  cudaError_t e = s == GS_SUCCESS ? cudaMemcpy(dst, src, bytes, cudaMemcpyDefault) : cudaSuccess;
-  if (e != cudaSuccess) s = gs_cu_fail(e, "gs_memcpy");
-  if (s == GS_SUCCESS) s = gs_cu_order(work, cudaStreamLegacy, "gs_memcpy");
-  gs_cu_leave(&scope);
-  return s;
-}
 #endif
 
 gs_status_t gs_malloc_on(gs_device_t device, size_t bytes, uintptr_t stream, void **ptr) {
@@ -243,20 +290,3 @@ gs_status_t gs_malloc(gs_device_t device, size_t bytes, void **ptr) {
 }
 
 gs_status_t gs_free(gs_device_t device, void *ptr) { return gs_free_on(device, ptr, 1); }
-
-gs_status_t gs_memcpy(void *dst, gs_device_t dst_device, const void *src, gs_device_t src_device,
-                      size_t bytes) {
-  gs_clear_error();
-  if (!bytes) return GS_SUCCESS;
-  if (!dst || !src)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_memcpy: %s is NULL", dst ? "src" : "dst");
-#ifdef GS_HAVE_CUDA
-  if (!host_only(dst_device, src_device))
-    return device_copy(dst, dst_device, src, src_device, bytes);
-#else
-  if (dst_device.kind == GS_DEVICE_CUDA || src_device.kind == GS_DEVICE_CUDA)
-    return gs_fail(GS_ERR_UNSUPPORTED, "gs_memcpy: this gradsync was built without CUDA");
-#endif
-  memmove(dst, src, bytes);
-  return GS_SUCCESS;
-}

@@ -76,7 +76,7 @@ static int drain(arena_t *a) {
  * so any stream's free is ordered after them. */
 static void arena_free(ring_t *r, arena_t *a) {
   r->bytes -= a->bytes;
-  gs_cu_release(a->host, 1);
+  gs_cu_release(a->host);
   gs_cu_free_async(a->dev, r->side);
   gs_cu_event_free(a->ready);
   free(a->segs);
@@ -139,7 +139,7 @@ static gs_status_t grow(ring_t *r, size_t len) {
     s = gs_cu_malloc_async((void **)&a->dev, have, r->side, "gradsync: a kernel table ring");
   if (s == GS_SUCCESS) s = gs_cu_record(r->side, &a->ready, "gradsync: a kernel table ring");
   if (s != GS_SUCCESS) {
-    gs_cu_release(a->host, 1);
+    gs_cu_release(a->host);
     gs_cu_free_async(a->dev, r->side);
     free(a);
     return s;
@@ -278,7 +278,7 @@ gs_status_t gs_cu_result_get(size_t bytes, gs_cu_result_t **out) {
     if (!small && reusable(r, device)) small = r;
   gs_status_t s = GS_SUCCESS;
   if (!r && small) { /* idle and too small: replaced by a larger one */
-    gs_cu_release(small->host, 1);
+    gs_cu_release(small->host);
     small->host = NULL;
     small->bytes = 0;
     s = gs_cu_grow_pinned((void **)&small->host, &small->bytes, bytes, NULL);
@@ -302,10 +302,19 @@ gs_status_t gs_cu_result_fetch(gs_cu_result_t *r, const void *src, size_t bytes,
   return s;
 }
 
+gs_status_t gs_cu_result_upload(gs_cu_result_t *r, void *dst, const void *src, size_t bytes,
+                                void *stream) {
+  memcpy(r->host, src, bytes); /* no copy is pending: it was handed out */
+  GS_CHECK(gs_cu_copy(dst, r->host, bytes, stream));
+  gs_status_t s = gs_cu_record(stream, &r->event, "gradsync: after an upload's copy");
+  r->lost = s != GS_SUCCESS;
+  return s;
+}
+
 gs_status_t gs_cu_result_read(gs_cu_result_t *r, void *out, size_t bytes, const char *what) {
   gs_status_t s = gs_cu_event_wait(r->event, what);
   if (s == GS_SUCCESS) {
-    memcpy(out, r->host, bytes);
+    if (bytes) memcpy(out, r->host, bytes);
     gs_cu_event_free(r->event);
     r->event = NULL;
   }

@@ -305,7 +305,7 @@ gs_status_t gs_device_path_free(gs_comm_t c) {
   gs_cu_free_async(c->dev_fusion, c->dev_stream);
   gs_cu_free_async(c->dev_tmp, c->dev_stream);
   gs_cu_free_async(c->dev_keys, c->dev_stream);
-  gs_cu_release(c->pinned, 1);
+  gs_cu_release(c->pinned);
   gs_cu_stream_destroy(c->dev_stream);
   gs_cu_leave(&scope);
   c->dev_fusion = c->dev_tmp = c->dev_keys = c->pinned = c->dev_stream = NULL;

@@ -11,7 +11,11 @@
  * - gs_mem_order makes a reader's stream follow the last write, a writer's
  *   every use, and the host (stream 0) waits;
  * - gs_mem_stream names a stream that follows the pending uses, and 0 once
- *   there are none. */
+ *   there are none;
+ * - gradsync's device memory comes from a pool of its own: the device's
+ *   default pool, shared with other libraries (CuPy's allocator, any
+ *   cudaMallocAsync), keeps its attributes (its release threshold was
+ *   raised to keep gradsync's memory cached). */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 
@@ -135,6 +139,12 @@ int main(int argc, char **argv) {
   malloc_on_a_stream(emu_stream(1));
   mem_record(reader);
   host_wait();
+  SECTION("the device's default pool is left as it was");
+  long (*pool_changes)(void) =
+      (long (*)(void))dlsym(RTLD_DEFAULT, "gs_emulated_default_pool_changes");
+  CHECK(pool_changes && pool_changes() == 0,
+        "gradsync set %ld attributes of the device's default memory pool",
+        pool_changes ? pool_changes() : -1L);
   SECTION("host memory: the record is a plain allocation");
   gs_mem_t m = NULL;
   GS_OK(gs_mem_alloc(HOST, 100, &m));

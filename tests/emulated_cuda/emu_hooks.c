@@ -99,7 +99,11 @@ HOOK uintptr_t gs_emulated_stream(int nonblocking) {
 }
 
 /* Waits on the host for `stream`. */
-HOOK int gs_emulated_sync(uintptr_t stream) { return cudaStreamSynchronize(as_handle(stream)); }
+HOOK int gs_emulated_sync(uintptr_t stream) { return emu_stream_sync(as_handle(stream)); }
+
+/* Host calls that waited for the device without bound while it had work
+ * queued (emu_blocking_call). */
+HOOK long gs_emulated_blocking_calls(void) { return emu_blocking_calls(); }
 
 /* Destroys a stream the test made (as torch or CuPy may destroy a side stream). */
 HOOK int gs_emulated_stream_destroy(uintptr_t stream) {

@@ -211,9 +211,10 @@ static size_t *quarantine_bytes, nquarantine, quarantine_total;
 static long pageable_uploads;
 static int hold_uploads;
 
-/* Test hook: the next pageable host-to-device cudaMemcpy's DMA waits behind
- * a gate (gs_emulated_release): it is still queued when cudaMemcpy returns,
- * as it may be on hardware. */
+/* Test hook: the next host-to-device copy's DMA (cudaMemcpy from pageable
+ * memory, or any cudaMemcpyAsync from host memory) waits behind a gate
+ * (gs_emulated_release): it is still queued when the call returns, as it
+ * may be on hardware. */
 __attribute__((visibility("default"))) void gs_emulated_hold_uploads(void) {
   __atomic_store_n(&hold_uploads, 1, 0);
 }
@@ -367,9 +368,13 @@ cudaError_t cudaHostAlloc(void **p, size_t n, unsigned int flags) {
   (void)flags;
   return emu_alloc(p, n, cudaMemoryTypeHost);
 }
-cudaError_t cudaFree(void *p) { return emu_release(p, cudaMemoryTypeDevice, 0); }
+cudaError_t cudaFree(void *p) {
+  emu_blocking_call("cudaFree");
+  return emu_release(p, cudaMemoryTypeDevice, 0);
+}
 cudaError_t cudaFreeHost(void *p) {
   if (emu_current_device() < 0) return emu_sticky();
+  emu_blocking_call("cudaFreeHost");
   return emu_release(p, cudaMemoryTypeHost, 0);
 }
 
@@ -437,6 +442,11 @@ static cudaError_t run_copy(void *arg) {
 static cudaError_t copy(void *dst, const void *src, size_t n, cudaStream_t stream, int async) {
   if (n == 0) return cudaSuccess;
   copy_job_t job = {dst, src, n, NULL};
+  int upload = kind_of(src) != cudaMemoryTypeDevice && kind_of(dst) == cudaMemoryTypeDevice;
+  if (upload && n > 0 && __atomic_exchange_n(&hold_uploads, 0, 0)) {
+    cudaError_t held = (cudaError_t)gs_emulated_hold((uintptr_t)stream);
+    if (held != cudaSuccess) return fail(held);
+  }
   if (!is_tracked(src) && is_tracked(dst)) {
     /* the runtime stages a pageable source when the call is made; counted
      * for asynchronous copies, because gradsync must not rely on that */
@@ -467,19 +477,24 @@ static int on_device(enum cudaMemoryType t) {
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind) {
   (void)kind;
   enum cudaMemoryType from = kind_of(src), to = kind_of(dst);
+  if (!(on_device(from) && on_device(to))) emu_blocking_call("cudaMemcpy");
   if (from == cudaMemoryTypeUnregistered && on_device(to)) {
-    cudaError_t e = cudaStreamSynchronize(cudaStreamLegacy);
-    if (e == cudaSuccess && __atomic_exchange_n(&hold_uploads, 0, 0))
-      e = (cudaError_t)gs_emulated_hold(1);
+    cudaError_t e = emu_stream_sync(cudaStreamLegacy);
     return e == cudaSuccess ? copy(dst, src, n, cudaStreamLegacy, 0) : e;
   }
   cudaError_t e = copy(dst, src, n, cudaStreamLegacy, 0);
   if (e == cudaSuccess && !(on_device(from) && on_device(to)))
-    e = cudaStreamSynchronize(cudaStreamLegacy);
+    e = emu_stream_sync(cudaStreamLegacy);
   return e;
 }
 
-/* ---- the stream-ordered pool: one per device, nothing to configure ---------------- */
+/* ---- stream-ordered pools: the default one per device, and created ones ---------- */
+
+/* Attributes set on a device's default pool (gs_emulated_default_pool_changes):
+ * its release threshold is shared by every library that allocates from it. */
+static long default_pool_changes;
+static char created_pools[64];
+static int ncreated_pools;
 
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device) {
   if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice);
@@ -487,9 +502,32 @@ cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device) {
   return cudaSuccess;
 }
 
-cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
-  (void)pool; (void)attr; (void)value;
+cudaError_t cudaMemPoolCreate(cudaMemPool_t *pool, const struct cudaMemPoolProps *props) {
+  if (!pool || !props || props->location.type != cudaMemLocationTypeDevice ||
+      props->location.id < 0 || props->location.id >= device_count())
+    return fail(cudaErrorInvalidValue);
+  int k = __atomic_fetch_add(&ncreated_pools, 1, 0);
+  if (k >= (int)sizeof created_pools) return fail(cudaErrorMemoryAllocation);
+  *pool = (cudaMemPool_t)&created_pools[k];
   return cudaSuccess;
 }
 
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value) {
+  (void)attr; (void)value;
+  char *p = (char *)pool;
+  if (p >= context_tokens && p < context_tokens + MAX_DEVICES)
+    __atomic_add_fetch(&default_pool_changes, 1, 0);
+  return cudaSuccess;
+}
 
+__attribute__((visibility("default"))) long gs_emulated_default_pool_changes(void) {
+  return __atomic_load_n(&default_pool_changes, 0);
+}
+
+/* Memory from a created pool: as cudaMallocAsync's (one tracked kind). */
+cudaError_t cudaMallocFromPoolAsync(void **p, size_t n, cudaMemPool_t pool, cudaStream_t stream) {
+  char *k = (char *)pool;
+  if (!(k >= created_pools && k < created_pools + sizeof created_pools))
+    return fail(cudaErrorInvalidValue);
+  return cudaMallocAsync(p, n, stream);
+}

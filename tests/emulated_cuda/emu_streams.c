@@ -353,7 +353,32 @@ static cudaError_t lock_stream(cudaStream_t h, emu_stream_t **s) {
   return cudaSuccess;
 }
 
+/* Calls that wait for device work on the host without bound (no timeout
+ * can end them): made while any stream of the device has work queued, an
+ * NCCL kernel there waiting for a peer that waits for this host hangs them. */
+static long blocking_calls;
+
+void emu_blocking_call(const char *fn) {
+  int device = emu_current_device();
+  if (device < 0) return;
+  int busy = 0;
+  pthread_mutex_lock(&mu);
+  for (emu_stream_t *s = all_streams; s && !busy; s = s->next_all)
+    busy = s->device == device && s->completed < s->enqueued;
+  pthread_mutex_unlock(&mu);
+  if (busy && __atomic_add_fetch(&blocking_calls, 1, __ATOMIC_SEQ_CST) <= 5)
+    fprintf(stderr, "emulated CUDA: %s while device %d has work queued: it waits for the "
+            "device without bound (no timeout ends it)\n", fn, device);
+}
+
+long emu_blocking_calls(void) { return __atomic_load_n(&blocking_calls, __ATOMIC_SEQ_CST); }
+
 cudaError_t cudaStreamSynchronize(cudaStream_t h) {
+  emu_blocking_call("cudaStreamSynchronize");
+  return emu_stream_sync(h);
+}
+
+cudaError_t emu_stream_sync(cudaStream_t h) {
   emu_stream_t *s;
   cudaError_t locked = lock_stream(h, &s);
   if (locked != cudaSuccess) return locked;
@@ -377,6 +402,7 @@ cudaError_t cudaStreamQuery(cudaStream_t h) {
 }
 
 cudaError_t cudaDeviceSynchronize(void) {
+  emu_blocking_call("cudaDeviceSynchronize");
   int device = emu_current_device();
   if (device < 0) return emu_sticky();
   pthread_mutex_lock(&mu);
