@@ -5,6 +5,9 @@ in a GPU lease:
   1 rank and the training section at 2 ranks (its own mpiexec job), checks
   its own results (bitwise against torch) and writes every field the
   figure table reads;
+- its latency section (issue 30: gradsync's non-blocking NCCL against
+  torch.distributed's, 4 B to 1 MiB) runs at 2 ranks, checks both
+  libraries' sums and gives a figure per size;
 - the ResNet-50 it trains is the published one: the same 161 parameter
   names and shapes as gradient_shapes.json;
 - the trace reader measures overlap right on a trace written out by hand.
@@ -88,13 +91,13 @@ def test_trace_summary_on_a_hand_made_trace(tmp_path):
             assert s[k] == pytest.approx(v), (k, s[k], v)
 
 
-def run_dry(tmp_path, nranks):
+def run_dry(tmp_path, nranks, only=None):
     out = tmp_path / f"dry{nranks}.json"
     cmd = [sys.executable, "-m", "gradsync.bench.gpu", "--dry-run", "--json", str(out),
            "--trace-dir", str(tmp_path / f"traces{nranks}")]
-    if nranks == 1:
-        cmd += ["--only", "accumulate,bert,allreduce,train"]
-    else:
+    if only or nranks == 1:
+        cmd += ["--only", only or "accumulate,bert,allreduce,train"]
+    if nranks > 1:
         mpiexec = os.environ.get("MPIEXEC") or shutil.which("mpiexec")
         cmd = [mpiexec, "-n", str(nranks)] + cmd
     env = child_env()
@@ -133,3 +136,17 @@ def test_dry_run_two_ranks_training(tmp_path):
     assert train["gradsync_vs_ddp_params_max_rel_diff"] < 1e-5
     assert all(m["median_s"] > 0 for m in train["modes"].values())
     assert os.path.exists(tmp_path / "traces2" / "trace_gradsync.json")
+
+
+@one_rank
+def test_dry_run_two_ranks_latency(tmp_path):
+    r, stdout = run_dry(tmp_path, 2, only="latency")
+    e = r["latency"]
+    assert e["check"] == "ok" and e["ranks"] == 2 and e["torch_backend"] == "gloo"
+    assert [x["bytes"] for x in e["sizes"]] == [4, 16, 64, 256, 1024, 4096]
+    for x in e["sizes"]:
+        assert x["samples"] >= 30 and x["gradsync_us"] > 0 and x["torch_us"] > 0
+        assert x["ratio"] == pytest.approx(x["gradsync_us"] / x["torch_us"])
+    names = [what for what, _, _, _ in figure_rows(r)]
+    assert len(names) == 6 and names[0].startswith("(e) allreduce 4 B latency"), names
+    assert "(e) allreduce 4 KiB latency" in stdout

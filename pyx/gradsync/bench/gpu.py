@@ -15,6 +15,9 @@ timed with CUDA events on the current stream (host clock on the CPU).
                call per tensor, flatten + one call + unflatten, and one call on
                data already flat (goal: <= 1.05 against the per-tensor list).
                Needs one GPU per rank (NCCL refuses two ranks on one GPU).
+  latency      allreduce latency from 4 B to 1 MiB, gradsync against
+               torch.distributed NCCL in the same run, median of many calls
+               (gradsync.bench.gpu_latency). Needs one GPU per rank (2+).
   train        a ResNet-50 training step (gradsync.bench.gpu_train):
                DistributedOptimizer vs torch DDP over gloo vs no
                communication, at 2+ ranks (on one GPU: the staged MPI path),
@@ -23,6 +26,7 @@ timed with CUDA events on the current stream (host clock on the CPU).
 
     mpiexec -n 1 python -m gradsync.bench.gpu --only accumulate,bert,allreduce --json a.json
     mpiexec -n 2 python -m gradsync.bench.gpu --only train --json d.json --trace-dir traces
+    mpiexec -n 2 python -m gradsync.bench.gpu --only latency --json e.json
     python -m gradsync.bench.gpu --dry-run          # CPU, tiny sizes: checks the logic
 
 Every section checks its result (bitwise against torch where the arithmetic
@@ -47,7 +51,7 @@ from gradsync.bench.gpu_figures import print_bench
 from gradsync.bench.output import write_json
 from gradsync.bench.rendezvous import init_process_group
 
-SECTIONS = ("accumulate", "bert", "allreduce", "train")
+SECTIONS = ("accumulate", "bert", "allreduce", "train", "latency")
 
 
 # --------------------------------------------------------------- timing
@@ -349,6 +353,14 @@ def section(name, args, comm, world, dev, clock, dist, log):
                                f"{torch.cuda.device_count()} GPU(s)"}
         group = dist.new_group(backend="nccl") if dev.type == "cuda" else None
         return bench_allreduce(comm, dev, shapes, clock, dist, group)
+    if name == "latency":
+        if dev.type == "cuda" and comm.size > torch.cuda.device_count():
+            return {"skipped": f"NCCL needs one GPU per rank: {comm.size} ranks, "
+                               f"{torch.cuda.device_count()} GPU(s)"}
+        from gradsync.bench.gpu_latency import bench_latency
+        group = dist.new_group(backend="nccl") if dev.type == "cuda" else None
+        return bench_latency(comm, world, dev, dist, group, args.dry_run,
+                             samples=10 * args.repeats, warmup=10 * args.warmup)
     import gradsync.torch as gst
     from gradsync.bench.gpu_train import bench_training
     return bench_training(comm, world, dev, args, dist, gst, log)

@@ -45,7 +45,18 @@ def figure_rows(r):
                   _num(m["gradsync"]["share_of_comm_hidden"], nan), "(report)", ""),
                  ("(d) share of comm hidden (compute+comm-step)/comm, DDP-gloo",
                   _num(m["ddp-gloo"]["share_of_comm_hidden"], nan), "(report)", "")]
+    e = r.get("latency") or {}
+    rows += [(f"(e) allreduce {_size(x['bytes'])} latency, gradsync / torch "
+              f"({x['gradsync_us']:.0f} vs {x['torch_us']:.0f} us)", x["ratio"], "(report)",
+              e["check"]) for x in e.get("sizes", [])]
     return rows
+
+
+def _size(nbytes):
+    for unit, scale in (("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= scale:
+            return f"{nbytes // scale} {unit}"
+    return f"{nbytes} B"
 
 
 def _num(v, default):
@@ -63,7 +74,7 @@ def print_bench(r, out=sys.stdout):
         print(f"{'figure':<70} {'value':>8}  {'goal':<9} check", file=out)
     for what, v, goal, check in rows:
         print(f"{what:<70} {v:8.3f}  {goal:<9} {check}", file=out)
-    for k in ("accumulate", "bert", "allreduce", "train"):
+    for k in ("accumulate", "bert", "allreduce", "train", "latency"):
         v = r.get(k)
         if isinstance(v, dict) and ("error" in v or "skipped" in v):
             print(f"{k}: {v.get('error') or 'skipped: ' + v['skipped']}", file=out)
