@@ -83,6 +83,7 @@ rm -rf "$TREE" && mkdir -p "$TREE"
 git ls-files -z -co --exclude-standard | tar --null --ignore-failed-read -T - -cf - 2>/dev/null |
   tar -C "$TREE" -xf -
 HASH=$(bash scripts/gpu_session.sh --source-hash)
+SUMS=$(bash scripts/gpu_session.sh --source-sums)
 if [ "$DRY" = 1 ]; then
   # this checkout's own builds (make build, and the emulated runtime that
   # make test-emulated builds) stand in: the dry run proves the session
@@ -120,5 +121,6 @@ cp "$TREE"/tests/c/bin/test_device_paths "$TREE"/tests/c/bin/test_device_streams
   echo "built $(date -u +%FT%TZ) on $(uname -n) with $("$BPY" --version), $(nvcc --version 2>/dev/null | grep -o 'release [0-9.]*' || echo 'no nvcc')"
   echo "dry $DRY"
 } > "$OUTB/MANIFEST"
+echo "$SUMS" > "$OUTB/SOURCES"  # the device checks these, file by file
 du -sh .whl "$OUTB"
 echo "gpu_prepare.sh: ready ($(head -1 "$OUTB/MANIFEST")); carry [\".whl\", \".gpu-build\"]"

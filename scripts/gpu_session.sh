@@ -41,13 +41,24 @@ set -u
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$ROOT" || exit 1
 
-source_hash() {
-  cat setup.py Makefile src/*/* include/* pyx/gradsync/*.pyx pyx/gradsync/*.pxi \
-    pyx/gradsync/*.pxd tests/c/*.c tests/c/*.h tests/emulated_cuda/* 2>/dev/null |
-    sha1sum | cut -c1-40
+# The build's key: every file the build reads, one "sha1  path" line each
+# (C locale order: glob order follows LC_COLLATE). The carried build's
+# MANIFEST lists the same lines, so the device compares file by file and
+# names what differs; files only the device has (a leftover of a rename,
+# say) do not count.
+source_files() {
+  LC_ALL=C
+  ls setup.py Makefile src/*/* include/* pyx/gradsync/*.pyx pyx/gradsync/*.pxi \
+    pyx/gradsync/*.pxd tests/c/*.c tests/c/*.h tests/emulated_cuda/* 2>/dev/null
 }
+source_sums() { source_files | LC_ALL=C xargs sha1sum; }
+source_hash() { source_sums | sha1sum | cut -c1-40; }
 if [ "${1:-}" = --source-hash ]; then
   source_hash
+  exit 0
+fi
+if [ "${1:-}" = --source-sums ]; then
+  source_sums
   exit 0
 fi
 
@@ -119,8 +130,11 @@ step() {
   local name=$1 rest=$2 cmd=$3 reserve=0 r avail t rc start status
   for r in $rest; do reserve=$((reserve + ${MIN[$r]:-0})); done
   avail=$(($(left) - 10 - reserve))
+  # the steps come in priority order: when the time left cannot give every
+  # later step its minimum, this one still gets its own
+  [ "$avail" -lt "${MIN[$name]}" ] && avail=$(($(left) - 10))
   if [ "$avail" -lt "${MIN[$name]}" ]; then
-    note "$name: SKIPPED (${avail}s left after the later steps' minimum, needs ${MIN[$name]}s)"
+    note "$name: SKIPPED (${avail}s left, needs ${MIN[$name]}s)"
     printf '%s\tskipped\t0\t-\n' "$name" >> "$STATE/steps.tsv"
     return 0
   fi
@@ -237,10 +251,16 @@ EOF
 # ---------------------------------------------------------------- build
 # The bundle when it matches these sources, else a build here.
 build() {
-  local want have
-  want=$(source_hash)
+  local have stale
   have=$(sed -n 's/^hash //p' "$BUNDLE/MANIFEST" 2> /dev/null)
-  if [ -n "$have" ] && [ "$have" = "$want" ]; then
+  # the bundle's files, checked here one by one (sha1sum -c), not a hash of
+  # whatever this tree holds
+  if [ -f "$BUNDLE/SOURCES" ]; then
+    stale=$(LC_ALL=C sha1sum --quiet -c "$BUNDLE/SOURCES" 2>&1 | head -5)
+  else
+    stale="no $BUNDLE/SOURCES"
+  fi
+  if [ -z "$stale" ]; then
     cp -f "$BUNDLE"/pyx/gradsync/* pyx/gradsync/ && mkdir -p tests/c/bin &&
       cp -f "$BUNDLE"/tests/c/bin/* tests/c/bin/
     if "$PY" -c "import gradsync" > "$LOGS/build.log" 2>&1 &&
@@ -251,7 +271,7 @@ build() {
     fi
     note "build: the carried build does not load here ($(tail -1 "$LOGS/build.log")): building"
   else
-    note "build: no carried build for these sources (have ${have:-none}, want $want): building"
+    note "build: the carried build is not of these sources ($(echo "$stale" | tr '\n' ' ')): building"
   fi
   CAP[build]=300
   MIN[build]=60

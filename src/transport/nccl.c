@@ -256,6 +256,9 @@ gs_status_t gs_nccl_comm_init(gs_comm_t c) {
   int ok = boot->ok;
   free(boot);
   if (!ok) return s != GS_SUCCESS ? s : gs_fail(GS_ERR_NCCL, "ncclGetUniqueId failed on rank 0");
+#ifndef NCCL_API_MAGIC /* headers before 2.30 write the magic out */
+#define NCCL_API_MAGIC 0xcafebeef
+#endif
   config_2_14_t cfg = {sizeof cfg,
                        NCCL_API_MAGIC,
                        MIN_VERSION,
