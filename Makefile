@@ -12,7 +12,7 @@ SCRIPTS_DIR := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_path(
 # mpiexec of the MPI we build with: next to $MPICC, else on PATH, else the wheel's.
 MPIEXEC ?= $(or $(if $(MPICC),$(wildcard $(dir $(MPICC))mpiexec)),$(shell command -v mpiexec 2>/dev/null),$(SCRIPTS_DIR)/mpiexec)
 MPICC_RESOLVED = $(or $(MPICC),$(shell command -v mpicc 2>/dev/null),$(SCRIPTS_DIR)/mpicc)
-export PYTHONPATH := $(CURDIR)/pyx$(if $(PYTHONPATH),:$(PYTHONPATH))
+export PYTHONPATH := $(CURDIR)/pyx:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHON
 
 LIB := pyx/gradsync/libgradsync.so
@@ -173,7 +173,7 @@ check-layers: deps
 # and (lint-c) clang-format (.clang-format) over the C sources.
 lint: lint-c
 	@sh scripts/install_deps.sh lint
-	$(PYTHON) -m ruff check pyx scripts tests
+	$(PYTHON) -m ruff check pyx scripts tests bench
 	$(PYTHON) -m cython_lint.cython_lint pyx/gradsync/*.pyx pyx/gradsync/*.pxi pyx/gradsync/*.pxd
 
 C_FORMATTED = $(LIB_DEPS) $(wildcard tests/c/*.c)
@@ -222,12 +222,12 @@ cluster-test: build
 
 # Allreduce across 2 simulated hosts x 2 ranks at 10 and 1 Gbit/s: time and
 # bytes per host link, gradsync flat / hierarchical / default against mpi4py
-# (gradsync.bench.cluster; docs/PERFORMANCE.md "Across hosts").
+# (bench.cluster; docs/PERFORMANCE.md "Across hosts").
 CLUSTER_RATES ?= 10gbit 1gbit
 bench-cluster: build
 	@$(CLUSTER_CHECK); for rate in $(CLUSTER_RATES); do \
 	    $(SIMCLUSTER) --hosts 2 --ranks-per-host 2 --rate $$rate -- \
-	        $(PYTHON) -m gradsync.bench.cluster --repeats 7 --json cluster-$$rate.json || exit 1; done
+	        $(PYTHON) -m bench.cluster --repeats 7 --json cluster-$$rate.json || exit 1; done
 
 # On a machine with a GPU: the device C tests on the real runtime, then
 # under compute-sanitizer (memcheck, racecheck), the GPU pytest suite at 1
@@ -251,8 +251,8 @@ gpu-test: build tests/c/bin/test_device_paths tests/c/bin/test_device_streams
 	    echo "== compute-sanitizer --tool $$tool tests/c/bin/test_device_paths (1 rank)"; \
 	    GRADSYNC_NCCL=0 timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(SANITIZER) --tool $$tool \
 	        --error-exitcode 3 tests/c/bin/test_device_paths || exit 1; done; fi; \
-	echo "== gradsync.bench.gpu"; \
-	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTHON) -m gradsync.bench.gpu --json gpu-bench.json
+	echo "== bench.gpu"; \
+	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTHON) -m bench.gpu --json gpu-bench.json
 
 # The GPU session script (scripts/gpu_session.sh, docs/GPU.md) dry-run here
 # so it cannot rot between the rare sessions with a GPU: its prepare step
@@ -280,7 +280,7 @@ bench: build
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench --shapes resnet50 --baseline mpi4py
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench --collective reduce_scatter_shards --shapes resnet50 --baseline mpi4py
 	timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTHON) scripts/gsbench --collective accumulate -d float16 --shapes resnet50 --baseline mpi4py
-	timeout $(TEST_TIMEOUT) $(PYTHON) -m gradsync.bench.kernels
+	timeout $(TEST_TIMEOUT) $(PYTHON) -m bench.kernels
 
 # The C tests under valgrind (memcheck, leaks included) at 2 ranks.
 check-memory: build $(C_TESTS)

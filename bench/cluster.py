@@ -4,7 +4,7 @@ Run inside scripts/simcluster (the data link's counters are read from
 /sys/class/net/$SIMCLUSTER_DATA_IFACE in each host's namespace):
 
     scripts/simcluster --hosts 2 --ranks-per-host 2 --rate 10gbit -- \\
-        python -m gradsync.bench.cluster --json cluster.json
+        python -m bench.cluster --json cluster.json
 
 Cases (--cases): ResNet-50's gradient list (161 float32 tensors, 97.5 MiB)
 and one 64 MiB float32 tensor by default; any size for one tensor. Variants,

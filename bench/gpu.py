@@ -17,17 +17,17 @@ timed with CUDA events on the current stream (host clock on the CPU).
                Needs one GPU per rank (NCCL refuses two ranks on one GPU).
   latency      allreduce latency from 4 B to 1 MiB, gradsync against
                torch.distributed NCCL in the same run, median of many calls
-               (gradsync.bench.gpu_latency). Needs one GPU per rank (2+).
-  train        a ResNet-50 training step (gradsync.bench.gpu_train):
+               (bench.gpu_latency). Needs one GPU per rank (2+).
+  train        a ResNet-50 training step (bench.gpu_train):
                DistributedOptimizer vs torch DDP over gloo vs no
                communication, at 2+ ranks (on one GPU: the staged MPI path),
                with a torch.profiler trace summarised (overlap of the
                communication streams with backward's kernels).
 
-    mpiexec -n 1 python -m gradsync.bench.gpu --only accumulate,bert,allreduce --json a.json
-    mpiexec -n 2 python -m gradsync.bench.gpu --only train --json d.json --trace-dir traces
-    mpiexec -n 2 python -m gradsync.bench.gpu --only latency --json e.json
-    python -m gradsync.bench.gpu --dry-run          # CPU, tiny sizes: checks the logic
+    mpiexec -n 1 python -m bench.gpu --only accumulate,bert,allreduce --json a.json
+    mpiexec -n 2 python -m bench.gpu --only train --json d.json --trace-dir traces
+    mpiexec -n 2 python -m bench.gpu --only latency --json e.json
+    python -m bench.gpu --dry-run          # CPU, tiny sizes: checks the logic
 
 Every section checks its result (bitwise against torch where the arithmetic
 is the same) and records "check": "ok" or what differed. Each section stops
@@ -46,10 +46,10 @@ import numpy as np
 import torch
 
 import gradsync as gs
+from bench.gpu_figures import print_bench
+from bench.rendezvous import init_process_group
 from gradsync.bench.data import load_shapes
-from gradsync.bench.gpu_figures import print_bench
 from gradsync.bench.output import write_json
-from gradsync.bench.rendezvous import init_process_group
 
 SECTIONS = ("accumulate", "bert", "allreduce", "train", "latency")
 
@@ -282,11 +282,11 @@ def pick_device(args, comm):
     cuda = torch.cuda.is_available()
     kind = args.device or ("cuda" if cuda else "cpu")
     if kind == "cpu" and not args.dry_run:
-        raise SystemExit("gradsync.bench.gpu: no CUDA device (torch.cuda.is_available() is False); "
+        raise SystemExit("bench.gpu: no CUDA device (torch.cuda.is_available() is False); "
                          "--dry-run runs the logic on the CPU")
     if kind == "cuda":
         if not cuda:
-            raise SystemExit("gradsync.bench.gpu: --device cuda but torch sees no CUDA device")
+            raise SystemExit("bench.gpu: --device cuda but torch sees no CUDA device")
         ordinal = comm.local_rank % torch.cuda.device_count()
         torch.cuda.set_device(ordinal)
         return torch.device("cuda", ordinal)
@@ -305,7 +305,7 @@ def run(argv=None):
         ["accumulate", "bert", "allreduce"] if comm.size == 1 else ["train"])
     unknown = set(sections) - set(SECTIONS)
     if unknown:
-        raise SystemExit(f"gradsync.bench.gpu: unknown sections {sorted(unknown)}; know {SECTIONS}")
+        raise SystemExit(f"bench.gpu: unknown sections {sorted(unknown)}; know {SECTIONS}")
     os.makedirs(args.trace_dir, exist_ok=True)
     res = Results(args.json, comm.rank)
 
@@ -357,12 +357,12 @@ def section(name, args, comm, world, dev, clock, dist, log):
         if dev.type == "cuda" and comm.size > torch.cuda.device_count():
             return {"skipped": f"NCCL needs one GPU per rank: {comm.size} ranks, "
                                f"{torch.cuda.device_count()} GPU(s)"}
-        from gradsync.bench.gpu_latency import bench_latency
+        from bench.gpu_latency import bench_latency
         group = dist.new_group(backend="nccl") if dev.type == "cuda" else None
         return bench_latency(comm, world, dev, dist, group, args.dry_run,
                              samples=10 * args.repeats, warmup=10 * args.warmup)
     import gradsync.torch as gst
-    from gradsync.bench.gpu_train import bench_training
+    from bench.gpu_train import bench_training
     return bench_training(comm, world, dev, args, dist, gst, log)
 
 

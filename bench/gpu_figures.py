@@ -1,11 +1,11 @@
-"""The figure table of gradsync.bench.gpu's results (a dict, as its --json
+"""The figure table of bench.gpu's results (a dict, as its --json
 writes it). Standard library only: scripts/gpu_summary.py reads this file
 without importing gradsync, so a session's summary works after any step."""
 import sys
 
 
 def figure_rows(r):
-    """(what, value, goal, check) for every figure in one gradsync.bench.gpu result."""
+    """(what, value, goal, check) for every figure in one bench.gpu result."""
     rows = []
     a = r.get("accumulate") or {}
     if "fraction_of_copy" in a:

@@ -1,4 +1,4 @@
-"""Section (e) of gradsync.bench.gpu: small-message allreduce latency,
+"""Section (e) of bench.gpu: small-message allreduce latency,
 gradsync against torch.distributed in the same run (NCCL on GPUs, one per
 rank; gloo on the CPU in a dry run).
 
@@ -12,7 +12,7 @@ stream, so both include the same host wait), the calls alternating between
 the two libraries so that both see the same machine; the figure is the
 median of many samples per size, 4 B to 1 MiB of float32.
 
-    mpiexec -n 2 python -m gradsync.bench.gpu --only latency --json latency.json
+    mpiexec -n 2 python -m bench.gpu --only latency --json latency.json
 """
 import statistics
 import time

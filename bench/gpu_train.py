@@ -1,4 +1,4 @@
-"""Figure (d) of gradsync.bench.gpu: one training step of a ResNet-50 at
+"""Figure (d) of bench.gpu: one training step of a ResNet-50 at
 several ranks (on one GPU they share it, and gradsync takes the staged MPI
 path), timed four ways in the same run, round by round so drift hits all
 alike:

@@ -4,7 +4,7 @@ data) through gradsync.horovod.torch's DistributedOptimizer and through
 gradsync.torch's own, alternating in one run (A B, B A, ...), median of
 the per-round step times::
 
-    mpiexec -n 2 python -m gradsync.bench.horovod --rounds 9 --json horovod-bench.json
+    mpiexec -n 2 python -m bench.horovod --rounds 9 --json horovod-bench.json
 
 Both wrap the same optimizer over identical models; the shim adds Horovod's
 argument handling and routes each bucket's allreduce through its ordered

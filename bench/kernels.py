@@ -1,7 +1,7 @@
 """Benchmark of gradsync's gradient control kernels against NumPy, with the
 machine's memory bandwidth measured in the same run (no MPI needed).
 
-    python -m gradsync.bench.kernels [--elements 64M] [--repeats 7]
+    python -m bench.kernels [--elements 64M] [--repeats 7]
 
 Rows (median of --repeats; ratio = NumPy time / gradsync time):
   accumulate_ float32 += float16 on one 64M-element pair, vs NumPy `acc += grad`,

@@ -1,6 +1,6 @@
 """Does DistributedOptimizer hide gradient communication behind backward?
 
-    mpiexec -n 2 python -m gradsync.bench.overlap [--batch 16] [--width 48] [--iters 7]
+    mpiexec -n 2 python -m bench.overlap [--batch 16] [--width 48] [--iters 7]
 
 One training step of a small ResNet-style CNN on CPU (one torch thread per
 rank), timed five ways in the same run, the ways interleaved round by round
@@ -38,7 +38,7 @@ from mpi4py import MPI  # noqa: E402
 
 import gradsync as gs  # noqa: E402
 import gradsync.torch as gst  # noqa: E402
-from gradsync.bench.rendezvous import init_process_group  # noqa: E402
+from bench.rendezvous import init_process_group  # noqa: E402
 from gradsync.bench.timing import interleaved  # noqa: E402
 
 WORLD = MPI.COMM_WORLD

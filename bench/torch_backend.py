@@ -1,6 +1,6 @@
 """The gradsync torch.distributed backend against gloo, in the same run.
 
-    mpiexec -n 2 python -m gradsync.bench.torch_backend [--steps 15] [--json out.json]
+    mpiexec -n 2 python -m bench.torch_backend [--steps 15] [--json out.json]
 
 Both backends live in one job: the default group is gradsync's (initialized
 from torchrun-style variables, so a TCP store exists) and a second group over
@@ -11,7 +11,7 @@ figure is the median over rounds of the slowest rank's time.
 1. dist.all_reduce latency and bandwidth, float32, 4 B to 64 MiB
    (busbw = 2 (n-1)/n * bytes / time, as nccl-tests count it).
 2. DDP training steps of a ResNet-style CNN (ResNet-18's shape at CIFAR
-   scale, gradsync.bench.overlap) and a small transformer encoder, one torch
+   scale, bench.overlap) and a small transformer encoder, one torch
    thread per rank:
      compute      forward + backward + SGD step without DDP
      ddp          the same step under DDP on the backend (25 MiB buckets)
@@ -35,9 +35,9 @@ from mpi4py import MPI  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 import gradsync.torch.distributed  # noqa: E402,F401
+from bench.overlap import ResNetSmall  # noqa: E402
+from bench.rendezvous import init_process_group  # noqa: E402
 from gradsync.bench.output import write_json  # noqa: E402
-from gradsync.bench.overlap import ResNetSmall  # noqa: E402
-from gradsync.bench.rendezvous import init_process_group  # noqa: E402
 from gradsync.bench.timing import interleaved  # noqa: E402
 
 WORLD = MPI.COMM_WORLD

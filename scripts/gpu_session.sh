@@ -17,7 +17,7 @@
 #                tests/gpu/test_nccl_ranks.py at 2 ranks over NCCL on one GPU
 #                (skipped when the device's NCCL is older)
 #   probes       scripts/gpu_probes.py: issue 30's defects on hardware
-#   bench        gradsync.bench.gpu: accumulate_ vs copy, BERT-base list,
+#   bench        bench.gpu: accumulate_ vs copy, BERT-base list,
 #                ResNet-50 allreduce vs torch.distributed NCCL (1 rank)
 # Also (not in all): pytest_np2, racecheck, bench_train (2-rank training).
 #
@@ -175,7 +175,7 @@ setup() {
   bin=$(dirname "$(find "$SITE" -maxdepth 4 -path '*/bin/mpicc' 2> /dev/null | head -1)")
   lib=$(dirname "$(find "$SITE" -maxdepth 4 -name 'libmpi.so.12' 2> /dev/null | head -1)")
   [ -n "$pkgs" ] && [ "$DRY" != 1 ] && export PYTHONPATH=$pkgs${PYTHONPATH:+:$PYTHONPATH}
-  export PYTHONPATH=$ROOT/pyx:$ROOT/tests/python${PYTHONPATH:+:$PYTHONPATH}
+  export PYTHONPATH=$ROOT/pyx:$ROOT:$ROOT/tests/python${PYTHONPATH:+:$PYTHONPATH}
   [ "$bin" != . ] && [ "$DRY" != 1 ] && export PATH=$bin:$PATH MPICC=$bin/mpicc
   [ "$lib" != . ] && [ "$DRY" != 1 ] &&
     export LD_LIBRARY_PATH=$lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -305,10 +305,10 @@ tests/gpu/test_nccl_ranks.py tests/gpu/test_device_exchange.py"
       fi ;;
     probes) step probes "$rest" "GS_PROBE_MPIEXEC=$MPIEXEC $PY scripts/gpu_probes.py --json $STATE/probes.json \
 $([ "$DRY" = 1 ] && echo --dry-run --timeout 12 || echo --timeout 35)" ;;
-    bench) step bench "$rest" "$MPIEXEC -n 1 $PY -m gradsync.bench.gpu \
+    bench) step bench "$rest" "$MPIEXEC -n 1 $PY -m bench.gpu \
 --only accumulate,bert,allreduce --max-seconds 15 --json $STATE/bench_np1.json \
 $([ "$DRY" = 1 ] && echo --dry-run)" ;;
-    bench_train) step bench_train "$rest" "$MPIEXEC -n 2 $PY -m gradsync.bench.gpu --only train \
+    bench_train) step bench_train "$rest" "$MPIEXEC -n 2 $PY -m bench.gpu --only train \
 --max-seconds 90 --json $STATE/bench_np2.json --trace-dir $STATE/traces \
 $([ "$DRY" = 1 ] && echo --dry-run)" ;;
     *)

@@ -1,5 +1,5 @@
 """The summary of a GPU session (scripts/gpu_session.sh), with the figure
-table of gradsync.bench.gpu: no torch, no gradsync (the table's module is
+table of bench.gpu: no torch, no gradsync (the table's module is
 read from its file), so it runs after any step, even a failed build.
 
     python scripts/gpu_summary.py build/gpu-session     # the session's table
@@ -18,9 +18,9 @@ import sys
 
 
 def _figures():
-    """pyx/gradsync/bench/gpu_figures.py, without importing gradsync."""
-    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "pyx", "gradsync",
-                        "bench", "gpu_figures.py")
+    """bench/gpu_figures.py, without importing gradsync."""
+    path = os.path.join(os.path.dirname(os.path.realpath(__file__)), "..", "bench",
+                        "gpu_figures.py")
     spec = importlib.util.spec_from_file_location("gpu_figures", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -40,8 +40,8 @@ import ml_dtypes
 import numpy as np
 
 import gradsync as gs
+from bench.memory import rss_mb
 from gradsync import MPI
-from gradsync.bench.memory import rss_mb
 
 WORLD = MPI.COMM_WORLD
 P, ME = WORLD.size, WORLD.rank

@@ -18,9 +18,16 @@ check_no_shadowing() makes a folder named like a package an error.
 """
 import os
 import shutil
+import sys
 import tempfile
 
 import pytest
+
+# The checkout's research benchmarks (bench/, not installed) are imported by
+# some tests as `bench.NAME`, as `python -m bench.NAME` runs them from the root.
+_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _ROOT not in sys.path:
+    sys.path.append(_ROOT)
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
 # Packages the suites import, or skip without: no folder under tests/ may

@@ -20,7 +20,7 @@ sys.path.insert(0, SCRIPTS)
 
 import gpu_summary  # noqa: E402
 
-from gradsync.bench import gpu_figures  # noqa: E402
+from bench import gpu_figures  # noqa: E402
 
 C_LOG = "== something\ntest_device_paths (2 ranks): 24068 passed, 0 failed\n"
 C_SKIPPED = ("test_device_paths: no CUDA device, skipped\n"

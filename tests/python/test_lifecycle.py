@@ -12,7 +12,7 @@ import pytest
 from mpi4py import MPI
 
 import gradsync as gs
-from gradsync.bench.memory import rss_mb as _rss_mb
+from bench.memory import rss_mb as _rss_mb
 from gsutil import collective_assert, collectively
 
 pytestmark = pytest.mark.mpi
@@ -23,7 +23,7 @@ MB = 1024 * 1024
 
 
 def rss_mb():
-    """Live resident memory (gradsync.bench.memory pins glibc's mmap threshold)."""
+    """Live resident memory (bench.memory pins glibc's mmap threshold)."""
     mb = _rss_mb()
     if math.isnan(mb):
         pytest.skip("no /proc/self/status")

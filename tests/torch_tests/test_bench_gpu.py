@@ -1,4 +1,4 @@
-"""gradsync.bench.gpu without a GPU, so that its mistakes show here and not
+"""bench.gpu without a GPU, so that its mistakes show here and not
 in a GPU lease:
 
 - its dry run (torch on the CPU, tiny sizes) goes through every section at
@@ -23,9 +23,9 @@ from mpi4py import MPI
 
 torch = pytest.importorskip("torch")
 
-import gradsync.bench.gpu_train as bt  # noqa: E402
+import bench.gpu_train as bt  # noqa: E402
+from bench.gpu_figures import figure_rows  # noqa: E402
 from gradsync.bench.data import load_shapes  # noqa: E402
-from gradsync.bench.gpu_figures import figure_rows  # noqa: E402
 from gsutil import child_env, collectively  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
@@ -93,7 +93,7 @@ def test_trace_summary_on_a_hand_made_trace(tmp_path):
 
 def run_dry(tmp_path, nranks, only=None):
     out = tmp_path / f"dry{nranks}.json"
-    cmd = [sys.executable, "-m", "gradsync.bench.gpu", "--dry-run", "--json", str(out),
+    cmd = [sys.executable, "-m", "bench.gpu", "--dry-run", "--json", str(out),
            "--trace-dir", str(tmp_path / f"traces{nranks}")]
     if only or nranks == 1:
         cmd += ["--only", only or "accumulate,bert,allreduce,train"]

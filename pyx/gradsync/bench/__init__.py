@@ -7,14 +7,11 @@ timing (shared by every benchmark here), baselines (mpi4py, NumPy Adasum),
 runners (rows, checks, latency), output (table, metadata, plot, the JSON
 writer every benchmark uses), cli (main).
 
-The other benchmarks, each ``python -m gradsync.bench.NAME`` (its docstring
-says what it measures; docs/PERFORMANCE.md and docs/GPU.md the results):
-kernels (the gradient kernels vs NumPy, no MPI), cluster (allreduce across
-scripts/simcluster hosts), overlap (DistributedOptimizer's overlap with
-backward), torch_backend (the torch.distributed backend vs gloo), horovod
-(the Horovod shim's cost), gpu (the GPU figures; gpu_train its training
-step, gpu_figures its table). rendezvous starts torch.distributed for those
-that compare against gloo.
+The research benchmarks are not part of the installed package: they live in
+the checkout's bench/ folder and run from its root, each ``python -m
+bench.NAME`` (kernels, cluster, overlap, torch_backend, horovod, gpu; make
+targets run them; docs/PERFORMANCE.md and docs/GPU.md hold their results).
+Importing this package changes no process state.
 Only rank 0 prints; a progress line goes to rank 0's stderr.
 
 The four performance targets (docs/PERFORMANCE.md), each one command at 2 ranks::
