@@ -16,6 +16,11 @@ Calls through function pointers (the transport table, queued jobs) are not
 calls in this graph: they are how a lower layer runs what a higher one gave
 it. The layer table is printed with each file's outgoing calls by layer.
 
+The Python package is checked the same way from its import statements
+(PY_LAYERS below): a module imports its own layer or lower ones, modules
+import each other in no cycle, and no function imports `MPI` from gradsync
+(a module-level import works everywhere: gradsync/__init__ loads mpi4py first).
+
 Usage: check_layers.py [--cc MPICC] [--quiet]; exit status 1 on a violation.
 """
 import argparse
@@ -66,6 +71,107 @@ def layer(name):
     """(index, folder) of a file named as rel() names it; (99, '?') outside every layer."""
     folder = name.split("/")[0] if "/" in name else ""
     return (LAYER_INDEX[folder], folder) if folder in LAYER_INDEX else (99, "?")
+
+
+PYX = os.path.join(TOP, "pyx")
+
+# The Python package's layers, bottom first: (name, what, module prefixes).
+PY_LAYERS = [
+    ("binding", "the Cython extension and what it needs: MPI start-up, argument helpers, ops",
+     ["gradsync._core", "gradsync._mpi", "gradsync._args", "gradsync.ops"]),
+    ("compose", "classes over the binding: Communicator, its exchange collectives, arenas, "
+     "kernels, partitions, shard layouts",
+     ["gradsync.exchange", "gradsync.communicator", "gradsync.arena", "gradsync.kernels",
+      "gradsync.partition", "gradsync.shard"]),
+    ("package", "import gradsync: the public names", ["gradsync"]),
+    ("tools", "gsbench, the installed benchmark", ["gradsync.bench"]),
+    ("front doors", "frameworks: JAX, torch (autograd, DistributedOptimizer, the "
+     "torch.distributed backend), the Horovod drop-in",
+     ["gradsync.jax", "gradsync.torch", "gradsync.horovod"]),
+]
+
+
+def py_modules():
+    """{module name: path} of the package's .py files."""
+    out = {}
+    for path in glob.glob(os.path.join(PYX, "gradsync", "**", "*.py"), recursive=True):
+        name = os.path.relpath(path, PYX)[:-3].replace(os.sep, ".")
+        out[name[:-9] if name.endswith(".__init__") else name] = path
+    for path in glob.glob(os.path.join(PYX, "gradsync", "**", "*.pyx"), recursive=True):
+        out[os.path.relpath(path, PYX)[:-4].replace(os.sep, ".")] = None  # Cython: no edges
+    return out
+
+
+def py_layer(module):
+    best = (99, "?", "")
+    for k, (name, _, prefixes) in enumerate(PY_LAYERS):
+        for pre in prefixes:
+            if (module == pre or module.startswith(pre + ".")) and len(pre) > len(best[2]):
+                best = (k, name, pre)
+    return best[:2]
+
+
+def py_imports(modules):
+    """[(importer, imported gradsync module, line, nested)] and the problems
+    of function-level `from gradsync import MPI`."""
+    import ast
+    edges, problems = [], []
+    for mod, path in modules.items():
+        if path is None:
+            continue
+        tree = ast.parse(open(path).read(), path)
+        package = mod if path.endswith("__init__.py") else mod.rpartition(".")[0]
+        nested = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                nested |= {id(n) for n in ast.walk(node) if n is not node}
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+                for a in node.names:
+                    full = f"{base}.{a.name}"
+                    names.append(full if full in modules else base)
+                if base == "gradsync" and id(node) in nested and \
+                        any(a.name == "MPI" for a in node.names):
+                    problems.append(f"{mod}:{node.lineno} imports MPI from gradsync inside a "
+                                    "function: import it at module level")
+            for n in names:
+                if n.split(".")[0] == "gradsync" and n != mod:
+                    target = n
+                    while target not in modules and "." in target:
+                        target = target.rpartition(".")[0]
+                    if target in modules and target != mod:
+                        edges.append((mod, target, node.lineno, id(node) in nested))
+    return edges, problems
+
+
+def check_python(quiet):
+    modules = py_modules()
+    edges, problems = py_imports(modules)
+    for mod in sorted(modules):
+        if py_layer(mod)[0] == 99:
+            problems.append(f"python: {mod} is in no layer (PY_LAYERS in scripts/check_layers.py)")
+    for a, b, line, _ in sorted(set(edges)):
+        if py_layer(b)[0] > py_layer(a)[0]:
+            problems.append(f"python: import up: {a}:{line} imports {b} "
+                            f"({py_layer(a)[1]} -> {py_layer(b)[1]})")
+    for comp in cycles({(a, b) for a, b, _, _ in edges}):
+        problems.append("python: import cycle among " + ", ".join(comp))
+    if not quiet:
+        print(f"\n{'python layer':<14} modules")
+        for k, (name, what, _) in enumerate(PY_LAYERS):
+            mods = sorted(m for m in modules if py_layer(m)[0] == k)
+            print(f"{k:>2} {name:<11} {what}")
+            for m in mods:
+                outs = sorted({b for a, b, _, _ in edges if a == m})
+                print(f"     {m:<40} -> {', '.join(outs) or '-'}")
+    return problems, len(modules)
 
 
 DEF = re.compile(r'node: \{ title: "([^"]+)" label: "([^"\\]+)\\n([^:]+):(\d+)')
@@ -233,13 +339,16 @@ def main():
             for f in present:
                 reach = sorted({layer(b)[0] for a, b in file_edges if a == f and layer(b)[0] < 99})
                 print(f"     {f:<28} -> {', '.join(LAYERS[r][0] for r in reach) or '-'}")
+    py_problems, nmods = check_python(args.quiet)
+    problems += py_problems
     for p in problems:
         print("check_layers:", p)
     if problems:
         print(f"check_layers: {len(problems)} problem(s)")
         return 1
     print(f"check_layers: {len(files)} files in {len(LAYERS)} layers (src/ folders), every call "
-          "and include goes down, no cycles")
+          f"and include goes down, no cycles; {nmods} Python modules in {len(PY_LAYERS)} layers, "
+          "every import goes down or across, no cycles")
     return 0
 
 

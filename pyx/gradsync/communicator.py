@@ -1,5 +1,6 @@
 """The Communicator: fused collectives over lists of arrays."""
 import numpy as np
+from mpi4py import MPI  # gradsync/__init__ loads it first, at gradsync's thread level
 
 from gradsync import _core
 from gradsync._args import _answer, _as_list, _label, _row_shape
@@ -38,8 +39,6 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
 
     def __init__(self, mpi_comm=None, *, fusion_threshold=None, stall_seconds=None,
                  adasum="flat", _handle=None):
-        from gradsync import MPI
-
         if adasum not in ("flat", "hierarchical"):
             raise ValueError(f"adasum must be 'flat' or 'hierarchical', got {adasum!r}")
         if _handle is None:

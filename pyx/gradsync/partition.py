@@ -18,8 +18,10 @@ through the C runtime (``Communicator.allreduce``, fused for a list).
 import itertools
 
 import numpy as np
+from mpi4py import MPI  # gradsync/__init__ loads it first, at gradsync's thread level
 
 from gradsync import _core
+from gradsync.communicator import Communicator
 
 __all__ = ["AllSumReduce", "Partition", "zero_volume_array"]
 
@@ -78,11 +80,9 @@ class Partition:
             self.dim = len(self.shape)
             self.index = None
             return
-        from gradsync.communicator import Communicator
         if comm is None:
             raise TypeError("Partition(comm): comm is a gradsync.Communicator")
         if not isinstance(comm, Communicator):
-            from gradsync import MPI
             if not isinstance(comm, MPI.Intracomm):
                 raise TypeError("Partition(comm): comm must be a gradsync.Communicator "
                                 f"or an mpi4py intracommunicator, got {type(comm).__name__}")

@@ -122,9 +122,10 @@ def broadcast_optimizer_state(optimizer, root=0, comm=None):
     entries (hyperparameters, Python-number step counts) travel pickled from
     root; the tensors in one fused gradsync broadcast. Collective."""
     comm = default_communicator(comm)
-    from gradsync.torch.optimizer import DistributedOptimizer  # it imports this module
-
-    opt = optimizer.optimizer if isinstance(optimizer, DistributedOptimizer) else optimizer
+    # a wrapper (DistributedOptimizer, Horovod's) exposes the optimizer it
+    # wraps as .optimizer, as torch's LR schedulers expect: its state is that one's
+    inner = getattr(optimizer, "optimizer", None)
+    opt = inner if isinstance(inner, torch.optim.Optimizer) else optimizer
     skeleton = _bcast_object(comm, _skeleton(opt.state_dict()) if comm.rank == root
                              else None, root)
     if comm.rank != root:

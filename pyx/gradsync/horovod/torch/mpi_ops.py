@@ -21,7 +21,7 @@ from gradsync.horovod.basics import OP_NAMES, Adasum, Average, Sum
 from gradsync.horovod.engine import HorovodInternalError, signature_dtypes
 from gradsync.horovod.process_sets import global_process_set
 from gradsync.horovod.torch.compression import Compression
-from gradsync.torch import _import
+from gradsync.torch._dlpack import _import
 
 _WIRE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
          torch.int32, torch.int64)

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from gradsync.torch import _export as _gs_view
+from gradsync.torch._dlpack import _export as _gs_view
 
 _NATIVE = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8,
            torch.uint8, torch.int32, torch.int64}
