@@ -103,9 +103,11 @@ def _install_rendezvous():
 
 
 def _group_comm(ranks, group_id):
-    """A Communicator over exactly `ranks` of COMM_WORLD; only they call this."""
+    """A Communicator over exactly `ranks` of COMM_WORLD, ranked in the order
+    torch lists them (``new_group(sort_ranks=False)`` keeps the caller's
+    order: group rank i is global rank ranks[i]); only they call this."""
     world = gs.MPI.COMM_WORLD
-    group = world.Get_group().Incl(sorted(ranks))
+    group = world.Get_group().Incl(list(ranks))
     tag = zlib.crc32(str(group_id).encode()) % 16384  # the same on every member
     sub = world.Create_group(group, tag)
     group.Free()
