@@ -28,7 +28,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
+.PHONY: all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
 
 all: build
 
@@ -269,6 +269,20 @@ gpu-session-dry: build
 	    build,visible,c_np1,c_np2,pytest_np1,memcheck,initcheck,nccl_shared,probes$(if $(shell $(PYTHON) -c "import torch" 2>/dev/null && echo y),$(comma)bench)
 
 comma := ,
+
+# torch's DistributedTest suite on gloo and on gradsync by one harness, at 2-4
+# ranks: build/torch-upstream/<backend>-<ranks>.txt list every test's outcome
+# (docs/TORCH_BACKEND.md's tables); the counts are printed side by side.
+UPSTREAM_NP_LIST ?= 2 3 4
+torch-upstream: build
+	@mkdir -p build/torch-upstream
+	@for n in $(UPSTREAM_NP_LIST); do for b in gloo gradsync; do \
+	    rm -f build/torch-upstream/$$b-$$n.txt; \
+	    GS_TORCH_UPSTREAM_BACKEND=$$b GS_TORCH_UPSTREAM_REPORT=$(CURDIR)/build/torch-upstream/$$b-$$n.txt \
+	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/torch_tests/test_torch_upstream.py \
+	        >/dev/null 2>&1; \
+	    echo "$$n ranks, $$b: $$(cut -d' ' -f1 build/torch-upstream/$$b-$$n.txt | sort | uniq -c | tr -s ' \n' ' ')"; \
+	done; done
 
 # make demo DEMO_ARGS="--backend torch-ddp": DDP on the gradsync torch backend
 DEMO_ARGS ?=

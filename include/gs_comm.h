@@ -112,8 +112,16 @@ GS_API void gs_set_interrupt_check(gs_interrupt_check_t check);
 
 /* A wait inside a collective longer than this many seconds fails with
  * GS_ERR_TIMEOUT naming the operation, and leaves that communicator unusable
- * (default GRADSYNC_TIMEOUT_SECONDS; 0: wait forever). Process-wide. */
+ * (default GRADSYNC_TIMEOUT_SECONDS; 0: wait forever). Process-wide: for
+ * every communicator without a timeout of its own. */
 GS_API void gs_set_timeout_seconds(double seconds);
+/* This communicator's own wait limit, in place of the process-wide one for
+ * its collectives, receives and device work (0: follow the process-wide
+ * setting again). Local: each rank sets its own; a wait uses the value it
+ * finds when it begins. Communicators split from it inherit it. */
+GS_API gs_status_t gs_comm_set_timeout(gs_comm_t comm, double seconds);
+/* The value gs_comm_set_timeout set (0: none, the process-wide one applies). */
+GS_API gs_status_t gs_comm_timeout(gs_comm_t comm, double *seconds);
 
 /* The MPI library's version string as the library gradsync linked sees it,
  * and the path of the shared object that provides MPI (empty if unknown). */

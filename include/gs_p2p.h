@@ -51,6 +51,30 @@ GS_API gs_status_t gs_isend(gs_comm_t comm, const gs_tensor_t *tensors, int64_t 
 GS_API gs_status_t gs_irecv(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n, int source,
                             int tag, gs_request_t *request);
 
+/* Any rank, where a source is asked for (gs_recv_any, gs_p2p_probe). */
+#define GS_ANY_SOURCE (-1)
+
+/* Receives from whichever rank sent a message with `tag` to this one: the
+ * oldest such message no receive posted for its sender has taken is
+ * matched when the receive is first tested or waited on, and the n
+ * messages all come from that rank. *source (may be NULL; it must stay
+ * valid until the receive completes) is -1 until then, and then the
+ * sender's rank (n == 0: stays -1). Receives from any source pending at
+ * once are matched in the order they are tested or waited on. A wait with
+ * no message ever coming ends like any receive's (GRADSYNC_TIMEOUT_SECONDS,
+ * interrupts). */
+GS_API gs_status_t gs_recv_any(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n, int tag,
+                               int *source);
+GS_API gs_status_t gs_irecv_any(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n, int tag,
+                                int *source, gs_request_t *request);
+
+/* Whether a message with `tag` from `source` (GS_ANY_SOURCE: any rank)
+ * waits here that no posted receive has taken: *found is its sender, else
+ * -1. Never waits, receives nothing, and leaves nothing pending (a caller
+ * can poll it with a deadline of its own and give up without breaking the
+ * communicator). */
+GS_API gs_status_t gs_p2p_probe(gs_comm_t comm, int source, int tag, int *found);
+
 #ifdef __cplusplus
 }
 #endif

@@ -21,11 +21,13 @@ cdef class Request:
     cdef bint finished
     cdef bint on_cuda
     cdef uintptr_t work_stream
+    cdef int source        # a receive from any source: its sender, once matched
     cdef object __weakref__
 
     def __cinit__(self):
         self.req = NULL
         self.finished = False
+        self.source = -1
 
     def __dealloc__(self):
         # waits if still running: its memory must outlive the collective
@@ -90,6 +92,12 @@ cdef class Request:
     @property
     def done(self):
         return self.test()
+
+    @property
+    def source(self):
+        """A receive from any source (recv_any_async_): the rank its message
+        came from, once matched (-1 before, and for every other request)."""
+        return self.source
 
     def __repr__(self):
         return f"<gradsync.Request {'done' if self.finished else 'pending'}>"

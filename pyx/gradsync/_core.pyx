@@ -237,6 +237,14 @@ cdef class Comm:
     def set_fusion_threshold(self, int64_t nbytes):
         CHKERR(gs_comm_set_fusion_threshold(self.live(), nbytes))
 
+    def set_timeout(self, double seconds):
+        CHKERR(gs_comm_set_timeout(self.live(), seconds))
+
+    def timeout(self):
+        cdef double seconds = 0
+        CHKERR(gs_comm_timeout(self.live(), &seconds))
+        return seconds
+
     def split(self, int color, int key):
         cdef gs_comm_t h = self.live()
         cdef Comm c = Comm.__new__(Comm)

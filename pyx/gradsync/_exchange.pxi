@@ -222,6 +222,32 @@ def recv(Comm c, tensors, int source, int tag, bint run_async,
     return result
 
 
+def recv_any(Comm c, tensors, int tag, bint run_async, object result=None):
+    """A receive from any source: (result, sender) now, or a Request whose
+    ``source`` is the sender once done."""
+    cdef gs_comm_t h = c.live()
+    cdef TensorList tl = arguments(tensors, "tensors", True)
+    cdef Request req
+    cdef int source = -1
+    if run_async:
+        req = new_request(tl, result)
+        CHKERR(gs_irecv_any(h, tl.t, tl.n, tag, &req.source, &req.req))
+        return req
+    with nogil:
+        CHKERR(gs_recv_any(h, tl.t, tl.n, tag, &source))
+    return result, source
+
+
+def p2p_probe(Comm c, int source, int tag):
+    """The sender of a message with ``tag`` waiting here (source -1: from
+    any rank), or -1."""
+    cdef int found = -1
+    cdef gs_comm_t h = c.live()
+    with nogil:
+        CHKERR(gs_p2p_probe(h, source, tag, &found))
+    return found
+
+
 def abandon(Comm c, exc):
     """This rank cannot make the collective the others are making: meet their
     check so they fail with MismatchError naming `exc` instead of waiting."""

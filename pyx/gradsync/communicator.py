@@ -87,6 +87,23 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
         self.handle.set_fusion_threshold(int(nbytes))
 
     @property
+    def timeout(self):
+        """This communicator's own wait limit in seconds, or None: then the
+        process-wide one applies (gs.set_timeout, GRADSYNC_TIMEOUT_SECONDS).
+        A collective, receive or device wait on it that waits longer raises
+        gs.TimeoutError and leaves it unusable. Local to this rank; a wait
+        takes the value it finds when it begins."""
+        seconds = self.handle.timeout()
+        return seconds if seconds > 0 else None
+
+    @timeout.setter
+    def timeout(self, seconds):
+        if seconds is not None and not float(seconds) > 0:
+            raise ValueError(f"timeout must be a positive number of seconds or None, got "
+                             f"{seconds!r}")
+        self.handle.set_timeout(0.0 if seconds is None else float(seconds))
+
+    @property
     def device_transport(self):
         """What this communicator's collectives on CUDA memory go through,
         chosen by all ranks together at its first such call: "nccl",

@@ -342,3 +342,23 @@ class ExchangeCollectives:
     def recv_async_(self, tensor, source, tag=0):
         """Posts the receive now; returns a Request (wait() returns ``tensor``)."""
         return _core.recv(self.handle, tensor, int(source), int(tag), True, tensor)
+
+    def recv_any_(self, tensor, tag=0):
+        """Receives the oldest message with ``tag`` that any rank sent here
+        (and no receive from its sender has taken) into ``tensor``; returns
+        ``(tensor, sender)``. A list takes that many messages, all from the
+        rank whose first message matched. Waits like ``recv_``."""
+        return _core.recv_any(self.handle, tensor, int(tag), False, tensor)
+
+    def recv_any_async_(self, tensor, tag=0):
+        """A receive from any source that returns at once: the Request's
+        ``source`` is the sender once it is done (-1 before). The message is
+        matched when the Request is first tested or waited on."""
+        return _core.recv_any(self.handle, tensor, int(tag), True, tensor)
+
+    def probe(self, source=None, tag=0):
+        """The rank whose message with ``tag`` is waiting to be received here
+        (from ``source``; None: any rank), or None. Never waits and receives
+        nothing, so a caller can poll it against a deadline of its own."""
+        found = _core.p2p_probe(self.handle, -1 if source is None else int(source), int(tag))
+        return None if found < 0 else found

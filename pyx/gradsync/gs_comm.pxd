@@ -51,6 +51,8 @@ cdef extern from "gs_comm.h" nogil:
     ctypedef int (*gs_interrupt_check_t)() noexcept nogil
     void gs_set_interrupt_check(gs_interrupt_check_t check)
     void gs_set_timeout_seconds(double seconds)
+    gs_status_t gs_comm_set_timeout(gs_comm_t comm, double seconds)
+    gs_status_t gs_comm_timeout(gs_comm_t comm, double *seconds)
     const char *gs_mpi_library_version()
     const char *gs_mpi_library_path()
     int gs_mpi_thread_level()

@@ -15,3 +15,9 @@ cdef extern from "gs_p2p.h" nogil:
                          int tag, gs_request_t *request)
     gs_status_t gs_irecv(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n, int source,
                          int tag, gs_request_t *request)
+    int GS_ANY_SOURCE
+    gs_status_t gs_recv_any(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n, int tag,
+                            int *source)
+    gs_status_t gs_irecv_any(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n, int tag,
+                             int *source, gs_request_t *request)
+    gs_status_t gs_p2p_probe(gs_comm_t comm, int source, int tag, int *found)

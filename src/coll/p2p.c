@@ -7,7 +7,13 @@
  * is MPI's own, in posting order; the header lets the receiver name what the
  * sender sent when it differs from what it expected. Sends and receives are
  * posted on the caller's thread under the runtime lock but without waiting
- * for queued collectives, and completed by whoever tests or waits. */
+ * for queued collectives, and completed by whoever tests or waits.
+ *
+ * A receive from any source posts nothing at first: whoever tests or waits
+ * on it looks for a header from any rank with a matched probe, and under
+ * the same hold of the runtime lock takes it and posts the rest from that
+ * rank, so no other receive can come between a header and its data. Until
+ * then there is nothing to cancel. */
 #include <limits.h>
 #include <stdlib.h>
 #include <stdio.h>
@@ -35,6 +41,8 @@ typedef struct p2p {
   int64_t n;
   gs_tensor_t *t;
   msg_t *m;
+  int unmatched; /* a receive from any source that has no sender yet */
+  int *source;   /* where the matched sender goes (receives from any source) */
 } p2p_t;
 
 gs_status_t gs_p2p_max_tag(gs_comm_t c, int *max_tag) {
@@ -56,11 +64,10 @@ static void p2p_free(void *ctx) {
   free(p);
 }
 
-static gs_status_t check_args(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n,
-                              int peer, int tag) {
-  GS_CHECK(gs_check_tensors(fn, "tensors", t, n));
+/* allow_any: GS_ANY_SOURCE is a valid source here. */
+static gs_status_t check_peer_tag(const char *fn, gs_comm_t c, int peer, int tag, int allow_any) {
   const char *what = strcmp(fn + strlen(fn) - 4, "send") == 0 ? "dest" : "source";
-  if (peer < 0 || peer >= c->size)
+  if ((peer < 0 || peer >= c->size) && !(allow_any && peer == GS_ANY_SOURCE))
     return gs_fail(GS_ERR_INVALID_ARGUMENT,
                    "%s: %s %d is not a rank of a communicator of "
                    "size %d",
@@ -72,7 +79,15 @@ static gs_status_t check_args(const char *fn, gs_comm_t c, const gs_tensor_t *t,
   return GS_SUCCESS;
 }
 
-static gs_status_t post_one(p2p_t *p, int64_t i) {
+static gs_status_t check_args(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n,
+                              int peer, int tag) {
+  GS_CHECK(gs_check_tensors(fn, "tensors", t, n));
+  return check_peer_tag(fn, c, peer, tag, strstr(fn, "_any") != NULL);
+}
+
+/* Posts message i's header and data (with_header 0: its data only, the
+ * header having been taken by a matched probe). */
+static gs_status_t post_one(p2p_t *p, int64_t i, int with_header) {
   gs_comm_t c = p->comm;
   msg_t *m = &p->m[i];
   const gs_tensor_t *t = &p->t[i];
@@ -91,7 +106,9 @@ static gs_status_t post_one(p2p_t *p, int64_t i) {
   GS_CHECK(gs_mpi_big_type(t->dtype, t->count, &dt, &count, &derived));
   int e;
   if (p->recv) {
-    e = MPI_Irecv(&m->hdr, (int)sizeof m->hdr, MPI_BYTE, p->peer, htag, c->notice, &m->req[0]);
+    e = with_header
+            ? MPI_Irecv(&m->hdr, (int)sizeof m->hdr, MPI_BYTE, p->peer, htag, c->notice, &m->req[0])
+            : MPI_SUCCESS;
     if (e == MPI_SUCCESS) e = MPI_Irecv(data, count, dt, p->peer, htag + 1, c->notice, &m->req[1]);
   } else {
     m->hdr = (header_t){P2P_MAGIC, (uint32_t)t->dtype, t->count, i, p->n};
@@ -173,6 +190,34 @@ static void drop_pending(p2p_t *p) {
     }
 }
 
+/* A receive from any source: takes the oldest header some rank sent with
+ * the tag that no posted receive has taken, then posts the rest from that
+ * rank (under the caller's hold of the runtime lock). *matched: 1 if found. */
+static gs_status_t match_any(p2p_t *p, int *matched) {
+  int htag = P2P_TAG_BASE + 2 * p->tag, flag = 0;
+  MPI_Message msg;
+  MPI_Status st;
+  *matched = 0;
+  GS_MPI_CHECK(MPI_Improbe(MPI_ANY_SOURCE, htag, p->comm->notice, &flag, &msg, &st),
+               "gs_recv_any: MPI_Improbe");
+  if (!flag) return GS_SUCCESS;
+  *matched = 1;
+  p->unmatched = 0;
+  p->peer = st.MPI_SOURCE;
+  if (p->source) *p->source = p->peer;
+  int e = MPI_Imrecv(&p->m[0].hdr, (int)sizeof p->m[0].hdr, MPI_BYTE, &msg, &p->m[0].req[0]);
+  if (e != MPI_SUCCESS) return gs_mpi_fail(e, "gs_recv_any: MPI_Imrecv");
+  gs_status_t s = post_one(p, 0, 0);
+  for (int64_t i = 1; i < p->n && s == GS_SUCCESS; i++) s = post_one(p, i, 1);
+  return s;
+}
+
+static int match_poll(void *ctx, gs_status_t *err) {
+  int matched = 0;
+  *err = match_any(ctx, &matched);
+  return *err != GS_SUCCESS ? -1 : matched;
+}
+
 /* Every message, in order; the first error is returned, and the others are
  * still completed (they are matched on their own) unless a wait was
  * abandoned. With wait == 0, stops at the first message still in flight. */
@@ -180,6 +225,19 @@ static gs_status_t finish_all(p2p_t *p, int wait, int *done) {
   gs_status_t first = GS_SUCCESS;
   char why[1024] = "";
   *done = 1;
+  if (p->unmatched) { /* nothing posted yet: a failure here leaves nothing behind */
+    int matched = 0;
+    gs_status_t s;
+    if (wait) {
+      gs_wait_t w = {match_poll, NULL, NULL, NULL, p, "gs_recv_any"};
+      s = gs_progress_wait(&w);
+    } else {
+      s = match_any(p, &matched);
+      if (s == GS_SUCCESS && !matched) *done = 0;
+    }
+    if (s != GS_SUCCESS) p->unmatched = 0;
+    if (s != GS_SUCCESS || !*done) return s;
+  }
   for (int64_t i = 0; i < p->n && *done; i++) {
     gs_status_t s = finish_one(p, i, wait, done);
     if (s == GS_ERR_TIMEOUT || s == GS_ERR_INTERRUPTED || p->comm->fate.broken) {
@@ -214,9 +272,10 @@ static gs_status_t p2p_poll(void *ctx, int wait, int *done) {
   return s;
 }
 
-/* Checks, copies the descriptors and posts every message. */
+/* Checks, copies the descriptors and posts every message (a receive from
+ * any source: none yet; `source` gets the sender once matched). */
 static gs_status_t start(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n, int peer,
-                         int tag, int recv, p2p_t **out) {
+                         int tag, int recv, int *source, p2p_t **out) {
   *out = NULL;
   GS_CHECK(gs_comm_enter(c, fn));
   gs_clear_error();
@@ -230,12 +289,13 @@ static gs_status_t start(const char *fn, gs_comm_t c, const gs_tensor_t *t, int6
     free(m);
     return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
   }
-  *p = (p2p_t){c, recv, peer, tag, n, copy, m};
+  *p = (p2p_t){c, recv, peer, tag, n, copy, m, peer == GS_ANY_SOURCE && n > 0, source};
   if (n) memcpy(p->t, t, (size_t)n * sizeof *t);
   for (int64_t i = 0; i < n; i++) p->m[i].req[0] = p->m[i].req[1] = MPI_REQUEST_NULL;
   c->stats.calls++;
+  if (source) *source = -1;
   gs_status_t s = GS_SUCCESS;
-  for (int64_t i = 0; i < n && s == GS_SUCCESS; i++) s = post_one(p, i);
+  for (int64_t i = 0; i < n && s == GS_SUCCESS && !p->unmatched; i++) s = post_one(p, i, 1);
   if (s != GS_SUCCESS) { /* what was posted must finish before the memory goes */
     char why[512];
     snprintf(why, sizeof why, "%s", gs_last_error());
@@ -249,11 +309,11 @@ static gs_status_t start(const char *fn, gs_comm_t c, const gs_tensor_t *t, int6
 }
 
 static gs_status_t blocking(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n, int peer,
-                            int tag, int recv) {
+                            int tag, int recv, int *source) {
   p2p_t *p = NULL;
   int done;
   gs_enter_runtime_unordered();
-  gs_status_t s = start(fn, c, t, n, peer, tag, recv, &p);
+  gs_status_t s = start(fn, c, t, n, peer, tag, recv, source, &p);
   if (s == GS_SUCCESS) s = finish_all(p, 1, &done);
   gs_leave_runtime();
   p2p_free(p);
@@ -261,12 +321,12 @@ static gs_status_t blocking(const char *fn, gs_comm_t c, const gs_tensor_t *t, i
 }
 
 static gs_status_t nonblocking(const char *fn, gs_comm_t c, const gs_tensor_t *t, int64_t n,
-                               int peer, int tag, int recv, gs_request_t *request) {
+                               int peer, int tag, int recv, int *source, gs_request_t *request) {
   if (!request) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: request is NULL", fn);
   *request = NULL;
   p2p_t *p = NULL;
   gs_enter_runtime_unordered();
-  gs_status_t s = start(fn, c, t, n, peer, tag, recv, &p);
+  gs_status_t s = start(fn, c, t, n, peer, tag, recv, source, &p);
   gs_leave_runtime();
   if (s != GS_SUCCESS) return s;
   gs_job_t job = {NULL, p2p_poll, p2p_free, p};
@@ -285,19 +345,49 @@ static gs_status_t nonblocking(const char *fn, gs_comm_t c, const gs_tensor_t *t
 }
 
 gs_status_t gs_send(gs_comm_t c, const gs_tensor_t *t, int64_t n, int dest, int tag) {
-  return blocking("gs_send", c, t, n, dest, tag, 0);
+  return blocking("gs_send", c, t, n, dest, tag, 0, NULL);
 }
 
 gs_status_t gs_recv(gs_comm_t c, const gs_tensor_t *t, int64_t n, int source, int tag) {
-  return blocking("gs_recv", c, t, n, source, tag, 1);
+  return blocking("gs_recv", c, t, n, source, tag, 1, NULL);
 }
 
 gs_status_t gs_isend(gs_comm_t c, const gs_tensor_t *t, int64_t n, int dest, int tag,
                      gs_request_t *request) {
-  return nonblocking("gs_isend", c, t, n, dest, tag, 0, request);
+  return nonblocking("gs_isend", c, t, n, dest, tag, 0, NULL, request);
 }
 
 gs_status_t gs_irecv(gs_comm_t c, const gs_tensor_t *t, int64_t n, int source, int tag,
                      gs_request_t *request) {
-  return nonblocking("gs_irecv", c, t, n, source, tag, 1, request);
+  return nonblocking("gs_irecv", c, t, n, source, tag, 1, NULL, request);
+}
+
+gs_status_t gs_recv_any(gs_comm_t c, const gs_tensor_t *t, int64_t n, int tag, int *source) {
+  return blocking("gs_recv_any", c, t, n, GS_ANY_SOURCE, tag, 1, source);
+}
+
+gs_status_t gs_irecv_any(gs_comm_t c, const gs_tensor_t *t, int64_t n, int tag, int *source,
+                         gs_request_t *request) {
+  return nonblocking("gs_irecv_any", c, t, n, GS_ANY_SOURCE, tag, 1, source, request);
+}
+
+static gs_status_t probe_impl(gs_comm_t c, int source, int tag, int *found) {
+  GS_CHECK(gs_comm_enter(c, "gs_p2p_probe"));
+  GS_CHECK(check_peer_tag("gs_p2p_probe", c, source, tag, 1));
+  int flag = 0;
+  MPI_Status st;
+  GS_MPI_CHECK(MPI_Iprobe(source == GS_ANY_SOURCE ? MPI_ANY_SOURCE : source, P2P_TAG_BASE + 2 * tag,
+                          c->notice, &flag, &st),
+               "gs_p2p_probe: MPI_Iprobe");
+  if (flag) *found = st.MPI_SOURCE;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_p2p_probe(gs_comm_t c, int source, int tag, int *found) {
+  if (!found) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_p2p_probe: found is NULL");
+  *found = -1;
+  gs_enter_runtime_unordered();
+  gs_status_t s = probe_impl(c, source, tag, found);
+  gs_leave_runtime();
+  return s;
 }

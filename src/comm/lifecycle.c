@@ -196,7 +196,9 @@ static gs_status_t comm_split_impl(gs_comm_t comm, int color, int key, gs_comm_t
   cfg.check = comm->check;
   cfg.stall_seconds = comm->stall_seconds;
   cfg.direct_bytes = comm->direct_bytes;
-  return comm_adopt(sub, &cfg, out);
+  gs_status_t s = comm_adopt(sub, &cfg, out);
+  if (s == GS_SUCCESS) (*out)->fate.timeout = comm->fate.timeout;
+  return s;
 }
 
 #define GETTER(fn, field)                                                            \
@@ -234,6 +236,22 @@ gs_status_t gs_comm_set_fusion_threshold(gs_comm_t comm, int64_t bytes) {
                    "gs_comm_set_fusion_threshold: bytes must be positive, got %lld",
                    (long long)bytes);
   comm->fusion_threshold = bytes;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_comm_set_timeout(gs_comm_t comm, double seconds) {
+  GS_CHECK(gs_comm_valid(comm, "gs_comm_set_timeout"));
+  if (!(seconds >= 0))
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_set_timeout: seconds must be >= 0, got %g",
+                   seconds);
+  comm->fate.timeout = seconds;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_comm_timeout(gs_comm_t comm, double *seconds) {
+  GS_CHECK(gs_comm_valid(comm, "gs_comm_timeout"));
+  if (!seconds) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_timeout: seconds is NULL");
+  *seconds = comm->fate.timeout;
   return GS_SUCCESS;
 }
 

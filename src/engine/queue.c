@@ -107,15 +107,18 @@ static int poll_device(struct gs_request *r, gs_status_t *s) {
   *s = gs_cu_enter(r->dev.device, &scope);
   if (*s != GS_SUCCESS) return 1;
   int done = r->dev.transport->poll(r->dev.comm, r->dev.event, r->fn, s);
-  double timeout = gs_env_timeout_seconds();
+  double timeout = gs_fate_timeout(&r->dev.comm->fate);
   if (!done && timeout > 0 && gs_now() - r->queued_at > timeout) {
     r->dev.comm->fate.broken = GS_ERR_TIMEOUT;
     if (r->dev.transport->abort) r->dev.transport->abort(r->dev.comm, GS_ERR_TIMEOUT);
     *s = gs_fail(GS_ERR_TIMEOUT,
                  "%s: its device work did not complete within "
-                 "GRADSYNC_TIMEOUT_SECONDS=%g s: a rank may have died or stopped calling "
+                 "%s%g s: a rank may have died or stopped calling "
                  "collectives. The communicator is no longer usable",
-                 r->fn, timeout);
+                 r->fn,
+                 r->dev.comm->fate.timeout > 0 ? "the communicator's timeout of "
+                                               : "GRADSYNC_TIMEOUT_SECONDS=",
+                 timeout);
     gs_log(GS_LOG_ERROR, "%s", gs_last_error());
     done = 1;
   }

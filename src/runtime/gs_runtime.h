@@ -50,7 +50,8 @@ void gs_runtime_after_unlock(void (*fn)(void *), void *arg);
  * for the length of a call. */
 typedef struct gs_fate {
   gs_status_t broken; /* GS_SUCCESS while usable */
-  int owns_core; /* ranks on this node <= its cores */
+  int owns_core;      /* ranks on this node <= its cores */
+  double timeout;     /* > 0: its own wait limit (gs_comm_set_timeout); 0: the process's */
 } gs_fate_t;
 /* Binds `fate` to the calling thread; returns the one bound before. The
  * binding ends with gs_runtime_unlock's outermost release. */
@@ -59,6 +60,12 @@ gs_fate_t *gs_runtime_bind(gs_fate_t *fate);
 void gs_runtime_mark_broken(gs_status_t why);
 /* Whether the bound communicator's ranks own their cores. */
 int gs_runtime_owns_core(void);
+/* The wait limit of `fate` (NULL: of none): its own timeout when set, else
+ * GRADSYNC_TIMEOUT_SECONDS (gs_set_timeout_seconds); 0: wait forever. */
+double gs_fate_timeout(const gs_fate_t *fate);
+/* gs_fate_timeout of the bound communicator; *own (may be NULL): whether
+ * that is the communicator's own. */
+double gs_runtime_timeout(int *own);
 
 /* ---- waiting (progress.c): every wait on every transport ------------------- */
 

@@ -118,3 +118,13 @@ int gs_runtime_owns_core(void) {
   gs_fate_t *f = me.bound;
   return f && f->owns_core;
 }
+
+double gs_fate_timeout(const gs_fate_t *fate) {
+  return fate && fate->timeout > 0 ? fate->timeout : gs_env_timeout_seconds();
+}
+
+double gs_runtime_timeout(int *own) {
+  gs_fate_t *f = me.bound;
+  if (own) *own = f && f->timeout > 0;
+  return gs_fate_timeout(f);
+}

@@ -1,7 +1,8 @@
 /* Every wait in gradsync, on any transport: an MPI request, a CUDA event, an
  * NCCL communicator. One loop polls, yields the core and releases the
- * runtime lock between polls, checks for interrupts, gives up after
- * GRADSYNC_TIMEOUT_SECONDS, and on giving up leaves the communicator
+ * runtime lock between polls, checks for interrupts, gives up after the
+ * bound communicator's timeout (GRADSYNC_TIMEOUT_SECONDS unless it has its
+ * own), and on giving up leaves the communicator
  * unusable and lets the waiter cancel or abort what it waited for. */
 #include "gs_comm.h"
 #include "runtime/gs_runtime.h"
@@ -13,23 +14,27 @@ void gs_set_interrupt_check(gs_interrupt_check_t check) { interrupt_check = chec
 
 /* Gives up: the communicator cannot be trusted afterwards (other ranks, or
  * the device, may still be inside the call). */
-static gs_status_t abandon(const gs_wait_t *w, gs_status_t why, double waited) {
+static gs_status_t abandon(const gs_wait_t *w, gs_status_t why, double waited, double limit,
+                           int own) {
   gs_runtime_mark_broken(why);
   if (w->abandon) w->abandon(w->ctx, why);
   const char *detail = w->detail ? w->detail(w->ctx) : NULL;
+  /* the communicator's own limit (gs_comm_set_timeout), or the process's */
+  const char *which = own ? "the communicator's timeout of " : "GRADSYNC_TIMEOUT_SECONDS=";
   if (why == GS_ERR_TIMEOUT)
     return gs_fail(why,
-                   "%s did not complete within GRADSYNC_TIMEOUT_SECONDS=%g s (waited %.1f "
+                   "%s did not complete within %s%g s (waited %.1f "
                    "s): a rank may have died or stopped calling collectives%s%s. The "
                    "communicator is no longer usable",
-                   w->what, gs_env_timeout_seconds(), waited, detail && *detail ? "; " : "",
+                   w->what, which, limit, waited, detail && *detail ? "; " : "",
                    detail ? detail : "");
   return gs_fail(why, "%s was interrupted after %.1f s; the communicator is no longer usable",
                  w->what, waited);
 }
 
 gs_status_t gs_progress_wait(const gs_wait_t *w) {
-  double t0 = 0, start = 0, last_check = 0, timeout = gs_env_timeout_seconds();
+  int own = 0;
+  double t0 = 0, start = 0, last_check = 0, timeout = gs_runtime_timeout(&own);
   /* with a core of its own, a rank spins as MPI's blocking calls do for the
    * first 50 microseconds (the peer is running too), then starts yielding */
   const double spin_until = gs_runtime_owns_core() ? 50e-6 : 0.0;
@@ -53,10 +58,11 @@ gs_status_t gs_progress_wait(const gs_wait_t *w) {
     double t = gs_now();
     gs_runtime_pause(gs_runtime_in_worker() ? (start == 0 || t - start < 1e-3 ? 20 : 200) : 0);
     if (start == 0) start = last_check = t;
-    if (timeout > 0 && t - start > timeout) return abandon(w, GS_ERR_TIMEOUT, t - start);
+    if (timeout > 0 && t - start > timeout)
+      return abandon(w, GS_ERR_TIMEOUT, t - start, timeout, own);
     if (interrupt_check && !gs_runtime_in_worker() && t - last_check >= interrupt_every) {
       last_check = t;
-      if (interrupt_check()) return abandon(w, GS_ERR_INTERRUPTED, t - start);
+      if (interrupt_check()) return abandon(w, GS_ERR_INTERRUPTED, t - start, timeout, own);
     }
     if (w->tick) {
       if (t0 == 0) t0 = t;

@@ -386,6 +386,152 @@ static void test_p2p(gs_comm_t comm) {
   MPI_Barrier(MPI_COMM_WORLD);
 }
 
+/* Receives from any source (gs_recv_any, gs_irecv_any) and gs_p2p_probe:
+ * every rank but 0 sends rank 0 a list of two messages; rank 0 takes them
+ * without naming senders and must get each rank's pair exactly once, from
+ * the sender it reports. */
+static void test_p2p_any(gs_comm_t comm) {
+  SECTION("send/recv: receives from any source, probe");
+  enum { TAG = 20, PROBE_TAG = 21, ORDER_TAG = 22 };
+  int64_t pair[2][3];
+  gs_tensor_t mine[2] = {GS_HOST_TENSOR(pair[0], 3, GS_INT64),
+                         GS_HOST_TENSOR(pair[1], 3, GS_INT64)};
+  int found = 7;
+  GS_OK(gs_p2p_probe(comm, GS_ANY_SOURCE, PROBE_TAG, &found));
+  CHECK(found == -1, "probe found rank %d before anyone sent", found);
+  MPI_Barrier(MPI_COMM_WORLD); /* nobody sends before every rank has probed */
+  if (me != 0) {
+    for (int k = 0; k < 2; k++)
+      for (int i = 0; i < 3; i++) pair[k][i] = 100 * me + 10 * k + i;
+    GS_OK(gs_send(comm, mine, 2, 0, TAG));
+  } else {
+    int *seen = calloc((size_t)np, sizeof *seen);
+    gs_request_t *reqs = calloc((size_t)np, sizeof *reqs);
+    int64_t (*got)[2][3] = calloc((size_t)np, sizeof *got);
+    int *from = calloc((size_t)np, sizeof *from);
+    for (int k = 1; k < np; k++) {
+      gs_tensor_t into[2] = {GS_HOST_TENSOR(got[k][0], 3, GS_INT64),
+                             GS_HOST_TENSOR(got[k][1], 3, GS_INT64)};
+      if (k == 1) {
+        GS_OK(gs_recv_any(comm, into, 2, TAG, &from[k]));
+      } else {
+        GS_OK(gs_irecv_any(comm, into, 2, TAG, &from[k], &reqs[k]));
+        CHECK(from[k] == -1 || from[k] > 0, "an unmatched receive reports rank %d", from[k]);
+      }
+    }
+    for (int k = 2; k < np; k++) {
+      GS_OK(gs_request_wait(reqs[k]));
+      GS_OK(gs_request_free(&reqs[k]));
+    }
+    for (int k = 1; k < np; k++) {
+      int r = from[k];
+      CHECK(r > 0 && r < np, "receive %d reports sender %d", k, r);
+      if (r <= 0 || r >= np) continue;
+      seen[r]++;
+      int ok = 1;
+      for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 3; i++) ok &= got[k][j][i] == 100 * r + 10 * j + i;
+      CHECK(ok, "receive %d: the data is not rank %d's", k, r);
+    }
+    for (int r = 1; r < np; r++) CHECK(seen[r] == 1, "rank %d received %d times", r, seen[r]);
+    free(seen);
+    free(reqs);
+    free(got);
+    free(from);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  if (np > 1) { /* probe: sees a waiting message without taking it */
+    int64_t one = 41;
+    gs_tensor_t t = GS_HOST_TENSOR(&one, 1, GS_INT64);
+    if (me == np - 1) GS_OK(gs_send(comm, &t, 1, 0, PROBE_TAG));
+    if (me == 0) {
+      double t0 = MPI_Wtime();
+      found = -1;
+      while (found < 0 && MPI_Wtime() - t0 < 60)
+        GS_OK(gs_p2p_probe(comm, np - 1, PROBE_TAG, &found));
+      CHECK(found == np - 1, "probe from rank %d found %d", np - 1, found);
+      GS_OK(gs_p2p_probe(comm, GS_ANY_SOURCE, PROBE_TAG, &found));
+      CHECK(found == np - 1, "probe from any rank found %d", found);
+      one = 0;
+      GS_OK(gs_recv(comm, &t, 1, np - 1, PROBE_TAG));
+      CHECK(one == 41, "the probed message holds %lld", (long long)one);
+      GS_OK(gs_p2p_probe(comm, GS_ANY_SOURCE, PROBE_TAG, &found));
+      CHECK(found == -1, "a received message is still probed (%d)", found);
+    }
+    /* a receive from rank 1 posted before a receive from any source takes
+     * the first message; the receive from any source the second */
+    int64_t a = -1, b = -1;
+    gs_tensor_t ta = GS_HOST_TENSOR(&a, 1, GS_INT64), tb = GS_HOST_TENSOR(&b, 1, GS_INT64);
+    if (me == 0) {
+      gs_request_t ra, rb;
+      int src = -5;
+      GS_OK(gs_irecv(comm, &ta, 1, 1, ORDER_TAG, &ra));
+      GS_OK(gs_irecv_any(comm, &tb, 1, ORDER_TAG, &src, &rb));
+      MPI_Barrier(MPI_COMM_WORLD);
+      GS_OK(gs_request_wait(rb));
+      GS_OK(gs_request_wait(ra));
+      CHECK(a == 1 && b == 2 && src == 1, "order: got %lld then %lld from %d", (long long)a,
+            (long long)b, src);
+      GS_OK(gs_request_free(&ra));
+      GS_OK(gs_request_free(&rb));
+    } else {
+      MPI_Barrier(MPI_COMM_WORLD);
+      if (me == 1) {
+        a = 1;
+        b = 2;
+        GS_OK(gs_send(comm, &ta, 1, 0, ORDER_TAG));
+        GS_OK(gs_send(comm, &tb, 1, 0, ORDER_TAG));
+      }
+    }
+  }
+
+  int src = 3;
+  GS_EXPECT(gs_recv_any(comm, mine, 1, -1, &src), GS_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("tag");
+  GS_EXPECT(gs_p2p_probe(comm, np, 0, &found), GS_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("source");
+  GS_EXPECT(gs_recv(comm, mine, 1, GS_ANY_SOURCE, 0), GS_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("source");
+  int64_t none = 0;
+  gs_tensor_t empty = GS_HOST_TENSOR(&none, 0, GS_INT64);
+  GS_OK(gs_recv_any(comm, &empty, 0, 0, &src)); /* nothing to receive: done at once */
+  CHECK(src == -1, "a receive of no messages reports sender %d", src);
+  MPI_Barrier(MPI_COMM_WORLD);
+}
+
+/* A communicator's own timeout replaces the process-wide one for its waits
+ * only: a receive nobody sends to fails after it, naming it; another
+ * communicator is unaffected and still usable. */
+static void test_comm_timeout(void) {
+  SECTION("gs_comm_set_timeout: a receive nobody sends to");
+  gs_comm_t a = NULL, b = NULL;
+  GS_OK(gs_comm_create(MPI_COMM_WORLD, NULL, &a));
+  GS_OK(gs_comm_create(MPI_COMM_WORLD, NULL, &b));
+  double seconds = -1;
+  GS_OK(gs_comm_timeout(a, &seconds));
+  CHECK(seconds == 0, "a new communicator has its own timeout %g", seconds);
+  GS_OK(gs_comm_set_timeout(a, 0.3));
+  GS_OK(gs_comm_timeout(a, &seconds));
+  CHECK(seconds == 0.3, "timeout reads back as %g", seconds);
+  GS_EXPECT(gs_comm_set_timeout(a, -1), GS_ERR_INVALID_ARGUMENT);
+  CHECK_ERROR_MENTIONS("seconds");
+  int64_t x = 0;
+  gs_tensor_t t = GS_HOST_TENSOR(&x, 1, GS_INT64);
+  GS_EXPECT(gs_recv(a, &t, 1, me, 99), GS_ERR_TIMEOUT);
+  CHECK_ERROR_MENTIONS("the communicator's timeout of 0.3 s");
+  GS_EXPECT(gs_recv_any(a, &t, 1, 99, NULL), GS_ERR_TIMEOUT); /* a is unusable now */
+  gs_comm_t child = NULL;
+  GS_OK(gs_comm_set_timeout(b, 600));
+  GS_OK(gs_comm_split(b, 0, me, &child)); /* b still works; a split inherits its timeout */
+  GS_OK(gs_comm_timeout(child, &seconds));
+  CHECK(seconds == 600, "a split of b has timeout %g", seconds);
+  GS_OK(gs_barrier(b));
+  GS_OK(gs_comm_free(&child));
+  GS_OK(gs_comm_free(&a));
+  GS_OK(gs_comm_free(&b));
+}
+
 static void test_async_gather_scatter(gs_comm_t comm) {
   SECTION("allgatherv/reduce_scatter async");
   int64_t *counts = malloc(sizeof(int64_t) * np), total = 0;
@@ -441,6 +587,8 @@ int main(int argc, char **argv) {
   test_reduce(comm, 1);
   test_async_gather_scatter(comm);
   test_p2p(comm);
+  test_p2p_any(comm);
+  test_comm_timeout();
   GS_OK(gs_comm_free(&comm));
   GS_OK(gs_comm_free(&small));
   return gs_test_finish();

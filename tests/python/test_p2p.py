@@ -150,3 +150,72 @@ def test_receive_nobody_sends_times_out(comm):
         gs.set_timeout(None)
         c.close()
     assert np.all(x == 0)
+
+
+def test_receive_from_any_source(comm):
+    """Every rank sends rank 0 a pair of messages; rank 0 receives them
+    without naming senders and gets each rank's pair once, from the sender
+    it reports (blocking, then asynchronous)."""
+    P, me = comm.size, comm.rank
+    with collectively():
+        if me != 0:
+            comm.send([np.full(3, 100 * me + k, np.int64) for k in range(2)], 0, tag=31)
+        else:
+            got = {}
+            for k in range(1, P):
+                into = [np.zeros(3, np.int64), np.zeros(3, np.int64)]
+                if k % 2:
+                    _, src = comm.recv_any_(into, tag=31)
+                else:
+                    req = comm.recv_any_async_(into, tag=31)
+                    assert req.wait() is into
+                    src = req.source
+                assert src not in got, f"rank {src} matched twice"
+                got[src] = into
+            assert sorted(got) == list(range(1, P))
+            for src, into in got.items():
+                assert [list(a) for a in into] == [[100 * src + k] * 3 for k in range(2)]
+
+
+def test_probe_sees_without_taking(comm):
+    P, me = comm.size, comm.rank
+    if P < 2:
+        pytest.skip("needs a sender")
+    with collectively():
+        assert comm.probe(tag=32) is None  # nobody has sent yet
+    if me == P - 1:
+        comm.send(np.arange(4.0), 0, tag=32)
+    with collectively():
+        if me == 0:
+            deadline = time.monotonic() + 60
+            while comm.probe(P - 1, tag=32) is None and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert comm.probe(tag=32) == P - 1
+            y = np.zeros(4)
+            comm.recv_(y, P - 1, tag=32)
+            assert list(y) == [0.0, 1.0, 2.0, 3.0]
+            assert comm.probe(tag=32) is None
+        with pytest.raises(gs.ArgumentError, match="source"):
+            comm.probe(P, tag=0)
+
+
+def test_own_timeout_ends_a_receive(comm):
+    """A communicator's own timeout: a receive nobody sends to ends after it,
+    naming it; the process-wide setting (none here) and other communicators
+    are untouched."""
+    c = gs.Communicator()
+    try:
+        assert c.timeout is None
+        c.timeout = 0.3
+        assert c.timeout == 0.3
+        with pytest.raises(ValueError, match="timeout"):
+            c.timeout = -1
+        x = np.zeros(4, np.float32)
+        with collectively():
+            with pytest.raises(gs.TimeoutError, match="communicator's timeout of 0.3 s"):
+                c.recv_(x, c.rank, tag=77)
+            with pytest.raises(gs.TimeoutError, match="unusable"):
+                c.recv_any_(x, tag=77)
+            comm.barrier()  # another communicator still works
+    finally:
+        c.close()

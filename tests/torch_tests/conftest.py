@@ -26,20 +26,22 @@ import pytest  # noqa: E402
 SMALL_THRESHOLD_BYTES = 4096
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def torch_pg():
     """torch.distributed's default group on the gradsync backend, created the
-    way users do under mpiexec (no store, no environment), once per session.
-    Its fusion threshold is 4 KiB, so the tests' larger tensors and lists go
-    out in several fused messages."""
+    way users do under mpiexec (no store, no environment) the first time, and
+    again when a test left another one (test_torch_upstream's gloo run) or
+    none. Its fusion threshold is 4 KiB, so the tests' larger tensors and
+    lists go out in several fused messages."""
     if torch is None:
         pytest.skip("torch is not installed")
     import torch.distributed as dist
 
     import gradsync.torch.distributed  # noqa: F401  (registers the backend)
+    if dist.is_initialized() and dist.get_backend() != "gradsync":
+        dist.destroy_process_group()
     if not dist.is_initialized():
         assert not os.environ.get("MASTER_ADDR"), "the tests run without a master address"
         dist.init_process_group("gradsync")
-    pg = dist.group.WORLD
-    pg.comm.fusion_threshold = SMALL_THRESHOLD_BYTES
-    yield pg
+        dist.group.WORLD.comm.fusion_threshold = SMALL_THRESHOLD_BYTES
+    yield dist.group.WORLD

@@ -166,10 +166,10 @@ def test_unsupported_raises_not_implemented(torch_pg):
     with collectively():
         with pytest.raises(NotImplementedError, match="BAND"):
             dist.all_reduce(torch.ones(2, dtype=torch.int32), op=R.BAND)
-        with pytest.raises(NotImplementedError, match="source"):
-            dist.recv(torch.zeros(2))
+        with pytest.raises(NotImplementedError, match="sparse"):  # sparse sums only, as gloo
+            dist.all_reduce(torch.eye(3).to_sparse(), op=R.MAX)
         with pytest.raises(NotImplementedError, match="sparse"):
-            dist.all_reduce(torch.eye(3).to_sparse())
+            dist.broadcast(torch.eye(3).to_sparse(), src=0)
 
 
 # ---------------------------------------------------------------- broadcast, gather

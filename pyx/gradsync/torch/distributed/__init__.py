@@ -21,6 +21,7 @@ communicators over exactly those ranks (MPI_Comm_create_group, which only the
 members call, as torch calls the backend only on them). What the backend
 cannot do raises NotImplementedError naming it. See docs/TORCH_BACKEND.md.
 """
+import functools
 import importlib
 import os
 import zlib
@@ -103,9 +104,11 @@ def _install_rendezvous():
 
 
 def _group_comm(ranks, group_id):
-    """A Communicator over exactly `ranks` of COMM_WORLD; only they call this."""
+    """A Communicator over exactly `ranks` of COMM_WORLD, ranked in the order
+    torch lists them (``new_group(sort_ranks=False)`` keeps the caller's
+    order: group rank i is global rank ranks[i]); only they call this."""
     world = gs.MPI.COMM_WORLD
-    group = world.Get_group().Incl(sorted(ranks))
+    group = world.Get_group().Incl(list(ranks))
     tag = zlib.crc32(str(group_id).encode()) % 16384  # the same on every member
     sub = world.Create_group(group, tag)
     group.Free()
@@ -140,11 +143,32 @@ def _create(backend_opts, pg_options=None):
     return ProcessGroupGradsync(comm, backend_opts.timeout)
 
 
+def _install_monitored_barrier():
+    """torch's dist.monitored_barrier refuses every backend but gloo before
+    it asks the group; a gradsync group is asked here instead. Code that
+    bound the function before this import keeps torch's."""
+    c10d = importlib.import_module("torch.distributed.distributed_c10d")
+    torch_barrier = c10d.monitored_barrier
+    if hasattr(torch_barrier, "gradsync_wraps"):
+        return
+
+    @functools.wraps(torch_barrier)
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        pg = c10d._get_default_group() if group is None and dist.is_initialized() else group
+        if isinstance(pg, ProcessGroupGradsync) and not c10d._rank_not_in_group(group):
+            return pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+        return torch_barrier(group, timeout, wait_all_ranks)
+    monitored_barrier.gradsync_wraps = torch_barrier
+    c10d.monitored_barrier = monitored_barrier
+    dist.monitored_barrier = monitored_barrier
+
+
 def _register():
     if BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(BACKEND, _create, extended_api=True,
                                       devices=["cpu", "cuda"])
     _install_rendezvous()
+    _install_monitored_barrier()
 
 
 _register()

@@ -7,12 +7,24 @@ returned is already complete; otherwise it is queued on gradsync's
 background thread and the Work completes later (DDP's reducer always takes
 this path, so bucket allreduces overlap the backward pass). Ranks and roots
 are the group's own, as torch passes them.
+
+Timeouts: the group's (torch's ``timeout=``) becomes its communicator's own
+wait limit, unless GRADSYNC_TIMEOUT_SECONDS is set; a blocking call's
+``opts.timeout`` (``barrier(timeout=)``) replaces it for that call. A wait
+that runs out raises ``_work.TimeoutError`` ("Timed out ...").
 """
+import contextlib
+import os
+import threading
+import zlib
+from datetime import timedelta
+
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from gradsync.torch.distributed import _work
+import gradsync as gs
+from gradsync.torch.distributed import _monitored, _work
 from gradsync.torch.distributed._tensors import Staged, export, flat_view, numel_units, reduce_op
 
 
@@ -22,6 +34,18 @@ def _unsupported(what):
 
 def _is_async(opts):
     return getattr(opts, "asyncOp", True)
+
+
+def _seconds(timeout):
+    """A torch timeout (timedelta, or seconds) in seconds; None when unset
+    (torch's kUnsetTimeout is negative)."""
+    if timeout is None:
+        return None
+    seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else float(timeout)
+    return None if seconds < 0 else seconds
+
+
+_MAX_SPARSE_DIMS = 16
 
 
 def _cat(tensors):
@@ -56,6 +80,13 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         self.comm = comm
         self._timeout = timeout
         self._name, self._desc = "", ""
+        self._seq = 0  # collectives started: torch's sequence number for the group
+        self._seq_lock = threading.Lock()
+        self._last = None  # the latest asynchronous Work
+        self._free_tags = _monitored.tags(comm)[0]  # user tags below; monitored_barrier's above
+        seconds = _seconds(timeout)
+        if seconds and not os.environ.get("GRADSYNC_TIMEOUT_SECONDS"):
+            comm.timeout = seconds
 
     def getBackendName(self):
         return "gradsync"
@@ -86,23 +117,88 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return f"<ProcessGroupGradsync rank {self.comm.rank} of {self.comm.size}>"
 
     # ---- helpers ----------------------------------------------------------
-    def _run(self, opts, blocking, asynchronous, result, finish=None):
+    def _run(self, opts, blocking, asynchronous, result, finish=None, what="collective"):
         """Runs the blocking form now, or starts the asynchronous one."""
+        self._count()
         if not _is_async(opts):
-            blocking()
-            return _work.done(result, finish)
-        return _work.Work(asynchronous(), result, finish)
+            with self._limit(_seconds(getattr(opts, "timeout", None)), what):
+                blocking()
+            return _work.done(result, finish, what)
+        work = _work.Work(asynchronous(), result, finish, what=what, limit=self.comm.timeout)
+        self._last = work
+        return work
+
+    def _count(self):
+        with self._seq_lock:
+            self._seq += 1
+
+    @contextlib.contextmanager
+    def _limit(self, seconds, what):
+        """Runs a blocking call under its own timeout ``seconds`` (None: the
+        group's); gradsync's timeouts leave in torch's words."""
+        own = seconds is not None and seconds != _seconds(self._timeout)
+        if own:  # what is queued before it finishes under the group's limit
+            self._settle()
+            saved = self.comm.timeout
+            self.comm.timeout = max(seconds, 1e-6)
+        try:
+            yield
+        except gs.TimeoutError as exc:
+            limit = seconds if own else self.comm.timeout
+            raise _work.torch_error(exc, what, limit) from exc
+        finally:
+            if own:
+                self.comm.timeout = saved
+
+    def _settle(self):
+        """Waits for the latest asynchronous call (its errors are its Work's)."""
+        last, self._last = self._last, None
+        if last is not None:
+            with contextlib.suppress(Exception):
+                last.wait()
+
+    # ---- sequence numbers (torch's desync checks read them) -----------------
+    def _get_sequence_number_for_group(self):
+        """Collectives started on this group so far: the same on every rank
+        that made the same calls (point-to-point calls do not count)."""
+        return self._seq
+
+    def _set_sequence_number_for_group(self):
+        """Every group starts at 0 on every rank: nothing to agree on."""
 
     # ---- allreduce ----------------------------------------------------------
     def allreduce(self, tensors, opts=None):
         opts = opts or dist.AllreduceOptions()
+        if any(isinstance(t, torch.Tensor) and t.is_sparse for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
         op, prescale = reduce_op(opts.reduceOp, "allreduce")
         staged = Staged(tensors, "tensors", True, op)
         views = staged.views
         return self._run(
             opts, lambda: self.comm.allreduce_(views, staged.op, prescale=prescale),
             lambda: self.comm.allreduce_async_(views, staged.op, prescale=prescale),
-            tensors, staged.finish)
+            tensors, staged.finish, "allreduce")
+
+    def _sparse_allreduce(self, tensors, opts):
+        """gloo's sparse allreduce: every rank's indices and values gathered,
+        summed by coalescing (duplicates add), the sum copied into each
+        tensor. Runs on the calling thread; the Work is complete."""
+        kind = opts.reduceOp.op if hasattr(opts.reduceOp, "op") else opts.reduceOp
+        if kind != dist.ReduceOp.RedOpType.SUM:
+            raise NotImplementedError(f"gradsync backend: allreduce of sparse tensors supports "
+                                      f"ReduceOp.SUM only (as gloo), got {kind.name}")
+        if not all(isinstance(t, torch.Tensor) and t.is_sparse for t in tensors):
+            raise ValueError("gradsync backend: allreduce's tensors must be all sparse or all "
+                             "dense")
+        local = tensors[0]
+        for t in tensors[1:]:
+            local = local + t
+        self._count()
+        with self._limit(_seconds(getattr(opts, "timeout", None)), "sparse allreduce"):
+            total = _sparse_sum(self.comm, local.coalesce())
+        for t in tensors:
+            t.copy_(total)
+        return _work.done(tensors, what="sparse allreduce")
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts or dist.AllreduceCoalescedOptions())
@@ -114,7 +210,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         root = int(opts.rootRank)
         return self._run(opts, lambda: self.comm.broadcast_(staged.views, root),
                          lambda: self.comm.broadcast_async_(staged.views, root),
-                         tensors, staged.finish)
+                         tensors, staged.finish, "broadcast")
 
     # ---- allgather ----------------------------------------------------------
     def _allgather_flat(self, opts, inputs, outputs, result, finish=None):
@@ -132,7 +228,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         ins = staged_in.views if len(inputs) > 1 else staged_in.views[0]
         outs = staged_out.views if len(inputs) > 1 else staged_out.views[0]
         return self._run(opts, lambda: self.comm.allgather_async(ins, outs, counts).wait(),
-                         lambda: self.comm.allgather_async(ins, outs, counts), result, done)
+                         lambda: self.comm.allgather_async(ins, outs, counts), result, done,
+                         "allgather")
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.AllgatherOptions()
@@ -199,7 +296,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             opts, lambda: self.comm.reduce_scatter_async(ins, outs, staged_in.op,
                                                          prescale=prescale).wait(),
             lambda: self.comm.reduce_scatter_async(ins, outs, staged_in.op, prescale=prescale),
-            result, done)
+            result, done, "reduce_scatter")
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()
@@ -234,6 +331,9 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         P = self.comm.size
         if input.dim() == 0 or output.dim() == 0:
             raise ValueError("gradsync backend: all_to_all_single needs tensors with a dim 0")
+        if not input.is_contiguous():  # as torch's backends refuse it
+            raise ValueError("gradsync backend: all_to_all_single's input is not contiguous: "
+                             "Tensors must be contiguous")
         send, recv = list(input_split_sizes), list(output_split_sizes)
         for name, t, splits in (("input", input, send), ("output", output, recv)):
             if not splits and t.shape[0] % P:
@@ -254,7 +354,8 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     def _a2a(self, opts, inp, out, send, recv, result, finish):
         return self._run(opts, lambda: self.comm.alltoall_async(inp, out, send, recv).wait(),
-                         lambda: self.comm.alltoall_async(inp, out, send, recv), result, finish)
+                         lambda: self.comm.alltoall_async(inp, out, send, recv), result, finish,
+                         "alltoall")
 
     def alltoall(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.AllToAllOptions()
@@ -275,11 +376,20 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     # ---- barrier ----------------------------------------------------------------
     def barrier(self, opts=None):
-        self.comm.barrier()  # also waits for the collectives queued before it
-        return _work.done([])
+        self._count()
+        with self._limit(_seconds(getattr(opts, "timeout", None)), "barrier"):
+            self.comm.barrier()  # also waits for the collectives queued before it
+        return _work.done([], what="barrier")
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
-        self.comm.barrier()
+        """torch's monitored_barrier: group rank 0 waits ``timeout`` (None:
+        the group's) for the others and raises naming the first rank that did
+        not arrive (every such rank with ``wait_all_ranks``); the others wait
+        for rank 0's answer for up to the group's timeout. See _monitored."""
+        seconds = _seconds(timeout)
+        group = _seconds(self._timeout)
+        _monitored.monitored_barrier(self.comm, group if seconds is None else seconds,
+                                     bool(wait_all_ranks), group)
 
     # ---- rooted -------------------------------------------------------------------
     def gather(self, output_tensors, input_tensors, opts=None):
@@ -305,7 +415,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._run(
             opts, lambda: self.comm.gather_async(export(flat_in), out, root, counts).wait(),
             lambda: self.comm.gather_async(export(flat_in), out, root, counts),
-            list(outs), finish)
+            list(outs), finish, "gather")
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ScatterOptions()
@@ -326,7 +436,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._run(
             opts, lambda: self.comm.scatter_async(flat_in, view, root, counts).wait(),
             lambda: self.comm.scatter_async(flat_in, view, root, counts),
-            [out], staged_out.finish)
+            [out], staged_out.finish, "scatter")
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
@@ -336,21 +446,33 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._run(
             opts, lambda: self.comm.reduce_(staged.views, staged.op, root, prescale=prescale),
             lambda: self.comm.reduce_async_(staged.views, staged.op, root, prescale=prescale),
-            tensors, staged.finish)
+            tensors, staged.finish, "reduce")
 
     # ---- point to point -------------------------------------------------------------
+    def _tag(self, tag):
+        if int(tag) >= self._free_tags:
+            raise ValueError(f"gradsync backend: tag {tag} is reserved for monitored_barrier "
+                             f"(send/recv take tags 0..{self._free_tags - 1})")
+        return int(tag)
+
     def send(self, tensors, dst, tag):
         staged = Staged(tensors, "tensor", False)
-        return _work.Work(self.comm.send_async(staged.views, int(dst), int(tag)), tensors,
-                          p2p=True)
+        return _work.Work(self.comm.send_async(staged.views, int(dst), self._tag(tag)), tensors,
+                          p2p=True, what="send")
 
     def recv(self, tensors, src, tag):
         staged = Staged(tensors, "tensor", True)
-        return _work.Work(self.comm.recv_async_(staged.views, int(src), int(tag)), tensors,
-                          staged.finish, p2p=True, source_rank=int(src))
+        return _work.Work(self.comm.recv_async_(staged.views, int(src), self._tag(tag)), tensors,
+                          staged.finish, p2p=True, source_rank=int(src), what="recv",
+                          limit=self.comm.timeout)
 
     def recv_anysource(self, tensors, tag):
-        _unsupported("recv without a source rank (recv_anysource)")
+        """A receive from whichever rank sends first (the Work's
+        ``source_rank()`` names it once done)."""
+        staged = Staged(tensors, "tensor", True)
+        return _work.Work(self.comm.recv_any_async_(staged.views, self._tag(tag)), tensors,
+                          staged.finish, p2p=True, source_rank=None,
+                          what="recv from any source", limit=self.comm.timeout)
 
 
 def _rows(view, rows):
@@ -359,3 +481,29 @@ def _rows(view, rows):
         return view.reshape(rows, -1) if view.size else view.reshape(rows, 0)
     return view.reshape(rows, -1) if view.numel() else view.reshape(rows, 0)
 
+
+
+def _sparse_sum(comm, x):
+    """The sum over ``comm``'s ranks of coalesced sparse COO tensors ``x``
+    (same size, sparse dims and dtype on every rank, else ValueError on
+    every rank): indices and values gathered, then coalesced, so every rank
+    adds the same terms in the same order."""
+    if x.dim() > _MAX_SPARSE_DIMS:
+        raise ValueError(f"gradsync backend: sparse allreduce takes at most "
+                         f"{_MAX_SPARSE_DIMS} dims, got {x.dim()}")
+    meta = np.full((1, 3 + _MAX_SPARSE_DIMS), -1, np.int64)
+    meta[0, :3] = (x.sparse_dim(), zlib.crc32(str(x.dtype).encode()), x.dim())
+    meta[0, 3:3 + x.dim()] = x.shape
+    every = comm.allgather(meta)
+    if not (every == every[0]).all():
+        raise ValueError("gradsync backend: sparse allreduce: the ranks' tensors differ in "
+                         "size, sparse dims or dtype (Sparse dimensions do not match): "
+                         f"rank by rank {[list(m[3:3 + m[2]]) for m in every]}")
+    nnz, dense = x._nnz(), x.shape[x.sparse_dim():]
+    width = int(np.prod(dense, dtype=np.int64))
+    indices = comm.allgather(x.indices().t().contiguous())
+    values = x.values().contiguous().reshape(nnz, width)
+    values = comm.allgather(values.view(torch.uint8))  # any dtype, as bytes
+    total = indices.shape[0]
+    values = torch.from_numpy(values).view(x.dtype).reshape((total,) + tuple(dense))
+    return torch.sparse_coo_tensor(torch.from_numpy(indices).t(), values, x.shape).coalesce()

@@ -10,14 +10,47 @@ DDP comm hooks and ``.then()`` callbacks run when the data is in place, as
 with NCCL. Queued collectives complete in issue order, so one thread waits
 for them in order; point-to-point requests complete in any order and get a
 thread of their own, which drives their progress while it waits.
+
+A collective or receive that waits past its group's timeout raises
+:class:`TimeoutError` (a torch ``DistBackendError`` and a ``gs.TimeoutError``)
+whose message says "Timed out", as torch's backends do.
 """
+import builtins
 import queue
 import threading
 import time
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 from torch._C._distributed_c10d import Work as _TorchWork
+
+import gradsync as gs
+
+
+class TimeoutError(dist.DistBackendError, gs.TimeoutError):
+    """A call on a gradsync group waited past its timeout (the group's, or the
+    call's own): torch's DistBackendError (a RuntimeError) and gradsync's
+    TimeoutError (a builtin TimeoutError) at once. The group is unusable
+    afterwards, as gradsync leaves a communicator whose wait gave up."""
+
+
+class WaitTimeout(dist.DistBackendError, builtins.TimeoutError):
+    """``Work.wait(timeout)`` gave up on a call still running (the call and
+    its group go on; only the wait ended)."""
+
+
+def torch_error(exc, what, seconds=None):
+    """The exception to raise for ``exc`` from call ``what`` (whose limit was
+    ``seconds``, when known): gradsync's timeouts in torch's words ("Timed
+    out waiting ...ms"); anything else as it is."""
+    if isinstance(exc, gs.TimeoutError) and not isinstance(exc, TimeoutError):
+        limit = f" {seconds * 1000:.0f}ms" if seconds else ""
+        err = TimeoutError(f"gradsync backend: {what} Timed out waiting{limit} for the group's "
+                           f"other ranks; the group is no longer usable. {exc}", exc.status)
+        err.__cause__ = exc
+        return err
+    return exc
 
 
 class _Completer:
@@ -54,15 +87,21 @@ class Work(_TorchWork):
 
     request: a gs.Request (None: already done); result: the output tensors
     (the future's value); finish: called once after the request completes
-    (None: nothing to do); p2p: a point-to-point request."""
+    (None: nothing to do); p2p: a point-to-point request; source_rank: the
+    group rank a receive comes from (-1: none; None: the request's
+    ``source``, a receive from any source); what: the call, for errors."""
 
-    def __init__(self, request, result, finish=None, p2p=False, source_rank=-1):
+    def __init__(self, request, result, finish=None, p2p=False, source_rank=-1,
+                 what="collective", limit=None):
         super().__init__()
         self._request = request
         self._result = list(result)
         self._finish = finish
         self._p2p = p2p
         self._source = source_rank
+        self._source_request = request if source_rank is None else None
+        self._what = what
+        self._limit = limit  # the group's timeout in seconds, for the message
         self._future = None
         self._settle = False
         self._exc = None
@@ -86,7 +125,7 @@ class Work(_TorchWork):
                 try:
                     self._request.wait()
                 except BaseException as exc:  # noqa: BLE001 - reported by wait()/the future
-                    self._exc = exc
+                    self._exc = torch_error(exc, self._what, self._limit)
                 if self._exc is None:
                     self._run_finish()
                 self._request = None
@@ -107,8 +146,8 @@ class Work(_TorchWork):
             deadline = time.monotonic() + seconds
             while not self.is_completed():
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"gradsync backend: Work.wait timed out after "
-                                       f"{seconds:g} s")
+                    raise WaitTimeout(f"gradsync backend: Work.wait of {self._what} Timed out "
+                                      f"after {seconds * 1000:.0f} ms (the call goes on)")
                 time.sleep(0.0005)
         self._complete()
         if self._exc is not None:
@@ -151,10 +190,13 @@ class Work(_TorchWork):
         return self._result
 
     def source_rank(self):
+        if self._source_request is not None:  # a receive from any source
+            self.wait()
+            return self._source_request.source
         return self._source
 
     def _source_rank(self):
-        return self._source
+        return self.source_rank()
 
     def synchronize(self):
         self.wait()
@@ -166,6 +208,6 @@ class Work(_TorchWork):
         return f"<gradsync Work {'done' if self._done else 'pending'}>"
 
 
-def done(result, finish=None):
+def done(result, finish=None, what="collective"):
     """A Work for a call that already finished on this thread."""
-    return Work(None, result, finish)
+    return Work(None, result, finish, what=what)
