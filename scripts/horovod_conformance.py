@@ -22,6 +22,12 @@ directory, and it exports the three files it runs into a temporary folder::
   outlives its timeout is a hang of the test it was in, and the tests after
   it are counted as not run.
 
+Jobs run with HOROVOD_STALL_SHUTDOWN_TIME_SECONDS=60 (``--stall-shutdown``;
+0 leaves it unset), Horovod's own knob for "shut every rank down when an
+operation waits that long for ranks that never submit it": after a test fails
+on some ranks only, the ranks' operations no longer pair up, and Horovod, like
+gradsync.horovod, would otherwise wait forever.
+
 A test passes when no rank failed and some rank passed, is skipped when
 every rank skipped it, and fails otherwise. The table (and ``--json``) gives
 passed/failed/hung/skipped per file and rank count, with the names of the
@@ -232,6 +238,8 @@ def main(argv=None):
     p.add_argument("-k", action="append", help="only tests whose id contains this")
     p.add_argument("--timeout", type=float, default=120, help="seconds per test job")
     p.add_argument("--file-timeout", type=float, default=1200, help="seconds per file job")
+    p.add_argument("--stall-shutdown", type=float, default=60,
+                   help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS for the jobs (0: unset)")
     p.add_argument("--pythonpath", default=os.path.join(HERE, "..", "pyx"),
                    help="where gradsync is (default: this checkout's pyx)")
     p.add_argument("--python", default=sys.executable)
@@ -250,6 +258,8 @@ def main(argv=None):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [alias, pypath, shim_dir] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
     env.setdefault("OMP_NUM_THREADS", "1")
+    if args.stall_shutdown:
+        env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(args.stall_shutdown)
 
     table = {}
     try:

@@ -92,3 +92,4 @@ from gradsync.horovod.torch.mpi_ops import (  # noqa: F401
 )
 from gradsync.horovod.torch.optimizer import DistributedOptimizer  # noqa: F401
 from gradsync.horovod.torch.sync_batch_norm import SyncBatchNorm  # noqa: F401
+from gradsync.horovod.torch import elastic  # noqa: F401,E402

@@ -131,6 +131,10 @@ def _scale_(tensors, factor):
     one rounding (gradsync's scale kernel), integers in float64 truncated."""
     if factor == 1.0:
         return
+    if isinstance(factor, _Divide):
+        for t in tensors:
+            t.div_(factor.n)
+        return
     floats = [t for t in tensors if t.is_floating_point()]
     if floats:
         gs.scale_(floats, factor)
@@ -145,8 +149,20 @@ def _scales(tensors, op, prescale, postscale, set_size):
     post = postscale / set_size if op == Average else postscale
     gs_op = "sum" if op == Average else OP_NAMES[op]
     if all(t.is_floating_point() for t in tensors):
+        if op == Average and postscale == 1.0 and set_size & (set_size - 1):
+            # the sum divided by the size, rounded once (1/size is not exact)
+            return gs_op, prescale, 1.0, 1.0, _Divide(set_size)
         return gs_op, prescale, post, 1.0, 1.0
     return gs_op, 1.0, 1.0, prescale, post
+
+
+class _Divide(float):
+    """A postscale of 1/n applied as a division by n (correctly rounded)."""
+
+    def __new__(cls, n):
+        obj = super().__new__(cls, 1.0 / n)
+        obj.n = n
+        return obj
 
 
 # ----------------------------------------------------------------- allreduce
@@ -293,12 +309,14 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     values allgathered, summed by coalescing (divided by the set size for
     Average). Returns a callable that gives the result."""
     t = tensor.coalesce()
-    indices, values = allgather(t.indices().t().contiguous(), process_set=process_set), \
-        allgather(t.values().contiguous(), process_set=process_set)
+    indices = allgather(t.indices().t().contiguous(),
+                        None if name is None else f"{name}.indices", process_set)
+    values = allgather(t.values().contiguous(),
+                       None if name is None else f"{name}.values", process_set)
 
     def result():
         v = values / process_set.size() if op == Average else values
-        return torch.sparse_coo_tensor(indices.t(), v, t.size()).coalesce()
+        return torch.sparse_coo_tensor(indices.t(), v, t.size(), check_invariants=True).coalesce()
     return result
 
 
