@@ -128,7 +128,8 @@ def run_fn(func, reset):
 def reset_world(expected_size=None):
     """Re-forms the world after a failure: shutdown() then init() on every
     rank. The world is MPI's: a reset to another size is not possible."""
+    if expected_size is not None and expected_size != basics.size():
+        raise NotImplementedError(f"a world of {expected_size} processes (this one has "
+                                  f"{basics.size()}) needs {MISSING}")
     basics.shutdown()
     basics.init()
-    if expected_size is not None and basics.size() != expected_size:
-        raise NotImplementedError(f"a world of {expected_size} processes needs {MISSING}")

@@ -40,7 +40,8 @@ ranks agree:
   wait inside gradsync is abandoned), raises HorovodInternalError for every
   pending operation, and refuses new ones, as Horovod's shut-down ranks do.
   A name that some ranks submitted and others have not, for longer than
-  HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, shuts every rank down the same way.
+  HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, fails every queued operation on
+  every rank, and the ranks carry on in step (Horovod shuts down instead).
 
 With GRADSYNC_CHECK=0 (no cross-rank check) names are not compared, and a
 mismatch is not detected: the ranks must submit in the same order.
@@ -486,9 +487,13 @@ class Engine:
         if self.timeline is not None:
             self.timeline.mark_cycle()
         now = time.monotonic()
-        lists = self._exchange([(c.name, c.describe(), now - c.submitted,
-                                 repr(c.args["local_error"]) if "local_error" in c.args
-                                 else None) for c in ops])
+        with self._cv:
+            counters = dict(self._counters)
+        exchanged = self._exchange((counters, [
+            (c.name, c.describe(), now - c.submitted,
+             repr(c.args["local_error"]) if "local_error" in c.args else None) for c in ops]))
+        all_counters = [e[0] for e in exchanged]
+        lists = [e[1] for e in exchanged]
         size = self.comm.size
         joined = [int(s) == 2 for s in states]
         for r in range(size):
@@ -513,7 +518,8 @@ class Engine:
                 self._finish(join_call, result=self.ranks[last])
             progress = True
         left = [[e for e in lst if e[0] not in ready] for lst in lists]
-        self._check_stall(left, active)
+        if self._check_stall(left, active, mine, all_counters):
+            left = [[] for _ in lists]
         if not any(left) and all(not j for j in joined):
             self._negotiating = False
         elif not progress:
@@ -557,34 +563,44 @@ class Engine:
         except (gs.MismatchError, ValueError, TypeError) as exc:
             self._finish(call, error=_translate(exc, call))
 
-    def _check_stall(self, left, active):
+    def _check_stall(self, left, active, mine, all_counters):
         """Names some members queued and others did not: a warning after
-        HOROVOD_STALL_CHECK_TIME_SECONDS (rank 0), a shutdown of every rank
-        after HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (decided from the shared
-        lists, so every rank decides alike)."""
+        HOROVOD_STALL_CHECK_TIME_SECONDS (rank 0); after
+        HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, every queued operation of every
+        member raises HorovodInternalError naming the stalled names and the
+        ranks that never submitted them, and the members start again in
+        step (their unnamed counters set to the largest any member reached),
+        where Horovod shuts down. Decided from the shared lists, so every
+        member decides alike. Returns whether that happened."""
         ages = {}
         for r, lst in enumerate(left):
             for name, _desc, age, _err in lst:
                 ages.setdefault(name, []).append((r, age))
+        stalled = []
         for name, seen in ages.items():
             age = max(a for _, a in seen)
             missing = [self.ranks[r] for r in active if r not in {x for x, _ in seen}]
             if not missing:
                 continue
             if self._stall_shutdown > 0 and age > self._stall_shutdown:
-                why = (f"{name} waited {age:.0f} s for rank(s) {missing} (submitted by "
-                       f"{[self.ranks[r] for r, _ in seen]}): "
-                       "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS passed; shutting down")
-                if self.notices is not None:
-                    self.notices.announce(why)
-                self.shutdown_local(why)
-                raise _Abandoned()
-            if self._stall_warn > 0 and age > self._stall_warn and name not in self._warned \
-                    and self.comm.rank == 0:
+                stalled.append(f"{name} waited {age:.0f} s for rank(s) {missing} (submitted "
+                               f"by {[self.ranks[r] for r, _ in seen]})")
+            elif self._stall_warn > 0 and age > self._stall_warn and \
+                    name not in self._warned and self.comm.rank == 0:
                 self._warned.add(name)
                 log.warning("gradsync.horovod: %s has waited %.0f s: rank(s) %s have not "
                             "submitted it (submitted by %s)", name, age, missing,
                             [self.ranks[r] for r, _ in seen])
+        if not stalled:
+            return False
+        why = ("; ".join(stalled[:4]) + ": HOROVOD_STALL_SHUTDOWN_TIME_SECONDS passed; every "
+               "queued operation fails on every rank, which then carry on in step")
+        with self._cv:
+            for kind in {k for c in all_counters for k in c}:
+                self._counters[kind] = max(c.get(kind, 0) for c in all_counters)
+        for call in mine.values():
+            self._finish(call, error=HorovodInternalError(f"{call}: {why}"))
+        return True
 
     def _pause(self, nqueued):
         """No progress this round: wait a little (or until this rank queues

@@ -12,7 +12,6 @@ a real Horovod installed beside gradsync keeps its name. Opt in with one of
   sitecustomize) before it imports horovod.
 """
 import os
-import sys
 
 FOLDER = os.path.dirname(os.path.abspath(__file__))
 
@@ -20,7 +19,3 @@ FOLDER = os.path.dirname(os.path.abspath(__file__))
 def folder():
     """The folder to put on ``sys.path`` (PYTHONPATH) for the alias."""
     return FOLDER
-
-
-if __name__ == "__main__":
-    sys.stdout.write(FOLDER + "\n")

@@ -49,6 +49,7 @@ class _HorovodDistributedOptimizer(gst.DistributedOptimizer):
         self._should_warn = False
         self._sparse_as_dense = bool(sparse_as_dense)
         self._sparse = {}   # slot -> this step's sparse gradient (summed over passes)
+        self._densified = set()  # slots whose sparse gradient went dense (sparse_as_dense)
         self._hvd_op = op
         super().__init__(optimizer, named, op=OP_NAMES[op], micro_batches="sum",
                          backward_passes_per_step=backward_passes_per_step,
@@ -60,13 +61,15 @@ class _HorovodDistributedOptimizer(gst.DistributedOptimizer):
 
     def _on_grad(self, slot, p):
         """Sparse gradients (nn.Embedding(sparse=True)), as Horovod reduces
-        them: with sparse_as_dense they become dense and go into the bucket;
+        them: with sparse_as_dense they become dense and go into the bucket
+        (and sparse again after synchronize(), for the optimizer's step);
         otherwise the bucket reduces zeros for the parameter and
         synchronize() reduces the sparse gradient by allgathering its indices
         and values (hvd.sparse_allreduce_async), p.grad staying sparse."""
         g = p.grad
         if g is not None and g.layout != torch.strided:
-            if self._sparse_as_dense:
+            if self._sparse_as_dense:  # made sparse again after the reduction (Horovod's)
+                self._densified.add(slot)
                 p.grad = g.to_dense()
             else:
                 prior = self._sparse.get(slot)
@@ -100,6 +103,10 @@ class _HorovodDistributedOptimizer(gst.DistributedOptimizer):
         super().synchronize()
         if self._sparse:
             self._reduce_sparse()
+        densified, self._densified = self._densified, set()
+        for slot in densified:
+            if slot.param.grad is not None:
+                slot.param.grad = slot.param.grad.to_sparse()
         self._should_warn = True
 
     def step(self, closure=None):
@@ -168,8 +175,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """Wraps ``optimizer`` so that step() uses gradients reduced over the
     process set (Horovod's arguments; module docstring for the semantics).
     ``compression``: Compression.none or Compression.fp16. ``op``: Average,
-    Sum or Adasum. Sparse gradients are not reduced (sparse_as_dense must be
-    False and no parameter may get a sparse gradient)."""
+    Sum or Adasum. Sparse gradients are reduced as Horovod reduces them:
+    their indices and values allgathered, or, with ``sparse_as_dense``, as
+    dense gradients made sparse again before the step."""
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
