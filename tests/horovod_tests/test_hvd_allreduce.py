@@ -278,7 +278,7 @@ def test_names_in_a_different_order_match_by_name():
     a, b = torch.full((6,), 1.0 + rank), torch.full((6,), 10.0 + rank)
     order = [("a", a), ("b", b)] if rank == 0 else [("b", b), ("a", a)]
     handles = [(name, hvd.allreduce_async_(t, name=name, op=hvd.Sum)) for name, t in order]
-    for name, h in handles:
+    for _name, h in handles:
         hvd.synchronize(h)
     ranks = torch.arange(size, dtype=torch.float32)
     c.check(torch.equal(a, torch.full((6,), float((1.0 + ranks).sum()))), f"a: {a}")

@@ -50,7 +50,6 @@ from gradsync.horovod.process_sets import (  # noqa: F401
 )
 
 
-
 def install():
     """Makes ``import horovod`` (and horovod.torch, horovod.run, ...) give
     gradsync's alias package in this process, from now on: opt-in, for
@@ -72,9 +71,9 @@ def install():
 
 __all__ = [
     "Adasum", "Average", "HorovodInternalError", "JoinedError", "Max", "Min", "MismatchError",
-    "Product", "ProcessSet", "Sum", "add_process_set", "install", "ccl_built", "cross_rank", "cross_size",
+    "Product", "ProcessSet", "Sum", "add_process_set", "ccl_built", "cross_rank", "cross_size",
     "cuda_built", "ddl_built", "gloo_built", "gloo_enabled", "global_process_set", "init",
-    "is_homogeneous", "is_initialized", "local_rank", "local_size", "mpi_built", "mpi_enabled",
-    "mpi_threads_supported", "nccl_built", "rank", "remove_process_set", "rocm_built", "shutdown",
-    "size", "start_timeline", "stop_timeline",
+    "install", "is_homogeneous", "is_initialized", "local_rank", "local_size", "mpi_built",
+    "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "remove_process_set",
+    "rocm_built", "shutdown", "size", "start_timeline", "stop_timeline",
 ]

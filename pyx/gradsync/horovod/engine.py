@@ -262,7 +262,7 @@ class Engine:
             self.check_notices()
         call.observed = True
         with self._cv:  # what finished before this wait returns is known finished
-            for name, other in self._names.items():
+            for other in self._names.values():
                 if other.done.is_set():
                     other.observed = True
         if call.state == _RAISED:
