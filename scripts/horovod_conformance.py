@@ -200,6 +200,7 @@ def whole_file(args, env, root, path, ranks):
     reports = read_reports(report)
     shutil.rmtree(report, ignore_errors=True)
     results = {}
+    hang_named = False  # one hang per job: the first test some rank never finished
     for test in tests:
         recs = [[r for r in reports.get(k, []) if r["event"] == "outcome" and r["test"] == test]
                 for k in range(ranks)]
@@ -207,9 +208,12 @@ def whole_file(args, env, root, path, ranks):
                       for k in range(ranks) for r in reports.get(k, []))
         if any(recs) and all(recs):
             results[test] = verdict(recs)
-        elif hung and started:
+        elif hung and started and not hang_named:
+            hang_named = True
             results[test] = ("hung", f"the job was in this test when its {args.file_timeout} s "
                                      "ran out")
+        elif hung:
+            results[test] = ("not run", "after the hang")
         elif started:
             results[test] = ("failed", f"not finished on every rank (job exit {rc})")
         else:
