@@ -2,6 +2,7 @@
 import builtins
 
 from cpython.exc cimport PyErr_Occurred
+from cpython.pythread cimport PyThread_get_thread_ident
 
 cdef extern from "Python.h":
     # declared without Cython's `except -1`: the handler's exception must stay
@@ -75,10 +76,29 @@ cdef inline int CHKERR(gs_status_t s) except -1 nogil:
         raise error_for(s)
 
 
+# threads whose waits inside collectives are to end (abandon_waits)
+cdef set _abandoned_threads = set()
+
+
+def abandon_waits(thread_id, bint abandon=True):
+    """Makes the thread ``thread_id`` (threading.get_ident()) leave any wait
+    inside a collective within about 100 ms, with the interrupted error, its
+    communicator then unusable (as Ctrl-C does); ``abandon=False`` clears
+    the request. For a binding that shuts down while one of its threads
+    waits for ranks that will not come."""
+    if abandon:
+        _abandoned_threads.add(int(thread_id))
+    else:
+        _abandoned_threads.discard(int(thread_id))
+
+
 cdef int check_signals() noexcept nogil:
     """The runtime's interrupt check: runs Python's signal handlers (main
-    thread only), so Ctrl-C inside a long collective raises promptly."""
+    thread only), so Ctrl-C inside a long collective raises promptly; ends
+    the waits of threads given to abandon_waits()."""
     with gil:
+        if _abandoned_threads and PyThread_get_thread_ident() in _abandoned_threads:
+            return 1
         return run_signal_handlers() != 0
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""A Horovod training script in the style of Horovod's examples/pytorch/
-pytorch_mnist.py, with only the import changed to gradsync.horovod.torch.
+"""Our own Horovod-style training script, written in the style of Horovod's
+examples/pytorch/pytorch_mnist.py (not a copy of it), importing
+gradsync.horovod.torch where a Horovod script imports horovod.torch.
 
 The data are synthetic (no download): 28x28 "digits", one random template
 per class plus noise, so the script runs anywhere and learns quickly. Run:

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""A Horovod benchmark script in the style of Horovod's examples/pytorch/
-pytorch_synthetic_benchmark.py, with only the import changed to
-gradsync.horovod.torch. The model is a ResNet built here (torchvision's
+"""Our own Horovod-style benchmark script, written in the style of Horovod's
+examples/pytorch/pytorch_synthetic_benchmark.py (not a copy of it),
+importing gradsync.horovod.torch where a Horovod script imports
+horovod.torch. The model is a ResNet built here (torchvision's
 ResNet-18 layout: BasicBlocks [2, 2, 2, 2], widths 64-512, 11.2M
 parameters; ``--width`` scales it), so nothing beyond torch is needed:
 

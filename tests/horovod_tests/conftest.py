@@ -3,9 +3,11 @@
 Run with:
     PYTHONPATH=pyx mpiexec -n N python -m mpi4py -m pytest --with-mpi tests/horovod_tests
 
-The tests transcribe the numerical assertions of Horovod's own PyTorch tests
-(horovod/horovod test/parallel/test_torch.py and test_adasum_pytorch.py) on
-the CPU, with the collective helpers of tests/python/gsutil.py so that a
+These are our tests, written from Horovod's documented behaviour and the
+assertions of its own PyTorch tests (horovod/horovod test/parallel/
+test_torch.py and test_adasum_pytorch.py, which are not copied here; the
+suite itself runs with scripts/horovod_conformance.py), on the CPU, with
+the collective helpers of tests/python/gsutil.py so that a
 failure on one rank fails every rank. hvd.init() is called once per session.
 """
 # isort: off

@@ -1,5 +1,6 @@
-"""Horovod-style training scripts (scripts/horovod/), whose only change from
-a Horovod script is the import, run inside this MPI job: the MNIST-style
+"""Our Horovod-style training scripts (scripts/horovod/, written in the
+style of Horovod's examples, not copies of them; they import
+gradsync.horovod.torch) run inside this MPI job: the MNIST-style
 script learns its synthetic digits, the synthetic benchmark trains a
 ResNet with every rank holding the same parameters."""
 import importlib.util

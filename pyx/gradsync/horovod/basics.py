@@ -1,12 +1,14 @@
 """Horovod's basic API on gradsync: init/shutdown, the topology queries, the
 build queries, the reduction ops, the timeline and the HOROVOD_* knobs."""
+import atexit
 import logging
 import os
 
 import gradsync as gs
 from gradsync.horovod import state
-from gradsync.horovod.engine import Engine
+from gradsync.horovod.engine import Engine, Notices
 from gradsync.horovod.process_sets import ProcessSet, _register, global_process_set
+from gradsync.horovod.timeline import Timeline
 
 log = logging.getLogger("gradsync.horovod")
 
@@ -25,7 +27,7 @@ NO_OP_KNOBS = (
     "HOROVOD_HIERARCHICAL_ALLREDUCE", "HOROVOD_HIERARCHICAL_ALLGATHER", "HOROVOD_TORUS_ALLREDUCE",
     "HOROVOD_NUM_NCCL_STREAMS", "HOROVOD_BATCH_D2D_MEMCOPIES", "HOROVOD_MPI_THREADS_DISABLE",
     "HOROVOD_THREAD_AFFINITY", "HOROVOD_ENABLE_ASYNC_COMPLETION", "HOROVOD_DISABLE_GROUP_FUSION",
-    "HOROVOD_DYNAMIC_PROCESS_SETS", "HOROVOD_TIMELINE_MARK_CYCLES", "HOROVOD_ADASUM_MPI_CHUNK_SIZE",
+    "HOROVOD_DYNAMIC_PROCESS_SETS", "HOROVOD_ADASUM_MPI_CHUNK_SIZE",
     "HOROVOD_GPU_OPERATIONS", "HOROVOD_GPU_ALLREDUCE", "HOROVOD_GPU_ALLGATHER",
     "HOROVOD_GPU_BROADCAST", "HOROVOD_GPU_ALLTOALL", "HOROVOD_GPU_REDUCESCATTER",
     "HOROVOD_CPU_OPERATIONS", "HOROVOD_CONTROLLER", "HOROVOD_LOG_LEVEL", "HOROVOD_LOG_TIMESTAMP",
@@ -43,25 +45,27 @@ def _env_float(name):
 
 
 def _knobs():
-    """Communicator settings from the HOROVOD_* knobs that change what
-    gradsync does: HOROVOD_FUSION_THRESHOLD (bytes; 0, no fusion, is one
-    tensor per message), HOROVOD_STALL_CHECK_TIME_SECONDS and
-    HOROVOD_STALL_CHECK_DISABLE (gradsync's stall warning),
-    HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (gradsync's timeout: a stalled
-    collective raises instead of waiting forever)."""
-    settings = {}
+    """Communicator and engine settings from the HOROVOD_* knobs that change
+    what gradsync does: HOROVOD_FUSION_THRESHOLD (bytes; 0, no fusion, is
+    one tensor per message), HOROVOD_STALL_CHECK_TIME_SECONDS and
+    HOROVOD_STALL_CHECK_DISABLE (gradsync's stall warning, and the warning
+    for names some ranks submitted and others not), and
+    HOROVOD_STALL_SHUTDOWN_TIME_SECONDS (gradsync's timeout, and the time
+    after which such a name shuts every rank down)."""
+    settings, stalls = {}, {}
     fusion = _env_float("HOROVOD_FUSION_THRESHOLD")
     if fusion is not None:
         settings["fusion_threshold"] = max(1, int(fusion))
     stall = _env_float("HOROVOD_STALL_CHECK_TIME_SECONDS")
     if stall is not None:
-        settings["stall_seconds"] = stall
+        settings["stall_seconds"] = stalls["stall_warn"] = stall
     if os.environ.get("HOROVOD_STALL_CHECK_DISABLE", "0") not in ("", "0"):
-        settings["stall_seconds"] = 0.0
+        settings["stall_seconds"] = stalls["stall_warn"] = 0.0
     shutdown = _env_float("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS")
     if shutdown:
         gs.set_timeout(shutdown)
-    return settings
+        stalls["stall_shutdown"] = shutdown
+    return settings, stalls
 
 
 def _world_comm(comm, settings):
@@ -102,23 +106,30 @@ def init(comm=None, process_sets=None):
     MPI_COMM_WORLD ranks, or an mpi4py communicator (duplicated);
     ``process_sets``: ProcessSets to register now, or "dynamic" (accepted:
     sets can always be added later). MPI itself is mpi4py's (initialized on
-    import). Calling init() again while initialized does nothing."""
+    import). Calling init() again while initialized does nothing (also after
+    another rank shut down: this rank's collectives then raise)."""
     if state.initialized():
         return
-    settings = _knobs()
+    settings, stalls = _knobs()
     world = _world_comm(comm, settings)
-    state.start(Engine(world, range(world.size), state.zeros_factory()), _topology(world))
+    timeline = Timeline(writer=world.rank == 0)
+    notices = Notices(world.split(0, key=world.rank))
+    engine = Engine(world, range(world.size), state.zeros_factory(), notices, timeline)
+    engine.configure(**stalls)
+    state.start(engine, _topology(world), notices, timeline)
     global_process_set.ranks = list(range(world.size))
     global_process_set._engine = state.world_engine()
     global_process_set.process_set_id = state.next_set_id()
     state.add_set(global_process_set)
-    timeline = os.environ.get("HOROVOD_TIMELINE", "")
-    if timeline and timeline.upper() != "DYNAMIC" and not gs._core.timeline_active():
-        gs.start_timeline(timeline)
+    path = os.environ.get("HOROVOD_TIMELINE", "")
+    if path and path.upper() != "DYNAMIC":
+        timeline.start(path, os.environ.get("HOROVOD_TIMELINE_MARK_CYCLES", "0")
+                       not in ("", "0"))
     if world.rank == 0:
         unused = [k for k in NO_OP_KNOBS if k in os.environ]
         if unused:
             log.info("gradsync.horovod: %s have no effect on gradsync", ", ".join(unused))
+    _register_atexit()
     if process_sets is not None and not isinstance(process_sets, str):
         for ps in process_sets:
             if not isinstance(ps, ProcessSet):
@@ -126,29 +137,59 @@ def init(comm=None, process_sets=None):
             _register(ps)
 
 
+_atexit_registered = False
+
+
+def _register_atexit():
+    """Horovod shuts down at exit: so do we (before mpi4py finalizes MPI),
+    which tells the other ranks that this one is gone."""
+    global _atexit_registered
+    if not _atexit_registered:
+        _atexit_registered = True
+        atexit.register(_shutdown_at_exit)
+
+
+def _shutdown_at_exit():
+    try:
+        shutdown()
+    except Exception as exc:  # noqa: BLE001 - nothing to raise to at exit
+        log.warning("gradsync.horovod: shutdown at exit: %s", exc)
+
+
 def shutdown():
-    """Waits for pending collectives, closes gradsync.horovod's communicators
-    and forgets the process sets. init() may be called again."""
+    """Shuts gradsync.horovod down on this rank and tells the other ranks,
+    as Horovod does: operations still pending here and there raise
+    HorovodInternalError (one already running gets a moment to finish).
+    init() may be called again (on every rank)."""
     if not state.initialized():
         return
     world = state.world_engine()
+    notices = state.notices()
+    why = (f"Horovod has been shut down: rank {state.world_rank()} called shutdown() (or "
+           "exited); collectives cannot complete without it")
+    if notices is not None:
+        notices.announce(why)
     for ps in state.process_sets():
         if ps is not global_process_set:
-            ps._invalidate()
+            ps._invalidate(why)
     try:
-        world.drain()
+        world.shutdown_local(why)
     finally:
-        world.comm.close()
+        try:
+            world.comm.close()
+        except gs.Error:
+            pass
+        timeline = state.timeline()
+        if timeline is not None:
+            timeline.stop()
         global_process_set._engine = None
         global_process_set.process_set_id = 0
         state.stop()
 
 
 def is_initialized():
-    """True between init() and shutdown()."""
-    return state.initialized()
-
-
+    """True between init() and shutdown(), while no rank has shut down."""
+    return state.initialized() and state.world_engine().closed is None
 def size():
     """Number of processes."""
     return state.topology("size")
@@ -245,13 +286,14 @@ def ccl_built():
 
 
 def start_timeline(file_path, mark_cycles=False):
-    """Records gradsync's timeline (Chrome trace, rank 0) into ``file_path``;
-    ``mark_cycles`` is accepted and ignored (gradsync has no cycles)."""
+    """Records Horovod's timeline (module gradsync.horovod.timeline) into
+    ``file_path``, written by rank 0; ``mark_cycles`` adds CYCLE_START
+    markers. Starting again with another path switches files."""
     state.check_initialized()
-    gs.start_timeline(file_path)
+    state.timeline().start(file_path, mark_cycles)
 
 
 def stop_timeline():
-    """Writes and stops the timeline."""
+    """Closes the timeline's file (valid JSON)."""
     state.check_initialized()
-    gs.stop_timeline()
+    state.timeline().stop()

@@ -1,7 +1,24 @@
 """EngineComm: the part of gs.Communicator that gradsync.torch's
 DistributedOptimizer and broadcasts use, routed through a Horovod engine, so
-their collectives recover from failures and carry on while other ranks have
-called join(). That is how the Horovod shim reuses them unchanged."""
+their collectives are matched by name with the others, carry on while other
+ranks have called join(), and end when a rank shuts down. That is how the
+Horovod shim reuses them unchanged."""
+from gradsync.horovod.engine import signature_dtypes
+
+
+def _sig_like(tensors):
+    """The engine's signature maker, in the memory of the first tensor
+    (torch tensors stay torch: a call's tensors share one device)."""
+    first = tensors[0] if tensors else None
+    if first is None or not hasattr(first, "new_empty"):
+        return None
+
+    import torch
+
+    def make(full):
+        return [torch.empty(0, dtype=getattr(torch, dt.name), device=first.device)
+                for dt in signature_dtypes(full)]
+    return make
 
 
 class EngineRequest:
@@ -43,8 +60,9 @@ class EngineComm:
         return list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
 
     def allreduce_async_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
-        call = self.engine.submit("allreduce", self._listed(tensors), op=op, prescale=prescale,
-                                  postscale=postscale, adasum=adasum)
+        listed = self._listed(tensors)
+        call = self.engine.submit("allreduce", listed, sig=_sig_like(listed), op=op,
+                                  prescale=prescale, postscale=postscale, adasum=adasum)
         return EngineRequest(self.engine, call, tensors)
 
     def allreduce_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
@@ -52,13 +70,15 @@ class EngineComm:
                                      adasum=adasum).wait()
 
     def broadcast_(self, tensors, root=0):
-        call = self.engine.submit("broadcast", self._listed(tensors), root=int(root))
+        listed = self._listed(tensors)
+        call = self.engine.submit("broadcast", listed, sig=_sig_like(listed), root=int(root))
         self.engine.wait(call)
         return tensors
 
     def allgather(self, tensors):
         was_list = isinstance(tensors, (list, tuple))
-        out = self.engine.wait(self.engine.submit("allgather", self._listed(tensors)))
+        listed = self._listed(tensors)
+        out = self.engine.wait(self.engine.submit("allgather", listed, sig=_sig_like(listed)))
         return out if was_list else out[0]
 
     def barrier(self):

@@ -66,11 +66,16 @@ class ProcessSet:
         except ValueError:
             raise ValueError(f"root_rank {root_rank} is not a member of {self}") from None
 
-    def _invalidate(self):
-        if self._engine is not None and self.process_set_id != 0:
-            self._engine.drain()
-            self._engine.comm.close()
-        self._engine = None
+    def _invalidate(self, why=None):
+        """Forgets the set on this rank: its engine is shut down here
+        (pending operations raise) and its communicator closed."""
+        engine, self._engine = self._engine, None
+        if engine is not None and self.process_set_id != 0:
+            engine.shutdown_local(why or f"{self} was removed")
+            try:
+                engine.comm.close()
+            except Exception:  # noqa: BLE001 - an abandoned communicator may refuse
+                pass
         self.process_set_id = None
 
     def __eq__(self, other):
@@ -92,22 +97,34 @@ global_process_set.process_set_id = 0
 
 
 def _register(ps):
-    """Creates the set's communicator (collective over the global set: every
-    rank calls it, members and others alike) and gives it an id."""
+    """Creates the set's communicator and gives it an id: an operation of
+    the global set (every rank calls it, members and others alike, in the
+    same order), so a rank that does not come makes it wait like any other
+    operation, and fail with the others when they shut down."""
     from gradsync.horovod.engine import Engine
 
-    world = state.world_engine().comm
+    world_engine = state.world_engine()
+    world = world_engine.comm
     if ps.ranks is None:
         ps.ranks = _members(ps.mpi_comm, world)
     if any(r < 0 or r >= world.size for r in ps.ranks):
         raise ValueError(f"{ps}: ranks must be in [0, {world.size})")
-    if any(other.ranks == ps.ranks for other in state.process_sets() if other is not ps):
+    if any(other.ranks == ps.ranks for other in state.process_sets()
+           if other is not ps and other.process_set_id != 0):
         raise ValueError(f"Attempted to add a duplicate process set: {ps}")
-    member = state.world_rank() in ps.ranks
+    me = state.world_rank()
+    member = me in ps.ranks
     # one split serves sets that partition the ranks (ProcessSet(comm) after
     # an MPI Split): each rank lands with its own set's members
-    comm = world.split(min(ps.ranks) if member else -1, key=state.world_rank())
-    ps._engine = Engine(comm, ps.ranks, state.zeros_factory()) if member else None
+    color = min(ps.ranks) if member else -1
+    call = world_engine.submit("add_set", [], run=lambda: world.split(color, key=me))
+    comm = world_engine.wait(call)
+    engine = None
+    if member:
+        engine = Engine(comm, ps.ranks, state.zeros_factory(), state.notices(),
+                        state.timeline())
+        engine.configure(world_engine._stall_warn, world_engine._stall_shutdown)
+    ps._engine = engine
     ps.process_set_id = state.next_set_id()
     state.add_set(ps)
     return ps
@@ -142,10 +159,15 @@ def add_process_set(process_set):
 
 
 def remove_process_set(process_set):
-    """Unregisters a process set: its communicator is closed (after its
-    pending collectives finish). Returns whether anything was removed; the
+    """Unregisters a process set: an operation of the global set (every rank
+    calls it); then the set's operations still pending raise and its
+    communicator is closed. Returns whether anything was removed; the
     global set is never removed."""
     if process_set.process_set_id in (None, 0) or not state.remove_set(process_set):
         return False
-    process_set._invalidate()
+    world_engine = state.world_engine()
+    try:
+        world_engine.wait(world_engine.submit("remove_set", []))
+    finally:
+        process_set._invalidate()
     return True

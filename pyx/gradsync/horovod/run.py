@@ -138,3 +138,79 @@ def main(argv=None):
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+# ---- horovod.run(): a function on N processes ------------------------------------
+
+def _pickler():
+    try:
+        import cloudpickle
+
+        return cloudpickle
+    except ImportError:
+        import pickle
+
+        return pickle
+
+
+def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
+        reset_limit=None, hosts=None, hostfile=None, start_timeout=None, ssh_port=None,
+        ssh_identity_file=None, disable_cache=None, output_filename=None, verbose=None,
+        use_gloo=None, use_mpi=None, mpi_args=None, network_interface=None, executable=None):
+    """Horovod's ``horovod.run``: calls ``func(*args, **kwargs)`` on ``np``
+    processes under mpiexec and returns their results as a list in rank
+    order (func and its results are pickled: cloudpickle when installed).
+    ``hosts``/``hostfile``/``mpi_args`` are gradsyncrun's; elastic arguments
+    (min_np, max_np, reset_limit) and Gloo raise NotImplementedError: the
+    world is the one mpiexec starts."""
+    if min_np is not None or max_np is not None or reset_limit is not None:
+        raise NotImplementedError("horovod.run(min_np=, max_np=, reset_limit=): elastic runs need "
+                                  "Horovod's elastic driver; gradsync runs on the fixed world "
+                                  "mpiexec starts")
+    if use_gloo:
+        raise NotImplementedError("horovod.run(use_gloo=True): gradsync runs on MPI only")
+    folder = tempfile.mkdtemp(prefix="gradsync-run-")
+    try:
+        with open(os.path.join(folder, "func.pkl"), "wb") as f:
+            _pickler().dump((func, tuple(args), dict(kwargs or {})), f)
+        argv = ["-np", str(np)]
+        if hosts:
+            argv += ["-H", hosts]
+        if hostfile:
+            argv += ["--hostfile", hostfile]
+        if mpi_args:
+            argv += ["--mpi-args", mpi_args]
+        if verbose:
+            argv += ["--verbose"]
+        argv += [executable or sys.executable, "-m", "gradsync.horovod.run_worker", folder]
+        env = dict(os.environ)
+        horovod = sys.modules.get("horovod")
+        paths = [p for p in sys.path if p]
+        if getattr(horovod, "__gradsync__", False):  # the alias travels with the job
+            from gradsync.horovod.alias import folder as alias_folder
+
+            paths.insert(0, alias_folder())
+        env["PYTHONPATH"] = os.pathsep.join(paths)
+        args_ns = parser().parse_args(argv)
+        args_ns.mpiexec = args_ns.mpiexec or find_mpiexec()
+        cmd = command(args_ns, flavour(args_ns.mpiexec))
+        out = None if output_filename is None else open(output_filename, "w")
+        try:
+            rc = subprocess.call(cmd, env=env, stdout=out, stderr=out)
+        finally:
+            if out is not None:
+                out.close()
+        results = []
+        for rank in range(np):
+            path = os.path.join(folder, f"result.{rank}")
+            if not os.path.exists(path):
+                raise RuntimeError(f"horovod.run: rank {rank} returned no result (mpiexec exit "
+                                   f"{rc})")
+            with open(path, "rb") as f:
+                ok, value = _pickler().load(f)
+            if not ok:
+                raise RuntimeError(f"horovod.run: rank {rank} raised:\n{value}")
+            results.append(value)
+        return results
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

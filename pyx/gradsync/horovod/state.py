@@ -7,6 +7,8 @@ _sets = []             # registered ProcessSets, global first
 _next_id = 0
 _topology = {}         # rank, size, local_rank, local_size, cross_rank, cross_size, homogeneous
 _zeros = numpy_zeros   # what joined ranks contribute, by (dtype name, shape)
+_notices = None        # shutdown messages between the processes (engine.Notices)
+_timeline = None       # Horovod's timeline (timeline.Timeline)
 
 
 class NotInitializedError(ValueError):
@@ -25,6 +27,14 @@ def initialized():
     return _world is not None
 
 
+def notices():
+    return _notices
+
+
+def timeline():
+    return _timeline
+
+
 def world_engine():
     check_initialized()
     return _world
@@ -40,17 +50,19 @@ def topology(key):
     return _topology[key]
 
 
-def start(engine, topology_values):
-    global _world, _topology, _next_id
+def start(engine, topology_values, notices_=None, timeline_=None):
+    global _world, _topology, _next_id, _notices, _timeline
     _world = engine
     _topology = dict(topology_values)
+    _notices, _timeline = notices_, timeline_
     _sets.clear()
     _next_id = 0
 
 
 def stop():
-    global _world
+    global _world, _notices
     _world = None
+    _notices = None
     _sets.clear()
 
 

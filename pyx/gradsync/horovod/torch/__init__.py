@@ -54,6 +54,7 @@ from gradsync.horovod import (  # noqa: F401
     start_timeline,
     stop_timeline,
 )
+from gradsync.horovod.torch import elastic  # noqa: F401,E402
 from gradsync.horovod.torch.compression import Compression  # noqa: F401
 from gradsync.horovod.torch.functions import (  # noqa: F401
     allgather_object,

@@ -5,10 +5,10 @@ forms, poll/synchronize, join and barrier.
 Tensors go to gradsync zero-copy (DLPack). Horovod's arithmetic is kept:
 Average is a sum followed by one multiply by postscale/size; integer tensors
 are scaled in float64 and truncated (C++ double-to-int conversion), float16
-and bfloat16 in float32, float32 in float32, float64 in float64. allgather
-and alltoall, whose output sizes the ranks must first exchange, run when
-submitted (their handles are done at once); allreduce, broadcast and
-reducescatter run on gradsync's background thread.
+and bfloat16 in float32, float32 in float32, float64 in float64. Every operation runs on the
+process set's executor thread (gradsync.horovod.engine): submission returns
+at once, poll() is False until it has run, and operations are matched across
+ranks by name, as Horovod matches them.
 """
 import itertools
 import warnings
@@ -47,41 +47,40 @@ def _engine(process_set):
     return process_set.engine()
 
 
-def _check_name(engine, name):
-    """Horovod refuses a second pending operation of the same name."""
-    if name is None:
-        return
-    pending = getattr(engine, "pending_names", None)
-    if pending is None:
-        pending = engine.pending_names = set()
-    if name in pending:
-        raise ValueError(f"a collective named {name!r} is already pending; names of "
-                         "outstanding operations must be unique")
-    pending.add(name)
-
-
 def _handle(engine, call, name):
     h = next(_next_handle)
     _handles[h] = _Handle(engine, call, name)
     return h
 
 
-def _sig(name, tensors, rows_may_differ=False):
-    """Signature tensors (engine docstring) for the call's name and its
-    tensors' shapes (without dim 0 where it may differ by rank): gradsync
-    compares element counts, Horovod compares shapes too. In the tensors'
-    memory; cached."""
+def _sig(tensors, rows_may_differ=False):
+    """The engine's signature maker for these tensors: zero-element tensors
+    (engine docstring) for the operation's full name and its tensors' shapes
+    (without dim 0 where it may differ by rank): gradsync compares element
+    counts, Horovod compares shapes too. In the tensors' memory; cached."""
     shapes = tuple(tuple(t.shape[1:]) if rows_may_differ else tuple(t.shape) for t in tensors)
     device = tensors[0].device if tensors else None
-    key = (name, device, shapes)
-    sig = _sig_cache.get(key)
-    if sig is None:
-        if len(_sig_cache) > 4096:
-            _sig_cache.clear()
-        sig = _sig_cache[key] = [
-            torch.empty(0, dtype=_TORCH_DTYPES[dt.name], device=device)
-            for dt in signature_dtypes(repr((name, shapes)))]
-    return sig
+
+    def make(full):
+        key = (full, device, shapes)
+        sig = _sig_cache.get(key)
+        if sig is None:
+            if len(_sig_cache) > 4096:
+                _sig_cache.clear()
+            sig = _sig_cache[key] = [
+                torch.empty(0, dtype=_TORCH_DTYPES[dt.name], device=device)
+                for dt in signature_dtypes(repr((full, shapes)))]
+        return sig
+    return make
+
+
+def _stream(tensors):
+    """For CUDA tensors: a context that makes the caller's current stream
+    current on the executor thread (gradsync orders its work after it)."""
+    if not tensors or tensors[0].device.type != "cuda":
+        return None
+    stream = torch.cuda.current_stream(tensors[0].device)
+    return lambda: torch.cuda.stream(stream)
 
 
 def _zeros_on(device):
@@ -132,6 +131,10 @@ def _scale_(tensors, factor):
     one rounding (gradsync's scale kernel), integers in float64 truncated."""
     if factor == 1.0:
         return
+    if isinstance(factor, _Divide):
+        for t in tensors:
+            t.div_(factor.n)
+        return
     floats = [t for t in tensors if t.is_floating_point()]
     if floats:
         gs.scale_(floats, factor)
@@ -146,8 +149,20 @@ def _scales(tensors, op, prescale, postscale, set_size):
     post = postscale / set_size if op == Average else postscale
     gs_op = "sum" if op == Average else OP_NAMES[op]
     if all(t.is_floating_point() for t in tensors):
+        if op == Average and postscale == 1.0 and set_size & (set_size - 1):
+            # the sum divided by the size, rounded once (1/size is not exact)
+            return gs_op, prescale, 1.0, 1.0, _Divide(set_size)
         return gs_op, prescale, post, 1.0, 1.0
     return gs_op, 1.0, 1.0, prescale, post
+
+
+class _Divide(float):
+    """A postscale of 1/n applied as a division by n (correctly rounded)."""
+
+    def __new__(cls, n):
+        obj = super().__new__(cls, 1.0 / n)
+        obj.n = n
+        return obj
 
 
 # ----------------------------------------------------------------- allreduce
@@ -158,7 +173,6 @@ def _allreduce_submit(tensors, name, op, prescale, postscale, process_set, resul
     engine = _engine(process_set)
     if not tensors:
         return _done_handle(result([]))
-    _check_name(engine, name)
     gs_op, pre, post, my_pre, my_post = _scales(tensors, op, prescale, postscale,
                                                 process_set.size())
     _scale_(tensors, my_pre)
@@ -170,8 +184,9 @@ def _allreduce_submit(tensors, name, op, prescale, postscale, process_set, resul
     def finish(arrays):
         _scale_(tensors, my_post)
         return result(tensors)
-    call = engine.submit("allreduce", tensors, name=name, sig=_sig(name, tensors), op=gs_op,
-                         prescale=pre, postscale=post, adasum=adasum, finish=finish)
+    call = engine.submit("allreduce", tensors, name=name, sig=_sig(tensors), op=gs_op,
+                         prescale=pre, postscale=post, adasum=adasum, finish=finish,
+                         context=_stream(tensors))
     return _handle(engine, call, name)
 
 
@@ -294,12 +309,14 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
     values allgathered, summed by coalescing (divided by the set size for
     Average). Returns a callable that gives the result."""
     t = tensor.coalesce()
-    indices, values = allgather(t.indices().t().contiguous(), process_set=process_set), \
-        allgather(t.values().contiguous(), process_set=process_set)
+    indices = allgather(t.indices().t().contiguous(),
+                        None if name is None else f"{name}.indices", process_set)
+    values = allgather(t.values().contiguous(),
+                       None if name is None else f"{name}.values", process_set)
 
     def result():
         v = values / process_set.size() if op == Average else values
-        return torch.sparse_coo_tensor(indices.t(), v, t.size()).coalesce()
+        return torch.sparse_coo_tensor(indices.t(), v, t.size(), check_invariants=True).coalesce()
     return result
 
 
@@ -307,13 +324,13 @@ def sparse_allreduce_async(tensor, name, op, process_set=global_process_set):
 
 def _allgather_submit(tensors, name, process_set, result):
     engine = _engine(process_set)
-    _check_name(engine, name)
     wire = [_as_bytes(t) for t in tensors]
 
     def finish(outs):
         return result([_from_bytes(_import(o), t) for o, t in zip(outs, tensors)])
     call = engine.submit("allgather", wire, name=name,
-                         sig=_sig(name, tensors, rows_may_differ=True), finish=finish)
+                         sig=_sig(tensors, rows_may_differ=True), finish=finish,
+                         context=_stream(tensors))
     return _handle(engine, call, name)
 
 
@@ -378,9 +395,9 @@ def grouped_allgather(tensors, name=None, process_set=global_process_set):
 def _broadcast_submit(tensor, root_rank, name, process_set, result):
     engine = _engine(process_set)
     root = process_set.root_index(root_rank)
-    _check_name(engine, name)
     call = engine.submit("broadcast", [_as_bytes(tensor).reshape(-1)], name=name,
-                         sig=_sig(name, [tensor]), root=root, finish=lambda _: result)
+                         sig=_sig([tensor]), root=root, finish=lambda _: result,
+                         context=_stream([tensor]))
     return _handle(engine, call, name)
 
 
@@ -431,25 +448,23 @@ def _reducescatter_submit(tensors, name, op, process_set, prescale, postscale, r
         return _done_handle(_Raise(HorovodInternalError(
             "Reducescatter currently only supports Average and Sum, not "
             f"{OP_NAMES.get(op, op)!r}")))
-    _check_name(engine, name)
     gs_op, pre, post, my_pre, my_post = _scales(tensors, op, prescale, postscale,
                                                 process_set.size())
     if my_pre != 1.0:
         tensors = [t.clone() for t in tensors]  # the input is not modified
         _scale_(tensors, my_pre)
 
-    sig = _sig(name, tensors)
     me, n = process_set.rank(), process_set.size()
     outs = [torch.empty((t.shape[0] // n + (me < t.shape[0] % n),) + tuple(t.shape[1:]),
                         dtype=t.dtype, device=t.device) if t.dim() else t.new_empty(0)
             for t in tensors]
-    outs += [s.new_empty(0) for s in sig]
 
     def finish(outs):
         _scale_(outs, my_post)
         return result(outs)
-    call = engine.submit("reduce_scatter", tensors, name=name, sig=sig, op=gs_op, prescale=pre,
-                         postscale=post, out=outs, finish=finish)
+    call = engine.submit("reduce_scatter", tensors, name=name, sig=_sig(tensors), op=gs_op,
+                         prescale=pre, postscale=post, out=outs, finish=finish,
+                         context=_stream(tensors))
     return _handle(engine, call, name)
 
 
@@ -549,11 +564,7 @@ def _splits(tensor, splits, set_size):
 def _alltoall_submit(tensor, splits, name, process_set, with_counts):
     engine = _engine(process_set)
     t = _contiguous(tensor)
-    try:
-        counts = _splits(t, splits, process_set.size())
-    except ValueError as exc:
-        engine.reject("alltoall", exc, name)
-    _check_name(engine, name)
+    counts = _splits(t, splits, process_set.size())
     t = t.narrow(0, 0, sum(counts)) if t.dim() else t
 
     def finish(out):
@@ -561,8 +572,9 @@ def _alltoall_submit(tensor, splits, name, process_set, with_counts):
         received = _from_bytes(_import(received), t)
         recv = torch.tensor([int(c) for c in recv_counts], dtype=torch.int32)
         return (received, recv) if with_counts else received
-    call = engine.submit("alltoall", [_as_bytes(t)], name=name, send_counts=counts,
-                         finish=finish)
+    wire = _as_bytes(t)
+    call = engine.submit("alltoall", [wire], name=name, send_counts=counts, finish=finish,
+                         sig=_sig([t], rows_may_differ=True), context=_stream([t]))
     return _handle(engine, call, name)
 
 
@@ -620,11 +632,7 @@ def synchronize(handle):
         if isinstance(value, _Raise):
             raise value.exc
         return value
-    try:
-        return h.engine.wait(h.call)
-    finally:
-        if h.name is not None:
-            h.engine.pending_names.discard(h.name)
+    return h.engine.wait(h.call)
 
 
 def join(device=-1):
@@ -637,10 +645,14 @@ def join(device=-1):
     return engine.join()
 
 
+def _barrier_sig(full):
+    return [torch.empty(0, dtype=_TORCH_DTYPES[dt.name]) for dt in signature_dtypes(full)]
+
+
 def barrier(process_set=global_process_set):
     """Waits until every rank of the set has called it."""
     engine = _engine(process_set)
-    engine.wait(engine.submit("barrier", []))
+    engine.wait(engine.submit("barrier", [], sig=_barrier_sig))
 
 
 state.set_zeros_factory(_zeros_on("cpu"))

@@ -36,7 +36,7 @@ class _HorovodDistributedOptimizer(gst.DistributedOptimizer):
     """gradsync's DistributedOptimizer with Horovod's step() and names."""
 
     def __init__(self, optimizer, named_parameters, compression, backward_passes_per_step, op,
-                 gradient_predivide_factor, groups, process_set):
+                 gradient_predivide_factor, groups, process_set, sparse_as_dense=False):
         named = None if named_parameters is None else list(named_parameters)
         if named is None:
             named = [(f"allreduce.noname.{i}.{j}", p)
@@ -47,6 +47,10 @@ class _HorovodDistributedOptimizer(gst.DistributedOptimizer):
                              "usually produced by model.named_parameters().")
         self._hvd_process_set = process_set
         self._should_warn = False
+        self._sparse_as_dense = bool(sparse_as_dense)
+        self._sparse = {}   # slot -> this step's sparse gradient (summed over passes)
+        self._densified = set()  # slots whose sparse gradient went dense (sparse_as_dense)
+        self._hvd_op = op
         super().__init__(optimizer, named, op=OP_NAMES[op], micro_batches="sum",
                          backward_passes_per_step=backward_passes_per_step,
                          bucket_bytes=_bucket_bytes(optimizer, groups),
@@ -54,6 +58,39 @@ class _HorovodDistributedOptimizer(gst.DistributedOptimizer):
                          comm=_comm_for(process_set),
                          gradient_predivide_factor=gradient_predivide_factor)
         self._parameter_names = {p: n for n, p in named}
+
+    def _on_grad(self, slot, p):
+        """Sparse gradients (nn.Embedding(sparse=True)), as Horovod reduces
+        them: with sparse_as_dense they become dense and go into the bucket
+        (and sparse again after synchronize(), for the optimizer's step);
+        otherwise the bucket reduces zeros for the parameter and
+        synchronize() reduces the sparse gradient by allgathering its indices
+        and values (hvd.sparse_allreduce_async), p.grad staying sparse."""
+        g = p.grad
+        if g is not None and g.layout != torch.strided:
+            if self._sparse_as_dense:  # made sparse again after the reduction (Horovod's)
+                self._densified.add(slot)
+                p.grad = g.to_dense()
+            else:
+                prior = self._sparse.get(slot)
+                self._sparse[slot] = g if prior is None else prior + g
+                p.grad = torch.zeros(p.shape, dtype=p.dtype, device=p.device)
+        super()._on_grad(slot, p)
+
+    def _reduce_sparse(self):
+        from gradsync.horovod.torch.mpi_ops import sparse_allreduce_async
+
+        pending, self._sparse = self._sparse, {}
+        if not self._hvd_process_set.included():
+            for slot, g in pending.items():
+                slot.param.grad = g
+            return
+        results = [(slot, sparse_allreduce_async(g, name=f"sparse.{slot.name}",
+                                                 op=self._hvd_op,
+                                                 process_set=self._hvd_process_set))
+                   for slot, g in sorted(pending.items(), key=lambda kv: kv[0].name)]
+        for slot, result in results:
+            slot.param.grad = result()
 
     def set_backward_passes_per_step(self, passes):
         """Changes the number of backward passes per step (between steps)."""
@@ -64,6 +101,12 @@ class _HorovodDistributedOptimizer(gst.DistributedOptimizer):
     def synchronize(self):
         """Waits for every gradient's reduction and writes p.grad."""
         super().synchronize()
+        if self._sparse:
+            self._reduce_sparse()
+        densified, self._densified = self._densified, set()
+        for slot in densified:
+            if slot.param.grad is not None:
+                slot.param.grad = slot.param.grad.to_sparse()
         self._should_warn = True
 
     def step(self, closure=None):
@@ -132,8 +175,9 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     """Wraps ``optimizer`` so that step() uses gradients reduced over the
     process set (Horovod's arguments; module docstring for the semantics).
     ``compression``: Compression.none or Compression.fp16. ``op``: Average,
-    Sum or Adasum. Sparse gradients are not reduced (sparse_as_dense must be
-    False and no parameter may get a sparse gradient)."""
+    Sum or Adasum. Sparse gradients are reduced as Horovod reduces them:
+    their indices and values allgathered, or, with ``sparse_as_dense``, as
+    dense gradients made sparse again before the step."""
     if gradient_predivide_factor != 1.0 and op != Average:
         raise ValueError("gradient_predivide_factor not supported with op != Average")
     if num_groups != 0:
@@ -147,10 +191,8 @@ def DistributedOptimizer(optimizer, named_parameters=None, compression=Compressi
     if compression not in (Compression.none, Compression.fp16, NoneCompressor, FP16Compressor):
         raise ValueError("gradsync.horovod's DistributedOptimizer takes Compression.none or "
                          f"Compression.fp16, not {compression!r}")
-    if sparse_as_dense:
-        raise ValueError("sparse_as_dense: gradsync.horovod does not reduce sparse gradients")
     _check_groups(groups)
     cls = type(optimizer.__class__.__name__,
                (_HorovodDistributedOptimizer, optimizer.__class__), {})
     return cls(optimizer, named_parameters, compression, backward_passes_per_step, op,
-               gradient_predivide_factor, groups, process_set)
+               gradient_predivide_factor, groups, process_set, sparse_as_dense)

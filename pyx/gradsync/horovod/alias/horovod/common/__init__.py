@@ -1,0 +1,1 @@
+"""horovod.common, provided by gradsync."""
