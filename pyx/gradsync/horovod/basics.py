@@ -5,6 +5,7 @@ import logging
 import os
 
 import gradsync as gs
+from gradsync import MPI
 from gradsync.horovod import state
 from gradsync.horovod.engine import Engine, Notices
 from gradsync.horovod.process_sets import ProcessSet, _register, global_process_set
@@ -69,7 +70,6 @@ def _knobs():
 
 
 def _world_comm(comm, settings):
-    from gradsync import MPI
 
     if comm is None:
         return gs.Communicator(MPI.COMM_WORLD, **settings)
@@ -228,7 +228,6 @@ def is_homogeneous():
 def mpi_threads_supported():
     """True when MPI runs at MPI_THREAD_MULTIPLE (gradsync asks for
     SERIALIZED unless GRADSYNC_THREAD_LEVEL=multiple)."""
-    from gradsync import MPI
 
     return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 

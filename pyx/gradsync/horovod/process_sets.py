@@ -1,5 +1,6 @@
 """Horovod's process sets on gradsync: each set is a gradsync communicator
 (a split of the global one) with its own ordered engine."""
+from gradsync import MPI
 from gradsync.horovod import state
 
 __all__ = ["ProcessSet", "add_process_set", "global_process_set", "remove_process_set"]
@@ -17,7 +18,6 @@ class ProcessSet:
     mpi_comm = None
 
     def __init__(self, ranks_or_comm):
-        from gradsync import MPI
 
         if isinstance(ranks_or_comm, MPI.Comm):
             self.mpi_comm = ranks_or_comm
@@ -133,7 +133,6 @@ def _register(ps):
 def _members(mpi_comm, world):
     """The global ranks of mpi_comm's members, as this rank sees them (none
     for MPI.COMM_NULL)."""
-    from gradsync import MPI
 
     if mpi_comm == MPI.COMM_NULL:
         return []

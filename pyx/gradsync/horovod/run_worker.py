@@ -4,11 +4,11 @@ import os
 import sys
 import traceback
 
+from gradsync import MPI
 from gradsync.horovod.run import _pickler
 
 
 def main(folder):
-    from gradsync import MPI
 
     rank = MPI.COMM_WORLD.Get_rank()
     with open(os.path.join(folder, "func.pkl"), "rb") as f:

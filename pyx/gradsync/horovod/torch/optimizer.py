@@ -21,6 +21,7 @@ import torch
 
 import gradsync as gs
 import gradsync.torch as gst
+from gradsync import MPI
 from gradsync.horovod import state
 from gradsync.horovod.basics import OP_NAMES, Adasum, Average, Sum
 from gradsync.horovod.comm import EngineComm
@@ -135,7 +136,6 @@ def _comm_for(process_set):
     state.check_initialized()
     if process_set.included():
         return EngineComm(process_set.engine())
-    from gradsync import MPI
 
     return gs.Communicator(MPI.COMM_SELF)
 
