@@ -28,7 +28,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
+.PHONY: check-install all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
 
 all: build
 
@@ -194,6 +194,12 @@ CLUSTER_LAYOUTS ?= 2x2 3x1
 CLUSTER_CHECK = $(SIMCLUSTER) --check || { echo "== $@: skipped (no simulated cluster here)"; exit 0; }
 
 # Part of `make test`: 2 hosts x 2 ranks, the allreduce and Adasum suites.
+# A newcomer's `pip install .`: a wheel built in pip's isolated environment,
+# installed in a fresh venv with nothing first, a 2-rank allreduce (about 7
+# minutes here, most of it pip building; not part of `make test`).
+check-install:
+	sh scripts/check_install.sh
+
 cluster-smoke: build
 	@$(CLUSTER_CHECK); echo "== cluster 2 hosts x 2 ranks: allreduce and Adasum suites"; \
 	$(SIMCLUSTER) --hosts 2 --ranks-per-host 2 -- $(PYTEST) $(CLUSTER_SMOKE)
