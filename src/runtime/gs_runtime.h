@@ -50,8 +50,8 @@ void gs_runtime_after_unlock(void (*fn)(void *), void *arg);
  * for the length of a call. */
 typedef struct gs_fate {
   gs_status_t broken; /* GS_SUCCESS while usable */
-  int owns_core;      /* ranks on this node <= its cores */
-  double timeout;     /* > 0: its own wait limit (gs_comm_set_timeout); 0: the process's */
+  int owns_core; /* ranks on this node <= its cores */
+  double timeout; /* > 0: its own wait limit (gs_comm_set_timeout); 0: the process's */
 } gs_fate_t;
 /* Binds `fate` to the calling thread; returns the one bound before. The
  * binding ends with gs_runtime_unlock's outermost release. */
