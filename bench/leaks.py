@@ -67,8 +67,9 @@ def numpy_kinds(comm):
     mine = np.ones(SIZES["direct"] // p, np.float32)
     lst = [np.ones(n, np.float32) for n in (1000, 70000, 3, 40000)]
 
-    def shards():  # one tensor per rank: none crosses a rank's range
-        return [np.ones(x.size // p, np.float32) for _ in range(p)]
+    def shards():  # a tensor per rank, each filling its range (ShardLayout's padding)
+        r = x.size // p
+        return [np.ones(r if k < p - 1 else r - 32, np.float32) for k in range(p)]
     kinds.update({
         "allreduce list of 4, new arrays": lambda: comm.allreduce([t.copy() for t in lst]),
         "allreduce average, prescale": lambda: comm.allreduce(x, op="average", prescale=0.5),
