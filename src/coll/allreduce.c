@@ -51,12 +51,13 @@ static int64_t piece_count(const gs_engine_t *e, const gs_message_t *m) {
  * communicator's pipeline size, each packed, reduced and scaled or unpacked
  * before the next: a piece stays in cache across those passes, where the
  * whole message would go through memory three times.
- * Host memory always goes through the window (issue 34): MPI over UCX keeps
- * about 150 bytes for every buffer it has not seen before (its
- * registration cache), so handing it the caller's arrays -- a fresh output
- * per call -- grows without bound; the fusion buffer is the same memory on
- * every call. The pieces and so MPI's calls are the same as without it,
- * and so are the results, bit for bit. */
+ * Out of place, host messages go through the window too (issue 34): the
+ * output is usually a new array per call, and MPI over UCX with its
+ * registration cache on keeps memory for every new buffer it moves data
+ * through; the fusion buffer is the same memory on every call. In place,
+ * the caller's buffer goes to MPI as before (gradients live across steps,
+ * and two more copies would slow the common path). The pieces and so MPI's
+ * calls are the same either way, and so are the results, bit for bit. */
 static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
                                   const gs_message_t *m, const gs_coll_t *d) {
   void *ibase = NULL, *obase = NULL;
@@ -66,7 +67,7 @@ static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
   int64_t piece = piece_count(e, m);
   if (piece == 0) piece = m->count; /* messages of no elements never get here */
   reduce_at_t r = {icontig ? ibase : NULL, obase, !ocontig};
-  if (!gs_engine_on_device(e)) r = (reduce_at_t){NULL, NULL, 1};
+  if (!gs_engine_on_device(e) && d->out) r = (reduce_at_t){NULL, NULL, 1};
   if (r.window) {
     void *buf = NULL;
     GS_CHECK(gs_buffer_reserve(e, (size_t)piece * gs_dtype_size(m->dtype), &buf));
