@@ -66,6 +66,8 @@ py-tests: build
 	    echo "== pytest at $$n ranks"; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python || exit 1; \
 	done
+	@echo "== pytest tests/leaks at 2 ranks (memory kept per call: issue 34)"
+	@timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) tests/leaks || exit 1
 	@for n in $(ADASUM_NP_LIST); do \
 	    echo "== pytest tests/python/test_adasum.py at $$n ranks"; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_adasum.py \

@@ -138,7 +138,7 @@ def torch_kinds(comm):
         "torch all_reduce": lambda: dist.all_reduce(x.clone()),
         "torch broadcast": lambda: dist.broadcast(x.clone(), 0),
         "torch all_gather_into_tensor": lambda: dist.all_gather_into_tensor(
-            torch.empty(x.numel() * p), x[:x.numel() // p].clone()),
+            torch.empty(x.numel() // p * p), x[:x.numel() // p].clone()),
         "torch reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(
             torch.empty(x.numel() // p), x.clone()),
         "torch all_to_all_single": lambda: dist.all_to_all_single(torch.empty_like(x), x.clone()),
