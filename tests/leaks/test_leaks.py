@@ -18,7 +18,7 @@ import pytest
 from bench.leaks import growth, numpy_kinds
 
 BOUND = 10.0  # bytes per call
-CALLS = 200  # per reading; 6 readings after 200 warm-up calls
+CALLS = 120  # per reading; 6 readings after 120 warm-up calls
 
 # The kinds that grew before the fix (docs/RELIABILITY.md has the whole table),
 # each at the size that showed it ("direct": 128Ki float32, the loop).
