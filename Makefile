@@ -304,6 +304,8 @@ bench: build
 
 # The C tests under valgrind (memcheck, leaks included) at 2 ranks.
 check-memory: build $(C_TESTS)
+	@echo "== pytest tests/leaks at 2 ranks (bytes kept per call, every call kind: issue 34)"
+	@timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 $(PYTEST) tests/leaks || exit 1
 	@for t in $(C_TESTS); do echo "== valgrind $$t"; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 2 valgrind -q --error-exitcode=3 \
 	        --leak-check=full --errors-for-leak-kinds=definite \

@@ -20,9 +20,15 @@ Three phases, every result checked (the run fails on the first wrong one):
    (0 to 2**20 elements, log-uniform).
 3. memory: resident set size (VmRSS) after the warm-up (every kind of call at
    the largest sizes, twice, and two ResNet-50 lists), sampled during the
-   mixed phase, and at the end;
-   the run fails if the end is more than ``--rss-bound-mb`` above the
-   warm-up figure on any rank.
+   mixed phase (about 20 readings, at the same step on every rank), and at
+   the end; the run fails if the end is more than ``--rss-bound-mb`` above
+   the warm-up figure on any rank, or if on any rank the least-squares
+   slope of RSS over the operation count in the second half of the mixed
+   phase (the first half settles the heap and buffers) is above
+   ``--slope-bound`` bytes per operation by more than twice its standard
+   error (a steady leak too small to reach the bound in one run, which a
+   job of days would still hit: issue 34). The slope is printed in bytes
+   per operation and in MB per hour at the run's rate.
 
 Inputs are built so that every rank knows the exact answer without
 communicating: rank r holds ``v + r`` (v small integers drawn from the shared
@@ -325,6 +331,20 @@ class Mixed:
                 sub.close()
 
 
+def rss_slope(samples):
+    """Least-squares slope of RSS over the operation count, in bytes per
+    operation, and its standard error: (0, 0) with fewer than 3 samples."""
+    if len(samples) < 3:
+        return 0.0, 0.0
+    x = np.array([s for s, _ in samples], dtype=np.float64)
+    y = np.array([m for _, m in samples], dtype=np.float64) * 1048576.0
+    x -= x.mean()
+    b = float((x * (y - y.mean())).sum() / (x * x).sum())
+    resid = y - y.mean() - b * x
+    err = float(np.sqrt((resid * resid).sum() / (len(x) - 2) / (x * x).sum()))
+    return b, err
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float,
@@ -333,6 +353,8 @@ def main():
     ap.add_argument("--resnet", type=int, default=1000, help="ResNet-50 lists")
     ap.add_argument("--max-log2", type=int, default=20, help="largest tensor: 2**N elements")
     ap.add_argument("--rss-bound-mb", type=float, default=32.0)
+    ap.add_argument("--slope-bound", type=float, default=16.0,
+                    help="bytes per mixed operation the RSS fit may grow by")
     ap.add_argument("--seed", type=int, default=None)
     args = ap.parse_args()
 
@@ -374,20 +396,29 @@ def main():
             mixed.step()
             steps += 1
             if steps % 25 == 0:
-                # rank 0's clock decides for everyone (no request is pending here)
+                # rank 0's clock decides for everyone (no request is pending
+                # here), so every rank reads its RSS after the same step
                 now = time.monotonic()
-                if now - last_sample >= max(args.seconds / 10, 1):
-                    samples.append(round(rss_mb(), 1))
+                sample = now - last_sample >= max(args.seconds / 20, 0.5)
+                sample, stop = WORLD.bcast((sample, now - t0 >= args.seconds), root=0)
+                if sample:
+                    samples.append((steps, rss_mb()))
                     last_sample = now
-                if WORLD.bcast(now - t0 >= args.seconds, root=0):
+                if stop:
                     break
         elapsed = time.monotonic() - t0
         WORLD.Barrier()
         rss_end = rss_mb()
         say("phase 2: %d mixed operations in %.0f s, 0 wrong: %s" % (
             steps, elapsed, ", ".join("%s %d" % kv for kv in sorted(mixed.counts.items()))))
-        say("phase 2: rank 0 RSS samples (MB): %s" % samples)
-        figures.update(rss_after_counts=rss_after_counts, rss_end=rss_end)
+        say("phase 2: rank 0 RSS samples (MB): %s" % [round(m, 1) for _, m in samples])
+        # judged over the second half: the first settles the heap and the
+        # buffers of sizes and dtypes drawn for the first time
+        fit, err = rss_slope(samples[len(samples) // 2:])
+        whole, _ = rss_slope(samples)
+        figures.update(rss_after_counts=rss_after_counts, rss_end=rss_end, slope=fit,
+                       slope_err=err, slope_whole=whole,
+                       mb_per_hour=fit * steps / elapsed * 3600 / 1e6)
     except Wrong as exc:
         failed = "WRONG RESULT on rank %d: %s" % (ME, exc)
     except Exception as exc:  # noqa: BLE001 - reported with the rank
@@ -400,21 +431,30 @@ def main():
     mixed.close()
     rows = WORLD.gather(figures, root=0)
     if ME == 0:
-        bad = []
-        print("phase 3: resident memory per rank (MB): warm-up -> after phase 1 -> end")
+        bad, sloped = [], []
+        print("phase 3: resident memory per rank (MB): warm-up -> after phase 1 -> end; "
+              "slope over phase 2")
         for r, f in enumerate(rows):
             growth = f["rss_end"] - f["rss_warm"]
-            print("  rank %d: %.1f -> %.1f -> %.1f (%+.1f)" % (
-                r, f["rss_warm"], f["rss_after_counts"], f["rss_end"], growth))
+            print("  rank %d: %.1f -> %.1f -> %.1f (%+.1f); second half %+.1f +- %.1f "
+                  "B/operation (%+.2f MB/hour), whole phase %+.1f B/operation" % (
+                      r, f["rss_warm"], f["rss_after_counts"], f["rss_end"], growth,
+                      f["slope"], f["slope_err"], f["mb_per_hour"], f["slope_whole"]))
             if growth > args.rss_bound_mb:
                 bad.append(r)
+            if f["slope"] - 2 * f["slope_err"] > args.slope_bound:
+                sloped.append(r)
         if bad:
             print("soak: FAILED: resident memory grew by more than %.0f MB on ranks %s"
                   % (args.rss_bound_mb, bad))
-        else:
+        if sloped:
+            print("soak: FAILED: resident memory grows by more than %.0f bytes per operation "
+                  "over the mixed phase on ranks %s" % (args.slope_bound, sloped))
+        if not bad and not sloped:
             print("soak: PASSED: 0 wrong results; memory within %.0f MB of the warm-up figure "
-                  "on every rank" % args.rss_bound_mb)
-        code = 1 if bad else 0
+                  "and growing by at most %.0f bytes per operation on every rank"
+                  % (args.rss_bound_mb, args.slope_bound))
+        code = 1 if bad or sloped else 0
     else:
         code = 0
     code = WORLD.bcast(code, root=0)

@@ -10,9 +10,12 @@ def import_mpi():
     """Imports mpi4py.MPI. When gradsync is the first to import it, MPI is
     initialized at the lowest thread level gradsync needs: SERIALIZED (MPICH's
     THREAD_MULTIPLE makes every small call several times slower).
-    GRADSYNC_THREAD_LEVEL overrides it."""
+    GRADSYNC_THREAD_LEVEL overrides it. UCX's registration cache is off
+    unless the environment says otherwise (no_ucx_rcache)."""
     if "mpi4py.MPI" not in sys.modules:
         import mpi4py
+
+        no_ucx_rcache(os.environ)
 
         level = os.environ.get("GRADSYNC_THREAD_LEVEL", "serialized").lower()
         if level not in _LEVELS:
@@ -22,6 +25,22 @@ def import_mpi():
     from mpi4py import MPI
 
     return MPI
+
+
+def no_ucx_rcache(env):
+    """UCX_RCACHE_ENABLE=n in ``env`` unless it is set already (issue 34).
+
+    With UCX's registration cache on, every heap shrink or unmapping in the
+    process (glibc trimming after NumPy or torch frees a large temporary,
+    a new output array freed) is a memory event the cache keeps about 60 to
+    150 bytes for, whether or not MPI ever saw that memory: a training loop
+    grows by that much per call, for ever (MPICH 5.0.2's ch4:ucx; the same
+    loop with no MPI call at all grows too). Off, UCX registers per
+    transfer, which costs nothing on one host's shared memory and some
+    bandwidth over InfiniBand; a user who wants the cache sets
+    UCX_RCACHE_ENABLE=try (UCX's default) and gets it, with gradsync still
+    handing MPI only memory it keeps (docs/RELIABILITY.md, Memory)."""
+    env.setdefault("UCX_RCACHE_ENABLE", "n")
 
 
 def _loaded_mpi_libraries():

@@ -3,12 +3,13 @@
 
 /* Where reduce_message works: `in` is the input laid out as the message
  * (NULL: it is not), `at` the memory the message is reduced in (the
- * output's, the input's in place, or the fusion buffer), `to_buf` whether
- * `at` is the fusion buffer (results are unpacked from it). */
+ * output's, the input's in place, or a window of the fusion buffer),
+ * `window` whether `at` is that window: it holds one piece at a time,
+ * packed into it and unpacked from it. */
 typedef struct reduce_at {
   const char *in;
   char *at;
-  int to_buf;
+  int window;
 } reduce_at_t;
 
 /* Message elements [first, first + count): into place, reduced, scaled or
@@ -17,7 +18,7 @@ static gs_status_t reduce_range(const gs_engine_t *e, const gs_plan_t *plan, con
                                 const gs_coll_t *d, const reduce_at_t *r, int64_t first,
                                 int64_t count) {
   size_t es = gs_dtype_size(m->dtype);
-  char *at = r->at + (size_t)first * es;
+  char *at = r->window ? r->at : r->at + (size_t)first * es;
   const char *in = r->in ? r->in + (size_t)first * es : NULL;
   const gs_tensor_t *out = d->out ? d->out : d->in;
   if (in && in != at && d->pre == 1.0) {
@@ -25,13 +26,13 @@ static gs_status_t reduce_range(const gs_engine_t *e, const gs_plan_t *plan, con
     GS_CHECK(e->transport->allreduce(e->comm, in, at, count, m->dtype, d->op));
     GS_TL_END("communicate", e->call, 1 + (m - plan->msgs), t0, count * (int64_t)es);
   } else {
-    if (r->to_buf || d->out || d->pre != 1.0)
-      GS_CHECK(gs_pack_range(e, plan, m, d->in, r->at, d->pre, first, count));
+    if (r->window || d->out || d->pre != 1.0)
+      GS_CHECK(gs_pack_range(e, plan, m, d->in, at, d->pre, first, count));
     double t0 = GS_TL_START();
     GS_CHECK(e->transport->allreduce(e->comm, NULL, at, count, m->dtype, d->op));
     GS_TL_END("communicate", e->call, 1 + (m - plan->msgs), t0, count * (int64_t)es);
   }
-  if (r->to_buf) return gs_unpack_range(e, plan, m, r->at, out, d->post, first, count);
+  if (r->window) return gs_unpack_range(e, plan, m, at, out, d->post, first, count);
   return gs_scale_copy(e, m->dtype, at, at, d->post == 1.0 ? 0 : count, d->post);
 }
 
@@ -46,25 +47,33 @@ static int64_t piece_count(const gs_engine_t *e, const gs_message_t *m) {
 }
 
 /* One message, reduced where the memory already lies like the message, or
- * in the fusion buffer. Large host messages go in pieces of the
+ * in a window of the fusion buffer. Large host messages go in pieces of the
  * communicator's pipeline size, each packed, reduced and scaled or unpacked
  * before the next: a piece stays in cache across those passes, where the
- * whole message would go through memory three times. */
+ * whole message would go through memory three times.
+ * Out of place, host messages go through the window too (issue 34): the
+ * output is usually a new array per call, and MPI over UCX with its
+ * registration cache on keeps memory for every new buffer it moves data
+ * through; the fusion buffer is the same memory on every call. In place,
+ * the caller's buffer goes to MPI as before (gradients live across steps,
+ * and two more copies would slow the common path). The pieces and so MPI's
+ * calls are the same either way, and so are the results, bit for bit. */
 static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
                                   const gs_message_t *m, const gs_coll_t *d) {
   void *ibase = NULL, *obase = NULL;
   int icontig = gs_plan_contiguous(plan, m, d->in, &ibase);
   int ocontig = d->out ? gs_plan_contiguous(plan, m, d->out, &obase) : icontig;
   if (!d->out) obase = ibase;
+  int64_t piece = piece_count(e, m);
+  if (piece == 0) piece = m->count; /* messages of no elements never get here */
   reduce_at_t r = {icontig ? ibase : NULL, obase, !ocontig};
-  if (r.to_buf) {
+  if (!gs_engine_on_device(e) && d->out) r = (reduce_at_t){NULL, NULL, 1};
+  if (r.window) {
     void *buf = NULL;
-    GS_CHECK(gs_buffer_reserve(e, (size_t)m->count * gs_dtype_size(m->dtype), &buf));
+    GS_CHECK(gs_buffer_reserve(e, (size_t)piece * gs_dtype_size(m->dtype), &buf));
     r.at = buf;
   }
   gs_count_message(e->comm, m->count, m->dtype);
-  int64_t piece = piece_count(e, m);
-  if (piece == 0) piece = m->count; /* messages of no elements never get here */
   for (int64_t first = 0; first < m->count; first += piece)
     GS_CHECK(reduce_range(e, plan, m, d, &r, first,
                           m->count - first < piece ? m->count - first : piece));

@@ -177,6 +177,7 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
     MPI_Comm_free(&c->mpi);
   }
   gs_buffers_free(c);
+  gs_bounce_free(c);
   c->magic = 0;
   free(c);
   *comm = NULL;

@@ -122,7 +122,7 @@ static gs_status_t device_copy_slots(const gs_engine_t *e, const gs_plan_t *plan
   for (int64_t k = m->first; k < m->first + m->nslots; k++) {
     const gs_slot_t *s = &plan->slots[k];
     if (!overlap(s, first, end, &lo, &hi)) continue;
-    char *slot = (char *)buf + (size_t)lo * es;
+    char *slot = (char *)buf + (size_t)(lo - first) * es;
     char *tensor = (char *)t[s->tensor].data + (size_t)(lo - s->offset) * es;
     runs[n++] = (gs_cu_run_t){unpack ? (void *)tensor : slot, unpack ? (void *)slot : tensor,
                               hi - lo, (int32_t)m->dtype, (int32_t)m->dtype};
@@ -133,7 +133,7 @@ static gs_status_t device_copy_slots(const gs_engine_t *e, const gs_plan_t *plan
 }
 
 /* Copies message elements [first, first + count) between the tensors and
- * buf (laid out as the message), times scale. */
+ * buf (element `first` at buf[0]), times scale. */
 static gs_status_t copy_slots(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
                               const gs_tensor_t *t, void *buf, double scale, int unpack,
                               int64_t first, int64_t count) {
@@ -148,7 +148,7 @@ static gs_status_t copy_slots(const gs_engine_t *e, const gs_plan_t *plan, const
     for (int64_t k = m->first; k < m->first + m->nslots; k++) {
       const gs_slot_t *s = &plan->slots[k];
       if (!overlap(s, first, end, &lo, &hi)) continue;
-      char *slot = (char *)buf + (size_t)lo * es;
+      char *slot = (char *)buf + (size_t)(lo - first) * es;
       char *tensor = (char *)t[s->tensor].data + (size_t)(lo - s->offset) * es;
       gs_cpu_scale_copy(m->dtype, unpack ? slot : tensor, unpack ? tensor : slot, hi - lo, scale);
     }

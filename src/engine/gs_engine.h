@@ -126,8 +126,8 @@ gs_status_t gs_pack(const gs_engine_t *e, const gs_plan_t *plan, const gs_messag
 /* Copies buf back out into `t`, times `scale`. */
 gs_status_t gs_unpack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
                       const void *buf, const gs_tensor_t *t, double scale);
-/* The same for message elements [first, first + count) only; buf is still
- * laid out as the whole message (element j at j elements from buf). */
+/* The same for message elements [first, first + count) only; buf holds
+ * just those (element first at buf[0]): a window of a piece's size. */
 gs_status_t gs_pack_range(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
                           const gs_tensor_t *t, void *buf, double scale, int64_t first,
                           int64_t count);

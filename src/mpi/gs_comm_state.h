@@ -27,6 +27,8 @@ struct gs_comm {
   size_t adasum_tmp_bytes;
   void *fusion;            /* persistent fusion buffer, grows on demand */
   size_t fusion_bytes;
+  void *bounce;            /* host memory MPI gets in place of the caller's (owned.c) */
+  size_t bounce_bytes;
   /* CUDA memory (engine.c): the path is chosen at the first such call */
   int dev_path;            /* GS_PATH_* */
   int dev_id;              /* the CUDA device this communicator serves */

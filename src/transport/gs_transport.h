@@ -81,6 +81,17 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
                               gs_dtype_t dtype, gs_op_t op);
 void gs_hier_free(gs_comm_t c);
 
+/* ---- the memory MPI is handed (owned.c) ----------------------------------- */
+
+/* Broadcasts and exchanges go through it in pieces of at most this. */
+#define GS_BOUNCE_PIECE_BYTES ((int64_t)4 << 20)
+/* Whether [p, p + bytes) lies in memory the communicator keeps (the
+ * fusion buffer, scratch, staging, the bounce buffer): MPI may have it. */
+int gs_mpi_owned(gs_comm_t c, const void *p, size_t bytes);
+/* The bounce buffer, at least `bytes` long; it replaces the last one. */
+gs_status_t gs_bounce_reserve(gs_comm_t c, size_t bytes, void **buf);
+void gs_bounce_free(gs_comm_t c);
+
 /* ---- MPI's exchange collectives on host memory (mpi_xfer.c) -------------- */
 
 /* One tensor's movement. Per-rank arrays have comm->size entries. */

@@ -90,10 +90,33 @@ gs_status_t gs_mpi_native_allreduce(gs_comm_t c, const void *send, void *recv, i
 
 static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype, int root);
 
+/* Elements per bounced piece of a broadcast or exchange (owned.c): the same
+ * on every rank whatever memory it holds, so the messages match. */
+static int64_t bounce_piece(gs_dtype_t dtype) {
+  int64_t n = GS_BOUNCE_PIECE_BYTES / (int64_t)gs_dtype_size(dtype), most = gs_env_mpi_max_count();
+  return n < most ? n : most;
+}
+
 static gs_status_t mpi_broadcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
                                  int root) {
   gs_count_message(c, count, dtype);
-  return chunked_bcast(c, buf, count, dtype, root);
+  size_t es = gs_dtype_size(dtype);
+  int64_t piece = bounce_piece(dtype);
+  int owned = gs_mpi_owned(c, buf, (size_t)count * es);
+  void *b = NULL;
+  if (!owned) GS_CHECK(gs_bounce_reserve(c, (size_t)(count < piece ? count : piece) * es, &b));
+  for (int64_t off = 0; off < count; off += piece) {
+    int64_t n = count - off < piece ? count - off : piece;
+    char *at = (char *)buf + (size_t)off * es;
+    if (owned) {
+      GS_CHECK(chunked_bcast(c, at, n, dtype, root));
+      continue;
+    }
+    if (c->rank == root) memcpy(b, at, (size_t)n * es);
+    GS_CHECK(chunked_bcast(c, b, n, dtype, root));
+    if (c->rank != root) memcpy(at, b, (size_t)n * es);
+  }
+  return GS_SUCCESS;
 }
 
 static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
@@ -118,8 +141,37 @@ static int fits_int(const int64_t *v, int n) {
   return 1;
 }
 
+/* Elements from the start of a per-rank layout to the end of its last block. */
+static int64_t extent(const int64_t *counts, const int64_t *displs, int p) {
+  int64_t end = 0;
+  for (int r = 0; r < p; r++)
+    if (counts[r] > 0 && displs[r] + counts[r] > end) end = displs[r] + counts[r];
+  return end;
+}
+
+static gs_status_t allgatherv_at(gs_comm_t c, void *recv, const int64_t *counts,
+                                 const int64_t *displs, gs_dtype_t dtype);
+
+/* In the bounce buffer unless recv is the communicator's (owned.c). */
 static gs_status_t mpi_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
                                   const int64_t *displs, gs_dtype_t dtype) {
+  size_t es = gs_dtype_size(dtype);
+  int p = c->size, me = c->rank;
+  size_t bytes = (size_t)extent(counts, displs, p) * es;
+  if (gs_mpi_owned(c, recv, bytes)) return allgatherv_at(c, recv, counts, displs, dtype);
+  char *b = NULL;
+  GS_CHECK(gs_bounce_reserve(c, bytes, (void **)&b));
+  if (counts[me] > 0)
+    memcpy(b + displs[me] * es, (char *)recv + displs[me] * es, (size_t)counts[me] * es);
+  GS_CHECK(allgatherv_at(c, b, counts, displs, dtype));
+  for (int r = 0; r < p; r++)
+    if (r != me && counts[r] > 0)
+      memcpy((char *)recv + displs[r] * es, b + displs[r] * es, (size_t)counts[r] * es);
+  return GS_SUCCESS;
+}
+
+static gs_status_t allgatherv_at(gs_comm_t c, void *recv, const int64_t *counts,
+                                 const int64_t *displs, gs_dtype_t dtype) {
   MPI_Datatype dt = MPI_DATATYPE_NULL;
   GS_CHECK(gs_mpi_datatype(dtype, &dt));
   size_t es = gs_dtype_size(dtype);
@@ -149,8 +201,29 @@ static gs_status_t mpi_allgatherv(gs_comm_t c, void *recv, const int64_t *counts
   return GS_SUCCESS;
 }
 
+static gs_status_t reduce_scatter_at(gs_comm_t c, const void *send, void *recv,
+                                     const int64_t *counts, gs_dtype_t dtype, gs_op_t op);
+
+/* Both sides in the bounce buffer unless they are the communicator's. */
 static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
                                       const int64_t *counts, gs_dtype_t dtype, gs_op_t op) {
+  size_t es = gs_dtype_size(dtype);
+  int64_t total = 0;
+  for (int r = 0; r < c->size; r++) total += counts[r];
+  size_t sbytes = (size_t)total * es, rbytes = (size_t)counts[c->rank] * es;
+  if (gs_mpi_owned(c, send, sbytes) && gs_mpi_owned(c, recv, rbytes))
+    return reduce_scatter_at(c, send, recv, counts, dtype, op);
+  size_t at = (sbytes + 63) / 64 * 64; /* the received block, 64-byte aligned */
+  char *b = NULL;
+  GS_CHECK(gs_bounce_reserve(c, at + rbytes, (void **)&b));
+  if (sbytes) memcpy(b, send, sbytes);
+  GS_CHECK(reduce_scatter_at(c, b, b + at, counts, dtype, op));
+  if (rbytes) memcpy(recv, b + at, rbytes);
+  return GS_SUCCESS;
+}
+
+static gs_status_t reduce_scatter_at(gs_comm_t c, const void *send, void *recv,
+                                     const int64_t *counts, gs_dtype_t dtype, gs_op_t op) {
   MPI_Datatype dt = MPI_DATATYPE_NULL;
   MPI_Op mop = MPI_OP_NULL;
   GS_CHECK(gs_mpi_datatype(dtype, &dt));
@@ -190,29 +263,34 @@ static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
   return GS_SUCCESS;
 }
 
-/* Either side may be empty; chunks of GRADSYNC_MPI_MAX_COUNT elements. */
+/* Either side may be empty; pieces of bounce_piece elements, through the
+ * bounce buffer unless both sides are the communicator's. */
 static gs_status_t mpi_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
                                 int64_t rcount, gs_dtype_t dtype, int peer) {
   MPI_Datatype dt;
   GS_CHECK(gs_mpi_datatype(dtype, &dt));
   size_t es = gs_dtype_size(dtype);
-  int64_t chunk = gs_env_mpi_max_count();
+  int64_t chunk = bounce_piece(dtype);
+  char *b = NULL;
+  if (!gs_mpi_owned(c, sbuf, (size_t)scount * es) || !gs_mpi_owned(c, rbuf, (size_t)rcount * es))
+    GS_CHECK(gs_bounce_reserve(c, 2 * (size_t)chunk * es, (void **)&b));
   if (scount) gs_count_message(c, scount, dtype);
   for (int64_t off = 0; off < scount || off < rcount; off += chunk) {
     int sn = (int)(scount - off > chunk ? chunk : (scount > off ? scount - off : 0));
     int rn = (int)(rcount - off > chunk ? chunk : (rcount > off ? rcount - off : 0));
     MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    const char *s = (const char *)sbuf + (size_t)off * es;
+    char *r = (char *)rbuf + (size_t)off * es;
+    if (b && sn) s = memcpy(b, s, (size_t)sn * es);
+    char *into = b ? b + (size_t)chunk * es : r;
     if (rn)
-      GS_MPI_CHECK(
-          MPI_Irecv((char *)rbuf + (size_t)off * es, rn, dt, peer, XCHG_TAG, c->mpi, &req[0]),
-          "exchange: MPI_Irecv");
+      GS_MPI_CHECK(MPI_Irecv(into, rn, dt, peer, XCHG_TAG, c->mpi, &req[0]), "exchange: MPI_Irecv");
     if (sn)
-      GS_MPI_CHECK(
-          MPI_Isend((const char *)sbuf + (size_t)off * es, sn, dt, peer, XCHG_TAG, c->mpi, &req[1]),
-          "exchange: MPI_Isend");
+      GS_MPI_CHECK(MPI_Isend(s, sn, dt, peer, XCHG_TAG, c->mpi, &req[1]), "exchange: MPI_Isend");
     for (int k = 0; k < 2; k++)
       if (req[k] != MPI_REQUEST_NULL)
         GS_CHECK(gs_mpi_wait(&req[k], k ? "exchange: send" : "exchange: receive", NULL, NULL));
+    if (b && rn) memcpy(r, into, (size_t)rn * es);
   }
   return GS_SUCCESS;
 }

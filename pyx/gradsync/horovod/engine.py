@@ -166,7 +166,7 @@ class Engine:
         self.timeline = timeline
         self._cv = threading.Condition()
         self._queue = []                      # calls not finished, in submission order
-        self._names = {}                      # name -> its latest call
+        self._names = {}                      # name -> its call, until done and waited for
         self._counters = collections.Counter()   # kind -> unnamed operations so far
         self._negotiating = False
         self._closed = None                   # why, once shut down
@@ -261,10 +261,11 @@ class Engine:
         while not call.done.wait(0.05):
             self.check_notices()
         call.observed = True
-        with self._cv:  # what finished before this wait returns is known finished
-            for other in self._names.values():
-                if other.done.is_set():
-                    other.observed = True
+        with self._cv:  # what finished before this wait returns is known finished,
+            # so its name is free again: forget the call and its tensors (issue 34:
+            # every unnamed call has a name of its own and stayed here for good)
+            for full in [n for n, other in self._names.items() if other.done.is_set()]:
+                del self._names[full]
         if call.state == _RAISED:
             raise call.error
         out = call.result if call.result is not None else call.arrays[:call.ndata]

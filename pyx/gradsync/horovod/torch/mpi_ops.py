@@ -61,15 +61,19 @@ def _sig(tensors, rows_may_differ=False):
     shapes = tuple(tuple(t.shape[1:]) if rows_may_differ else tuple(t.shape) for t in tensors)
     device = tensors[0].device if tensors else None
 
+    def build(full):
+        return [torch.empty(0, dtype=_TORCH_DTYPES[dt.name], device=device)
+                for dt in signature_dtypes(repr((full, shapes)))]
+
     def make(full):
+        if ".noname." in full:  # a name of its own per call: a cache would only grow
+            return build(full)
         key = (full, device, shapes)
         sig = _sig_cache.get(key)
         if sig is None:
             if len(_sig_cache) > 4096:
                 _sig_cache.clear()
-            sig = _sig_cache[key] = [
-                torch.empty(0, dtype=_TORCH_DTYPES[dt.name], device=device)
-                for dt in signature_dtypes(repr((full, shapes)))]
+            sig = _sig_cache[key] = build(full)
         return sig
     return make
 

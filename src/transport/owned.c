@@ -1,0 +1,46 @@
+/* Host memory that MPI is handed (issue 34). MPI over UCX keeps about 150
+ * bytes for every buffer it moves a large message from or into that it has
+ * not seen before (its registration cache; MPICH 5.0.2 with ch4:ucx, as
+ * docs/RELIABILITY.md measures), and never gives them back: a loop that
+ * gets a new output array per call grows by that much per call. So the
+ * host transport hands MPI only memory the communicator owns and keeps --
+ * the fusion buffer, Adasum's scratch, the staging memory, or this bounce
+ * buffer -- and copies the caller's arrays through it. The copies are
+ * cheap next to the transfer; the calls MPI gets, and so the results, are
+ * the same as before, only at other addresses. */
+#include <stdlib.h>
+
+#include "transport/gs_transport.h"
+
+static int inside(const void *p, size_t bytes, const void *buf, size_t have) {
+  const char *a = p, *b = buf;
+  return b && a >= b && a + bytes <= b + have;
+}
+
+int gs_mpi_owned(gs_comm_t c, const void *p, size_t bytes) {
+  if (!p || bytes == 0) return 1;
+  return inside(p, bytes, c->bounce, c->bounce_bytes) ||
+         inside(p, bytes, c->fusion, c->fusion_bytes) ||
+         inside(p, bytes, c->adasum_tmp, c->adasum_tmp_bytes) ||
+         inside(p, bytes, c->pinned, c->pinned_bytes);
+}
+
+gs_status_t gs_bounce_reserve(gs_comm_t c, size_t bytes, void **buf) {
+  if (bytes > c->bounce_bytes || !c->bounce) {
+    size_t want = gs_grow_size(c->bounce_bytes, bytes ? bytes : 64);
+    void *p = NULL;
+    if (posix_memalign(&p, 64, want) != 0)
+      return gs_fail(GS_ERR_NO_MEMORY, "MPI bounce buffer: cannot allocate %zu bytes", want);
+    free(c->bounce);
+    c->bounce = p;
+    c->bounce_bytes = want;
+  }
+  *buf = c->bounce;
+  return GS_SUCCESS;
+}
+
+void gs_bounce_free(gs_comm_t c) {
+  free(c->bounce);
+  c->bounce = NULL;
+  c->bounce_bytes = 0;
+}
