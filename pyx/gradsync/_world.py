@@ -167,8 +167,8 @@ def check_can_join():
             f"gradsync join: {first.split(':', 1)[1].strip()} (MPICH) cannot connect singleton "
             "processes (MPI_Comm_connect/accept fail with 'Local and remote groups ... must not "
             "overlap', MPICH issue 7805). Use MPICH 4.x: `python -m pip install "
-            "'mpich>=4.1,<5'` (what `make deps` installs), or launch with mpiexec/srun "
-            "instead of torchrun")
+            "'mpich>=4.3,<5'` (what `make deps` installs; then `make clean all`), or launch "
+            "with mpiexec/srun instead of torchrun")
 
 
 def _leader_step(rdv, comm, work):

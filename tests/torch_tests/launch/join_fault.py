@@ -1,0 +1,27 @@
+"""One rank of a join-fault test (tests/torch_tests/test_launch.py):
+``python join_fault.py RANK WORLD_SIZE STORE_FILE`` joins gradsync's world
+through a torch FileStore with gs.init and prints the outcome as its last
+line: "joined R of N" or "JoinError: <message>". Exit status 0 either way,
+3 on any other exception."""
+import sys
+import time
+
+import torch.distributed as dist
+
+import gradsync as gs
+
+
+def main(rank, size, path):
+    rank, size = int(rank), int(size)
+    start = time.monotonic()
+    try:
+        world = gs.init(dist.FileStore(path, -1), rank=rank, world_size=size)
+    except gs.JoinError as e:
+        print(f"after {time.monotonic() - start:.1f} s JoinError: {e}", flush=True)
+        return 0
+    print(f"joined {world.Get_rank()} of {world.Get_size()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:]))
