@@ -124,10 +124,10 @@ def test_mpiexec_with_master_and_no_rank(tmp_path):
     assert rec["mpi_world"] == [1, 2]
 
 
-def _join(tmp_path, sizes, timeout_s=4):
+def _join(tmp_path, sizes, timeout_s=4, store=None):
     """Starts one join_fault.py per entry of ``sizes`` (rank i told WORLD_SIZE
     sizes[i]); returns each one's last line."""
-    store = str(tmp_path / "store")
+    store = store or str(tmp_path / "store")
     env = _singleton_env(GRADSYNC_TIMEOUT_SECONDS=timeout_s)
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "join_fault.py"), str(r),
                                str(n), store], env=env, stdout=subprocess.PIPE,
@@ -169,6 +169,26 @@ def test_join_four_ranks(tmp_path):
     """Four singletons join (two rounds) and come out ranked 0..3."""
     outs = _join(tmp_path, [4, 4, 4, 4], timeout_s=120)
     assert outs == [f"joined {r} of 4" for r in range(4)], outs
+
+
+@needs_join
+def test_join_store_goes_away(tmp_path):
+    """The store's host exits while rank 0 waits for rank 1 (never started):
+    rank 0 raises JoinError saying it lost the store."""
+    port = _free_port()
+    host = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, torch.distributed as d; "
+         f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False); "
+         "print('up', flush=True); s.wait(['gradsync/join/1/arrived/0']); time.sleep(1)"],
+        env=_singleton_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "up"
+        outs = _join(tmp_path, [2], timeout_s=60, store=f"tcp:{port}")
+    finally:
+        host.kill()
+        host.wait()
+    # raised on the loss (a timeout would say "waited ... for")
+    assert "JoinError" in outs[0] and "lost the rendezvous store" in outs[0], outs
 
 
 def test_mpich5_is_refused_by_name(monkeypatch):

@@ -1,10 +1,12 @@
 """One rank of a join-fault test (tests/torch_tests/test_launch.py):
-``python join_fault.py RANK WORLD_SIZE STORE_FILE`` joins gradsync's world
-through a torch FileStore with gs.init and prints the outcome as its last
+``python join_fault.py RANK WORLD_SIZE STORE`` joins gradsync's world
+through a torch store with gs.init (STORE: a FileStore's path, or tcp:PORT
+for a TCPStore client of 127.0.0.1:PORT) and prints the outcome as its last
 line: "joined R of N" or "JoinError: <message>". Exit status 0 either way,
 3 on any other exception."""
 import sys
 import time
+from datetime import timedelta
 
 import torch.distributed as dist
 
@@ -14,8 +16,13 @@ import gradsync as gs
 def main(rank, size, path):
     rank, size = int(rank), int(size)
     start = time.monotonic()
+    if path.startswith("tcp:"):
+        store = dist.TCPStore("127.0.0.1", int(path[4:]), is_master=False,
+                              timeout=timedelta(seconds=30))
+    else:
+        store = dist.FileStore(path, -1)
     try:
-        world = gs.init(dist.FileStore(path, -1), rank=rank, world_size=size)
+        world = gs.init(store, rank=rank, world_size=size)
     except gs.JoinError as e:
         print(f"after {time.monotonic() - start:.1f} s JoinError: {e}", flush=True)
         return 0
