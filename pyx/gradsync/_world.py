@@ -273,8 +273,10 @@ def join(store, rank, size, timeout=None):
 
 
 def env_store(rank, size, timeout):
-    """A torch TCPStore from MASTER_ADDR/MASTER_PORT (the torchrun agent's,
-    or rank 0's when no agent runs one)."""
+    """A torch TCPStore at MASTER_ADDR/MASTER_PORT, made as torch's env://
+    rendezvous makes it: a client of torchrun's agent store (a new one for
+    every restart), else hosted by rank 0, multi-tenant, so torch's own
+    rendezvous later in this process shares that server."""
     try:
         from datetime import timedelta
 
@@ -285,8 +287,8 @@ def env_store(rank, size, timeout):
             "or pass store= to gs.init") from e
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
     return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), size,
-                         is_master=(rank == 0 and not agent), timedelta=timedelta(seconds=timeout),
-                         wait_for_workers=False)
+                         is_master=(rank == 0 and not agent), timeout=timedelta(seconds=timeout),
+                         wait_for_workers=False, multi_tenant=not agent)
 
 
 def _env_int(var):

@@ -80,12 +80,15 @@ def _check_records(out_dir, size, log):
 
 
 @needs_join
-@pytest.mark.parametrize("nproc", [2, 3])
-def test_torchrun_standalone(tmp_path, nproc):
+@pytest.mark.parametrize("nproc,mode", [(2, ""), (3, "communicator-first")])
+def test_torchrun_standalone(tmp_path, nproc, mode):
     """torchrun --standalone starts N singletons; init_process_group("gradsync")
-    and gs.Communicator() see one world of N ranks numbered as torchrun did."""
+    and gs.Communicator() see one world of N ranks numbered as torchrun did,
+    whichever comes first (a Communicator first joins from torchrun's
+    environment, and torch's group then reuses that world)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", os.path.join(HERE, "worker.py"), str(tmp_path)]
+           f"--nproc_per_node={nproc}", os.path.join(HERE, "worker.py"), str(tmp_path)] + \
+        ([mode] if mode else [])
     rc, log = _run(cmd, _singleton_env())
     assert rc == 0, log[-6000:]
     rec = _check_records(str(tmp_path), nproc, log)

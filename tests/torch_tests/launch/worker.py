@@ -1,10 +1,13 @@
 """One rank of a launch test (tests/torch_tests/test_launch.py): started by
 torchrun, torch's spawn harness or the test itself, never by mpiexec.
 
-``python worker.py OUT_DIR [init_method]``: joins the "gradsync" process
-group (env:// unless an init_method is given, with RANK and WORLD_SIZE from
-the environment), allreduces a float64 tensor through torch.distributed and a
-NumPy array through a plain gs.Communicator(), and writes what it saw to
+``python worker.py OUT_DIR [init_method | communicator-first]``: joins the
+"gradsync" process group (env:// unless an init_method is given, with RANK
+and WORLD_SIZE from the environment; with ``communicator-first`` a plain
+gs.Communicator() is made before init_process_group, so gradsync joins from
+the environment and torch's group reuses that world), allreduces a float64
+tensor through torch.distributed and a NumPy array through a plain
+gs.Communicator(), and writes what it saw to
 OUT_DIR/rank<R>.json for the test to check against NumPy.
 """
 import json
@@ -26,14 +29,15 @@ def contribution(rank, n=5):
 
 def main(out_dir, init_method=None):
     kwargs = {}
-    if init_method:
+    first = gs.Communicator() if init_method == "communicator-first" else None
+    if init_method and not first:
         kwargs = {"init_method": init_method, "rank": int(os.environ["RANK"]),
                   "world_size": int(os.environ["WORLD_SIZE"])}
     dist.init_process_group("gradsync", **kwargs)
     rank, size = dist.get_rank(), dist.get_world_size()
     t = torch.from_numpy(contribution(rank))
     dist.all_reduce(t)
-    comm = gs.Communicator()
+    comm = first or gs.Communicator()
     x = contribution(rank)
     comm.allreduce_(x)
     gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
