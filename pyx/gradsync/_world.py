@@ -207,9 +207,13 @@ def _merge_round(rdv, comm, k):
         if acceptor:
             def publish_and_wait():
                 opened = MPI.Open_port()
-                rdv.set(name + "/port", opened.encode())
-                rdv.get(name + "/ready", f"rank {peer} to join ranks {lead}.. in round {k}")
-                rdv.same_size(peer)
+                try:
+                    rdv.set(name + "/port", opened.encode())
+                    rdv.get(name + "/ready", f"rank {peer} to join ranks {lead}.. in round {k}")
+                    rdv.same_size(peer)
+                except BaseException:
+                    MPI.Close_port(opened)  # no one will connect: closed here
+                    raise
                 return opened
             port = _leader_step(rdv, comm, publish_and_wait)
             inter = comm.Accept(port if comm.Get_rank() == 0 else None, root=0)
