@@ -92,10 +92,10 @@ class _Rendezvous:
         """The value of ``name`` once set; JoinError at the deadline (naming
         ``waiting_for`` and the ranks that never arrived) or on an abort."""
         while True:
+            if self._has("abort"):  # first: a port published before an abort is stale
+                raise JoinError(bytes(self.store.get(self.key("abort"))).decode())
             if self._has(name):
                 return bytes(self.store.get(self.key(name)))
-            if self._has("abort"):
-                raise JoinError(bytes(self.store.get(self.key("abort"))).decode())
             if time.monotonic() > self.deadline:
                 raise JoinError(self._late(waiting_for))
             time.sleep(_POLL_SECONDS)

@@ -133,7 +133,7 @@ def _join(tmp_path, sizes, timeout_s=4, store=None):
     store = store or str(tmp_path / "store")
     env = _singleton_env(GRADSYNC_TIMEOUT_SECONDS=timeout_s)
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "join_fault.py"), str(r),
-                               str(n), store], env=env, stdout=subprocess.PIPE,
+                               str(n), store, str(len(sizes))], env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, text=True)
              for r, n in enumerate(sizes)]
     outs = []
