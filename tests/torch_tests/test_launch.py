@@ -8,6 +8,7 @@ These tests start their own processes, so they run at one MPI rank only
 (skipped at more); the processes they start get an environment without the
 outer mpiexec's PMI variables, as a torchrun launch has.
 """
+import faulthandler
 import json
 import os
 import shutil
@@ -27,7 +28,16 @@ pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1,
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch")
 TOP = os.path.dirname(os.path.dirname(HERE))
-LAUNCH_SECONDS = 300  # a bound for a whole launch on a loaded two-core machine
+LAUNCH_SECONDS = 600  # a bound for a whole launch on a loaded two-core machine
+
+
+@pytest.fixture(autouse=True)
+def _launch_watchdog():
+    """The suite's 180 s watchdog (conftest) re-armed above LAUNCH_SECONDS:
+    these tests wait for whole launches, each bounded by LAUNCH_SECONDS."""
+    faulthandler.dump_traceback_later(LAUNCH_SECONDS + 120, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
 
 
 def _can_join():
