@@ -28,7 +28,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: check-install all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
+.PHONY: check-install all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream torch-upstream-spawn demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
 
 all: build
 
@@ -288,6 +288,21 @@ torch-upstream: build
 	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/torch_tests/test_torch_upstream.py \
 	        >/dev/null 2>&1; \
 	    echo "$$n ranks, $$b: $$(cut -d' ' -f1 build/torch-upstream/$$b-$$n.txt | sort | uniq -c | tr -s ' \n' ' ')"; \
+	done; done
+
+# torch's own suite through torch's own spawn harness (TestDistBackend: each
+# test spawns its ranks, MPI singletons that gradsync joins through file://),
+# gradsync and gloo, at each size of UPSTREAM_NP_LIST; UPSTREAM_SPAWN_K picks
+# the tests (unittest -k patterns, OR-ed; empty: all 285, each spawning its
+# ranks afresh: hours on two cores, so the default is a small sample).
+UPSTREAM_SPAWN_K ?= -k test_all_reduce_sum
+torch-upstream-spawn: build
+	@mkdir -p build/torch-upstream
+	@for n in $(UPSTREAM_NP_LIST); do for b in gloo gradsync; do \
+	    BACKEND=$$b WORLD_SIZE=$$n timeout $(TEST_TIMEOUT) $(PYTHON) \
+	        tests/torch_tests/launch/dist_suite.py $(UPSTREAM_SPAWN_K) \
+	        >build/torch-upstream/spawn-$$b-$$n.txt 2>&1; \
+	    echo "$$n ranks, $$b: $$(grep -E '^(Ran|OK|FAILED)' build/torch-upstream/spawn-$$b-$$n.txt | tr '\n' ' ')"; \
 	done; done
 
 # make demo DEMO_ARGS="--backend torch-ddp": DDP on the gradsync torch backend

@@ -192,6 +192,11 @@ class BuildWithRuntime(build_ext):
         return flags, objects, libs
 
 
+# The mpich wheel gradsync builds and runs with: below 5, since MPICH 5.0.x
+# cannot connect singleton processes (a torchrun launch; docs/DECISIONS.md).
+MPICH_WHEEL = "mpich>=4.3,<5"
+
+
 def runtime_mpi():
     """What the built library needs at run time: the mpich wheel when it was
     built against that wheel's MPI (as pip's build environment does, mpich
@@ -205,7 +210,7 @@ def runtime_mpi():
     except Exception:
         return []
     if any(f.name == "mpicc" and os.path.realpath(dist.locate_file(f)) == mpicc for f in files):
-        return ["mpich"]
+        return [MPICH_WHEEL]
     return []
 
 

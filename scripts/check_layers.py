@@ -77,8 +77,9 @@ PYX = os.path.join(TOP, "pyx")
 
 # The Python package's layers, bottom first: (name, what, module prefixes).
 PY_LAYERS = [
-    ("binding", "the Cython extension and what it needs: MPI start-up, argument helpers, ops",
-     ["gradsync._core", "gradsync._mpi", "gradsync._args", "gradsync.ops"]),
+    ("binding", "the Cython extension and what it needs: MPI start-up, gradsync's world (MPI's "
+     "or joined from singletons), argument helpers, ops",
+     ["gradsync._core", "gradsync._mpi", "gradsync._world", "gradsync._args", "gradsync.ops"]),
     ("compose", "classes over the binding: Communicator, its exchange collectives, arenas, "
      "kernels, partitions, shard layouts",
      ["gradsync.exchange", "gradsync.communicator", "gradsync.arena", "gradsync.kernels",

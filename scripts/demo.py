@@ -136,17 +136,17 @@ def backend(comm, args):
 def main(argv=None):
     args = parse_args(argv)
     try:
-        comm = gs.Communicator()       # wraps a duplicate of mpi4py's COMM_WORLD
+        comm = gs.Communicator()       # a duplicate of gradsync's world: COMM_WORLD under mpiexec
         try:
             status = train(comm, args, backend(comm, args))
         finally:
             comm.close()
     except Exception:
         # One rank failing alone would leave the others waiting in a collective.
-        sys.stderr.write("demo: rank %d failed:\n%s" % (MPI.COMM_WORLD.rank,
+        sys.stderr.write("demo: rank %d failed:\n%s" % (gs.world().rank,
                                                         traceback.format_exc()))
         sys.stderr.flush()
-        MPI.COMM_WORLD.Abort(1)
+        gs.world().Abort(1)
         return 1
     return status
 

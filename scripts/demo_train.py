@@ -159,7 +159,7 @@ class Run:
         mine = h.digest()
         via_gs = self.comm.allgather(np.frombuffer(mine, dtype=np.uint8).copy())
         via_gs = [bytes(row) for row in np.asarray(via_gs).reshape(self.comm.size, len(mine))]
-        via_mpi = MPI.COMM_WORLD.allgather(mine)
+        via_mpi = gs.world().allgather(mine)  # MPI's world, or the one torchrun's joined
         if via_gs != via_mpi:
             return via_mpi, "gradsync allgather of the digests disagrees with mpi4py's allgather"
         return via_mpi, None

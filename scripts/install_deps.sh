@@ -31,10 +31,20 @@ if [ -n "${MPICC:-}" ]; then
     MPICC="$MPICC" pip_install --no-binary=mpi4py --no-cache-dir "mpi4py>=3.1"
   fi
 else
-  if ! command -v mpicc >/dev/null 2>&1 && [ ! -x "$scripts/mpicc" ]; then
-    echo "gradsync: no mpicc found: installing MPICH from PyPI (the mpich wheel)"
-    pip_install mpich
-  fi
+  # The mpich wheel, below 5: MPICH 5.0.x cannot connect singleton processes,
+  # which is how gradsync joins a torchrun launch (docs/DECISIONS.md). A 5.x
+  # wheel already here is replaced; mpi4py's PyPI wheel loads whichever
+  # mpich wheel is installed (libmpi.so.12), so it stays.
+  mpich_wheel="mpich>=4.3,<5"
+  have=$("$PY" -c "from importlib.metadata import version; print(version('mpich'))" 2>/dev/null || true)
+  case "$have" in
+    5.*) echo "gradsync: replacing the mpich $have wheel with $mpich_wheel (docs/DECISIONS.md)"
+         pip_install "$mpich_wheel" ;;
+    "") if ! command -v mpicc >/dev/null 2>&1 && [ ! -x "$scripts/mpicc" ]; then
+          echo "gradsync: no mpicc found: installing MPICH from PyPI (the mpich wheel)"
+          pip_install "$mpich_wheel"
+        fi ;;
+  esac
   "$PY" -c "import mpi4py" 2>/dev/null || pip_install "mpi4py>=4.0"
 fi
 

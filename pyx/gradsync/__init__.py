@@ -32,6 +32,7 @@ from gradsync._core import (  # noqa: E402
     stop_timeline,
     to_device,
 )
+from gradsync._world import JoinError, init, world  # noqa: E402
 from gradsync.arena import Arena  # noqa: E402
 from gradsync.communicator import Communicator  # noqa: E402
 from gradsync.kernels import accumulate_, accumulate_v2_, all_finite, scale_, zero_  # noqa: E402
@@ -87,8 +88,8 @@ def _nccl_version(v):
 
 __all__ = [
     "AllSumReduce", "Arena", "ArgumentError", "ClosedError", "Communicator", "DeviceArray",
-    "DtypeError", "Error", "MismatchError", "Op", "Request", "Partition", "ShardLayout",
-    "TimeoutError", "UnsupportedError", "accumulate_", "accumulate_v2_", "all_finite", "bfloat16",
-    "build_info", "scale_", "set_timeout", "start_timeline", "stop_timeline", "to_device", "zero_",
-    "zero_volume_array",
+    "DtypeError", "Error", "JoinError", "MismatchError", "Op", "Request", "Partition",
+    "ShardLayout", "TimeoutError", "UnsupportedError", "accumulate_", "accumulate_v2_",
+    "all_finite", "bfloat16", "build_info", "init", "scale_", "set_timeout", "start_timeline",
+    "stop_timeline", "to_device", "world", "zero_", "zero_volume_array",
 ]

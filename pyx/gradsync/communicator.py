@@ -2,7 +2,7 @@
 import numpy as np
 from mpi4py import MPI  # gradsync/__init__ loads it first, at gradsync's thread level
 
-from gradsync import _core
+from gradsync import _core, _world
 from gradsync._args import _answer, _as_list, _label, _row_shape
 from gradsync.exchange import ExchangeCollectives
 
@@ -11,7 +11,8 @@ _default = None
 
 
 def default_communicator(comm=None):
-    """``comm``, else the one Communicator over COMM_WORLD that gradsync's
+    """``comm``, else the one Communicator over gradsync's world (MPI_COMM_WORLD,
+    or the world joined by gs.init / the torch backend) that gradsync's
     adapters (gradsync.torch, gradsync.jax) share, created on first use: a
     collective call, so every rank makes its first such call together."""
     global _default
@@ -25,7 +26,11 @@ def default_communicator(comm=None):
 class Communicator(_core.CommunicatorBase, ExchangeCollectives):
     """A group of ranks that run collectives together.
 
-    ``Communicator()`` duplicates mpi4py's COMM_WORLD; ``Communicator(comm)``
+    ``Communicator()`` duplicates gradsync's world: mpi4py's COMM_WORLD under
+    mpiexec/srun, the joined world after ``gs.init`` or the torch backend's
+    init, and, for MPI singletons whose environment names a torchrun-style
+    rendezvous (RANK, WORLD_SIZE>1, MASTER_ADDR, MASTER_PORT), the world it
+    joins then (docs/GUIDE.md, "Launching"); ``Communicator(comm)``
     duplicates any mpi4py intracommunicator. ``fusion_threshold`` (bytes)
     caps one fused message (default: GRADSYNC_FUSION_THRESHOLD, else 128 MiB);
     ``stall_seconds`` is how long a rank waits for the others before it warns
@@ -42,7 +47,7 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
         if adasum not in ("flat", "hierarchical"):
             raise ValueError(f"adasum must be 'flat' or 'hierarchical', got {adasum!r}")
         if _handle is None:
-            mpi_comm = MPI.COMM_WORLD if mpi_comm is None else mpi_comm
+            mpi_comm = _world.auto_world() if mpi_comm is None else mpi_comm
             if not isinstance(mpi_comm, MPI.Intracomm):
                 raise TypeError("mpi_comm must be an mpi4py intracommunicator, got "
                                 f"{type(mpi_comm).__name__}")

@@ -12,9 +12,11 @@ tensors, so existing training code changes only the backend name::
 Under ``mpiexec`` no MASTER_ADDR/MASTER_PORT, store or other environment is
 needed: when the environment names no master, the ``env://`` rendezvous
 (torch's default) takes rank and world size from MPI instead
-(``init_method="gradsync://"`` asks for that explicitly). A store passed by the
-user, or torchrun-style variables, are accepted: torch's rank and world size
-must then be MPI's, and the store is not used by gradsync.
+(``init_method="gradsync://"`` asks for that explicitly); with MASTER_ADDR/
+MASTER_PORT set, RANK and WORLD_SIZE default to MPI's. Processes that are MPI
+singletons (torchrun, torch's spawn harness, mp.spawn) are joined into one MPI
+world through the store torch's rendezvous made (env://, tcp://, file:// or
+store=): gradsync._world, docs/TORCH_BACKEND.md "Launching".
 
 ``dist.new_group(ranks)`` and ``dist.new_subgroups`` get gradsync
 communicators over exactly those ranks (MPI_Comm_create_group, which only the
@@ -30,6 +32,7 @@ from datetime import timedelta
 import torch.distributed as dist
 
 import gradsync as gs
+from gradsync import _world
 from gradsync.torch.distributed._backend import ProcessGroupGradsync
 
 __all__ = ["ProcessGroupGradsync", "BACKEND", "mpi_launched"]
@@ -42,9 +45,7 @@ _MASTER_VARS = ("MASTER_ADDR", "MASTER_PORT")
 
 def mpi_launched():
     """Whether this process runs under an MPI launcher (its world is MPI's)."""
-    return gs.MPI.COMM_WORLD.Get_size() > 1 or any(
-        v in os.environ for v in ("PMI_RANK", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "PMIX_RANK",
-                                  "HYDRA_CONTROL_FD"))
+    return _world.mpi_launched()
 
 
 class _NoStore(dist.Store):
@@ -86,10 +87,30 @@ def _mpi_rendezvous(url, timeout=timedelta(minutes=30), **kwargs):
     raise RuntimeError("gradsync rendezvous: cannot re-rendezvous")
 
 
+def _with_mpi_numbering(url):
+    """env:// under an MPI launcher with MASTER_ADDR/MASTER_PORT set: the
+    rank and world size torch's rendezvous reads come from MPI when RANK or
+    WORLD_SIZE is unset (checked against MPI when set)."""
+    rank, size = gs.MPI.COMM_WORLD.Get_rank(), gs.MPI.COMM_WORLD.Get_size()
+    for var, mpi_value in (("RANK", rank), ("WORLD_SIZE", size)):
+        given = os.environ.get(var)
+        if given not in (None, "") and int(given) != mpi_value:
+            raise ValueError(f"gradsync rendezvous: {var}={given} in the environment but MPI "
+                             f"says {mpi_value}; unset it, or launch with mpiexec only")
+    query = [q for q in ([url.split("?", 1)[1]] if "?" in url else []) if q]
+    if "rank=" not in url:
+        query.append(f"rank={rank}")
+    if "world_size=" not in url:
+        query.append(f"world_size={size}")
+    return url.split("?", 1)[0] + "?" + "&".join(query)
+
+
 def _env_or_mpi(torch_env):
     def handler(url, timeout=timedelta(minutes=30), **kwargs):
-        if all(os.environ.get(v) for v in _MASTER_VARS) or not mpi_launched():
+        if not mpi_launched():
             return torch_env(url, timeout=timeout, **kwargs)
+        if all(os.environ.get(v) for v in _MASTER_VARS):
+            return torch_env(_with_mpi_numbering(url), timeout=timeout, **kwargs)
         return _mpi_rendezvous(url, timeout=timeout, **kwargs)
     handler.gradsync_wraps = torch_env
     return handler
@@ -104,10 +125,10 @@ def _install_rendezvous():
 
 
 def _group_comm(ranks, group_id):
-    """A Communicator over exactly `ranks` of COMM_WORLD, ranked in the order
+    """A Communicator over exactly `ranks` of gradsync's world, ranked in the order
     torch lists them (``new_group(sort_ranks=False)`` keeps the caller's
     order: group rank i is global rank ranks[i]); only they call this."""
-    world = gs.MPI.COMM_WORLD
+    world = _world.world()
     group = world.Get_group().Incl(list(ranks))
     tag = zlib.crc32(str(group_id).encode()) % 16384  # the same on every member
     sub = world.Create_group(group, tag)
@@ -122,19 +143,37 @@ def _timeout_seconds(timeout):
     return timeout.total_seconds() if isinstance(timeout, timedelta) else None
 
 
+def _default_world(backend_opts):
+    """The world group's MPI communicator: MPI_COMM_WORLD under an MPI
+    launcher (torch's numbering must be MPI's), else the singletons joined
+    through the store torch hands the backend (env://, tcp://, file://,
+    store=), with torch's ranks."""
+    rank, size = backend_opts.group_rank, backend_opts.group_size
+    world = gs.MPI.COMM_WORLD
+    if mpi_launched() or size == 1 or (_world.joined() and (rank, size) == (
+            _world.world().Get_rank(), _world.world().Get_size())):
+        world = _world.world()
+        if (size, rank) != (world.Get_size(), world.Get_rank()):
+            raise RuntimeError(
+                f"gradsync backend: torch says rank {rank} of {size}, MPI says rank "
+                f"{world.Get_rank()} of {world.Get_size()}: under mpiexec/srun torch's rank and "
+                "world size must be MPI's (unset RANK and WORLD_SIZE, gradsync fills them in)")
+        return world
+    if _world.joined():
+        raise RuntimeError(
+            f"gradsync backend: torch says rank {rank} of {size}, but gradsync's world is "
+            f"already joined as rank {_world.world().Get_rank()} of "
+            f"{_world.world().Get_size()} in this process")
+    seconds = None if os.environ.get("GRADSYNC_TIMEOUT_SECONDS") else _timeout_seconds(
+        backend_opts.timeout)
+    return _world.join(backend_opts.store, rank, size, seconds)
+
+
 def _create(backend_opts, pg_options=None):
     """torch's extended-API creator: the world group, or a subgroup."""
     ranks = list(backend_opts.global_ranks_in_group)
-    world = gs.MPI.COMM_WORLD
     if not ranks:  # the default group
-        if (backend_opts.group_size, backend_opts.group_rank) != (world.Get_size(),
-                                                                  world.Get_rank()):
-            raise RuntimeError(
-                f"gradsync backend: torch says rank {backend_opts.group_rank} of "
-                f"{backend_opts.group_size}, MPI says rank {world.Get_rank()} of "
-                f"{world.Get_size()}. gradsync's processes must be launched by mpiexec (or "
-                "srun), with torch's rank and world size equal to MPI's")
-        comm = gs.Communicator()
+        comm = gs.Communicator(_default_world(backend_opts))
         seconds = _timeout_seconds(backend_opts.timeout)
         if seconds and not os.environ.get("GRADSYNC_TIMEOUT_SECONDS"):
             gs.set_timeout(seconds)  # the process group's timeout, as gloo and NCCL use theirs

@@ -1,0 +1,228 @@
+"""Launching gradsync without mpiexec (issue 29; docs/TORCH_BACKEND.md,
+"Launching"): torchrun, torch's own spawn harness, and an MPI launcher with
+MASTER_ADDR/MASTER_PORT but no RANK, each starting one gradsync world whose
+allreduce matches NumPy; and the join's faults (a rank that never arrives,
+a wrong WORLD_SIZE) ending in an error on every rank that names them.
+
+These tests start their own processes, so they run at one MPI rank only
+(skipped at more); the processes they start get an environment without the
+outer mpiexec's PMI variables, as a torchrun launch has.
+"""
+import faulthandler
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import gradsync as gs
+from gradsync import _world
+
+pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1,
+                                reason="starts its own processes: runs at one MPI rank")
+
+HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch")
+TOP = os.path.dirname(os.path.dirname(HERE))
+LAUNCH_SECONDS = 600  # a bound for a whole launch on a loaded two-core machine
+
+
+@pytest.fixture(autouse=True)
+def _launch_watchdog():
+    """The suite's 180 s watchdog (conftest) re-armed above LAUNCH_SECONDS:
+    these tests wait for whole launches, each bounded by LAUNCH_SECONDS."""
+    faulthandler.dump_traceback_later(LAUNCH_SECONDS + 120, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()
+
+
+def _can_join():
+    try:
+        _world.check_can_join()
+    except gs.UnsupportedError as e:
+        return str(e)
+    return ""
+
+
+needs_join = pytest.mark.skipif(bool(_can_join()), reason=_can_join() or "")
+
+
+def _singleton_env(**extra):
+    """This environment less what an MPI launcher put there (the processes
+    started from it are MPI singletons, as torchrun's are)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_", "MPIR_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(TOP, "pyx"), TOP] +
+                                        [p for p in [os.environ.get("PYTHONPATH")] if p])
+    env.setdefault("GRADSYNC_TIMEOUT_SECONDS", "120")
+    env["OMP_NUM_THREADS"] = "1"
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def _run(cmd, env, timeout=LAUNCH_SECONDS):
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    return out.returncode, out.stdout + out.stderr
+
+
+def _contribution(rank, n=5):
+    return np.arange(n, dtype=np.float64) * (rank + 1) + 0.25 * rank  # worker.py's
+
+
+def _check_records(out_dir, size, log):
+    expected = sum(_contribution(r) for r in range(size))
+    for rank in range(size):
+        path = os.path.join(out_dir, f"rank{rank}.json")
+        assert os.path.exists(path), f"rank {rank} wrote nothing:\n{log[-4000:]}"
+        with open(path) as f:
+            rec = json.load(f)
+        assert (rec["rank"], rec["size"]) == (rank, size)
+        assert (rec["gs_rank"], rec["gs_size"]) == (rank, size)  # gs.Communicator() too
+        np.testing.assert_array_equal(rec["torch_sum"], expected)
+        np.testing.assert_array_equal(rec["gs_sum"], expected)
+        assert rec["gathered"] == list(range(size))
+    return rec
+
+
+@needs_join
+@pytest.mark.parametrize("nproc,mode", [(2, ""), (3, "communicator-first")])
+def test_torchrun_standalone(tmp_path, nproc, mode):
+    """torchrun --standalone starts N singletons; init_process_group("gradsync")
+    and gs.Communicator() see one world of N ranks numbered as torchrun did,
+    whichever comes first (a Communicator first joins from torchrun's
+    environment, and torch's group then reuses that world)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+           f"--nproc_per_node={nproc}", os.path.join(HERE, "worker.py"), str(tmp_path)] + \
+        ([mode] if mode else [])
+    rc, log = _run(cmd, _singleton_env())
+    assert rc == 0, log[-6000:]
+    rec = _check_records(str(tmp_path), nproc, log)
+    assert rec["mpi_world"] == [0, 1]  # singletons: the world is the joined one
+
+
+@needs_join
+def test_torch_spawn_harness():
+    """torch's MultiProcessTestCase spawns the ranks itself; file:// and
+    tcp:// init_method both start a gradsync world (spawn_case.py)."""
+    rc, log = _run([sys.executable, os.path.join(HERE, "spawn_case.py")],
+                   _singleton_env(GS_LAUNCH_WORLD_SIZE=2))
+    assert rc == 0 and "Ran 2 tests" in log and "\nOK" in log, log[-6000:]
+
+
+def _mpiexec():
+    near = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return near if os.path.exists(near) else shutil.which("mpiexec")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec")
+def test_mpiexec_with_master_and_no_rank(tmp_path):
+    """mpiexec with MASTER_ADDR/MASTER_PORT set (for a side gloo group) and
+    no RANK/WORLD_SIZE: torch's env:// rendezvous takes them from MPI."""
+    env = _singleton_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=_free_port())
+    rc, log = _run([_mpiexec(), "-n", "2", sys.executable, os.path.join(HERE, "worker.py"),
+                    str(tmp_path)], env)
+    assert rc == 0, log[-6000:]
+    rec = _check_records(str(tmp_path), 2, log)
+    assert rec["mpi_world"] == [1, 2]
+
+
+def _join(tmp_path, sizes, timeout_s=4, store=None):
+    """Starts one join_fault.py per entry of ``sizes`` (rank i told WORLD_SIZE
+    sizes[i]); returns each one's last line."""
+    store = store or str(tmp_path / "store")
+    env = _singleton_env(GRADSYNC_TIMEOUT_SECONDS=timeout_s)
+    procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "join_fault.py"), str(r),
+                               str(n), store, str(len(sizes))], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True)
+             for r, n in enumerate(sizes)]
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=LAUNCH_SECONDS)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out = p.communicate()[0] + "\n<hung>"
+        assert p.returncode == 0, out[-4000:]
+        outs.append(out.strip().splitlines()[-1])
+    return outs
+
+
+@needs_join
+def test_join_rank_never_arrives(tmp_path):
+    """WORLD_SIZE=3 and only ranks 0 and 1 started: both raise JoinError
+    naming rank 2, within the timeout (no hang in MPI_Comm_accept)."""
+    outs = _join(tmp_path, [3, 3])
+    for line in outs:
+        assert "JoinError" in line and "rank(s) 2 of WORLD_SIZE=3 never arrived" in line, outs
+
+
+@needs_join
+def test_join_world_size_differs(tmp_path):
+    """Rank 0 told WORLD_SIZE=2, rank 1 told 3: both raise JoinError naming
+    the two sizes."""
+    outs = _join(tmp_path, [2, 3])
+    for line in outs:
+        assert "JoinError" in line and "WORLD_SIZE differs" in line, outs
+        assert "has 2" in line and "has 3" in line, outs
+
+
+@needs_join
+def test_join_four_ranks(tmp_path):
+    """Four singletons join (two rounds) and come out ranked 0..3."""
+    outs = _join(tmp_path, [4, 4, 4, 4], timeout_s=120)
+    assert outs == [f"joined {r} of 4" for r in range(4)], outs
+
+
+@needs_join
+def test_join_store_goes_away(tmp_path):
+    """The store's host exits while rank 0 waits for rank 1 (never started):
+    rank 0 raises JoinError saying it lost the store."""
+    port = _free_port()
+    host = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time, torch.distributed as d; "
+         f"s = d.TCPStore('127.0.0.1', {port}, is_master=True, wait_for_workers=False); "
+         "print('up', flush=True); s.wait(['gradsync/join/1/arrived/0']); time.sleep(1)"],
+        env=_singleton_env(), stdout=subprocess.PIPE, text=True)
+    try:
+        assert host.stdout.readline().strip() == "up"
+        outs = _join(tmp_path, [2], timeout_s=60, store=f"tcp:{port}")
+    finally:
+        host.kill()
+        host.wait()
+    # raised on the loss (a timeout would say "waited ... for")
+    assert "JoinError" in outs[0] and "lost the rendezvous store" in outs[0], outs
+
+
+def test_mpich5_is_refused_by_name(monkeypatch):
+    """An MPI known to fail connect/accept between singletons (MPICH 5.0.x)
+    is refused before any rank waits, naming it and the fix."""
+    class FakeMPI:
+        @staticmethod
+        def Get_library_version():
+            return "MPICH Version:      5.0.2\nMPICH Release date: x\n"
+
+    monkeypatch.setattr(_world, "MPI", FakeMPI)
+    with pytest.raises(gs.UnsupportedError, match=r"5\.0\.2.*mpich>=4\.3,<5"):
+        _world.check_can_join()
+
+
+def test_init_refuses_missing_rendezvous(monkeypatch):
+    """A singleton told WORLD_SIZE=2 with no store and no MASTER_ADDR raises
+    naming what to set."""
+    for var in _world.LAUNCHER_VARS + ("MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(ValueError, match="MASTER_ADDR"):
+        gs.init()
