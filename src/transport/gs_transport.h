@@ -81,6 +81,17 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
                               gs_dtype_t dtype, gs_op_t op);
 void gs_hier_free(gs_comm_t c);
 
+/* ---- the allreduce in a low-precision wire format (wire.c) -------------- */
+
+/* x (count float32 values, host memory) becomes the sum over mc's ranks,
+ * times post, each input rounded once to `wire` and the result once: a
+ * direct exchange of encoded shards, float32 sums in rank order at each
+ * shard's owner, an allgather of the rounded shards. lost (may be NULL):
+ * += this rank's input rounding, plus its own shard's output rounding
+ * divided by post (error feedback). Every rank of mc gets the same bits. */
+gs_status_t gs_wire_allreduce(gs_comm_t c, MPI_Comm mc, float *x, int64_t count, gs_wire_t wire,
+                              double post, float *lost);
+
 /* ---- MPI's exchange collectives on host memory (mpi_xfer.c) -------------- */
 
 /* One tensor's movement. Per-rank arrays have comm->size entries. */
