@@ -10,7 +10,7 @@ that stays bounded instead of adding up.
 """
 import numpy as np
 
-from gradsync._core import ArgumentError, WIRES
+from gradsync._core import WIRES, ArgumentError
 
 __all__ = ["ErrorFeedback", "WIRES"]
 

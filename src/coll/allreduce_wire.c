@@ -41,8 +41,8 @@ static gs_status_t wire_check(gs_comm_t c, gs_coll_t *d) {
                    d->fn, (int)w->wire);
   if (d->op != GS_OP_SUM && d->op != GS_OP_AVERAGE)
     return gs_fail(GS_ERR_INVALID_ARGUMENT,
-                   "%s: op %s does not take wire %s; a wire format sums (op sum or average)",
-                   d->fn, gs_op_name(d->op), gs_wire_name(w->wire));
+                   "%s: op %s does not take wire %s; a wire format sums (op sum or average)", d->fn,
+                   gs_op_name(d->op), gs_wire_name(w->wire));
   for (int64_t i = 0; i < d->n; i++) {
     if (d->in[i].device.kind == GS_DEVICE_CUDA)
       return gs_fail(GS_ERR_UNSUPPORTED,
@@ -112,9 +112,9 @@ static gs_status_t wire_message(const gs_engine_t *e, const gs_plan_t *plan, con
   return GS_SUCCESS;
 }
 
-gs_status_t gs_allreduce_wire(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out,
-                              int64_t n, gs_op_t op, double prescale, double postscale,
-                              gs_wire_t wire, const gs_tensor_t *residual) {
+gs_status_t gs_allreduce_wire(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
+                              gs_op_t op, double prescale, double postscale, gs_wire_t wire,
+                              const gs_tensor_t *residual) {
   if (wire == GS_WIRE_NONE && !residual)
     return gs_allreduce(c, in, out, n, op, prescale, postscale);
   wire_call_t w = {.wire = wire, .residual = residual};
