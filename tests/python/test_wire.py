@@ -7,6 +7,7 @@ rounded once the same way. Results must match it bit for bit and be the same
 on every rank; the error against a float64 sum must not grow with the rank
 count and must stay below a cast-then-ring-reduce baseline's."""
 import math
+import os
 
 import ml_dtypes
 import numpy as np
@@ -55,9 +56,30 @@ def quantize(x, wire):
     return out
 
 
+def host_group(size):
+    """Ranks per simulated host when the hierarchical allreduce is forced
+    (GRADSYNC_HIERARCHICAL=1 GRADSYNC_HIERARCHY_SIZE=g, as the Makefile runs
+    this file at 4 ranks), else 0."""
+    g = int(os.environ.get("GRADSYNC_HIERARCHY_SIZE", "0") or 0)
+    forced = os.environ.get("GRADSYNC_HIERARCHICAL") == "1"
+    return g if forced and g > 0 and size > 1 and size % g == 0 else 0
+
+
 def wire_reference(per_rank, wire, op="sum", dtype=np.float32):
-    """The algorithm, rank by rank: encode, float32 sum in rank order, scale, round."""
-    dec = [quantize(np.asarray(x).astype(np.float32), wire) for x in per_rank]
+    """The algorithm, rank by rank: encode, float32 sum in rank order, scale,
+    round. Hierarchical: each host's float32 sum (two ranks a host: exact in
+    either order) is what crosses the hosts in the wire format."""
+    ins = [np.asarray(x).astype(np.float32) for x in per_rank]
+    g = host_group(len(ins))
+    if g:
+        hosts = []
+        for h in range(0, len(ins), g):
+            acc = ins[h].copy()
+            for x in ins[h + 1:h + g]:
+                acc = acc + x
+            hosts.append(acc)
+        ins = hosts
+    dec = [quantize(x, wire) for x in ins]
     acc = dec[0].copy()
     for d in dec[1:]:
         acc = acc + d
@@ -250,6 +272,18 @@ def test_error_feedback_tracks_exact_sum(wire):
     collective_assert(max(held[steps // 2:]) <= 1.5 * max(held[:steps // 2]) + 1e-6,
                       f"the residuals grow: {max(held[:steps // 2])} -> {max(held[steps // 2:])}")
     collective_assert(drift_plain > 3 * drift_ef, f"plain {drift_plain} vs fed back {drift_ef}")
+    comm.close()
+
+
+def test_hierarchical_counts():
+    """Forced hierarchical (the Makefile's 4-rank run): the wire call takes
+    the host-by-host path; elsewhere the flat one."""
+    comm = gs.Communicator()
+    before = comm.stats()["hierarchical"]
+    with collectively():
+        comm.allreduce_(np.ones(1000, np.float32), wire="float8_e4m3")
+    took = comm.stats()["hierarchical"] - before
+    collective_assert(took == (1 if host_group(comm.size) else 0), f"hierarchical: {took}")
     comm.close()
 
 
