@@ -227,8 +227,8 @@ def test_error_does_not_grow_with_ranks(wire):
             comm.close()
             sub.Free()
         errs[k] = (rel_error(ref, exact), rel_error(ring_baseline(per_rank, wire), exact))
-    if world.size < 2:
-        return
+    if world.size < 2 or host_group(world.size):
+        return  # hierarchical runs: some k are host by host, others flat (not comparable)
     base = errs[2][0]
     bad = [(k, e) for k, e in errs.items() if e[0] > 1.25 * base or (k >= 3 and e[0] >= e[1])]
     collective_assert(not bad, f"{wire}: errors (ours, ring) by ranks {errs}")
