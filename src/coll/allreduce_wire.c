@@ -95,7 +95,6 @@ static gs_status_t wire_message(const gs_engine_t *e, const gs_plan_t *plan, con
   if (!icontig || !ocontig) GS_CHECK(gs_buffer_reserve(e, n * gs_dtype_size(m->dtype), &buf));
   float *work = NULL, *lost = NULL;
   GS_CHECK(gs_scratch_reserve(e, n * sizeof(float) * (w->residual ? 2 : 1), (void **)&work));
-  gs_count_message(e->comm, m->count, m->dtype);
   if (!icontig) GS_CHECK(gs_pack(e, plan, m, d->in, buf, 1.0));
   gs_wire_widen(m->dtype, icontig ? ibase : buf, work, m->count, d->pre);
   if (w->residual) {

@@ -55,6 +55,8 @@ static gs_status_t scatter(wire_run_t *w, const float *x, int64_t n, float *lost
     w->rbytes[q] = w->bytes[w->r];
     w->rdispls[q] = q * w->bytes[w->r];
   }
+  /* the counters say what this rank sends: its peers' shards here, its own
+   * to each peer in the allgather */
   gs_count_message(w->c, at - w->bytes[w->r], GS_UINT8);
   MPI_Request req;
   return gs_mpi_finish(MPI_Ialltoallv(w->packed, w->bytes, w->displs, MPI_BYTE, w->recv, w->rbytes,
@@ -81,7 +83,7 @@ static gs_status_t reduce_gather(wire_run_t *w, float *x, int64_t n, float *lost
     gs_wire_encode(w->wire, w->acc, count, w->packed + w->displs[w->r], out_lost);
     for (int64_t i = 0; out_lost && i < count; i++) lost[first + i] += out_lost[i] / w->post;
   }
-  gs_count_message(w->c, w->bytes[w->r], GS_UINT8);
+  gs_count_message(w->c, (int64_t)w->bytes[w->r] * (w->p - 1), GS_UINT8);
   MPI_Request req;
   GS_CHECK(gs_mpi_finish(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, w->packed, w->bytes, w->displs,
                                          MPI_BYTE, w->mc, &req),
