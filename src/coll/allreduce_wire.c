@@ -105,8 +105,7 @@ static gs_status_t wire_message(const gs_engine_t *e, const gs_plan_t *plan, con
   double t0 = GS_TL_START();
   if (gs_hier_wanted(e->comm, m->count * (int64_t)sizeof(float)))
     GS_CHECK(gs_hier_wire_allreduce(e->comm, work, m->count, w->wire, d->post, lost));
-  else
-    GS_CHECK(gs_wire_allreduce(e->comm, e->comm->mpi, work, m->count, w->wire, d->post, lost));
+  else GS_CHECK(gs_wire_allreduce(e->comm, e->comm->mpi, work, m->count, w->wire, d->post, lost));
   GS_TL_END("communicate (wire)", e->call, 1 + (m - plan->msgs), t0, m->count * 4);
   if (w->residual) residual_slots(plan, m, w->residual, lost, 0);
   gs_wire_narrow(m->dtype, work, ocontig ? obase : buf, m->count);
