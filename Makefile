@@ -5,6 +5,8 @@ PYTHON ?= python3
 NP_LIST ?= 1 2 3 4
 # Adasum's fold-in paths differ for every rank count: its tests also run here.
 ADASUM_NP_LIST ?= 5 6 7 8
+# the wire formats' error must not grow up to 8 ranks (issue 32)
+WIRE_NP_LIST ?= 8
 # Partitions with fixed worker counts (the 2x3 table, DistDL's 12 workers).
 PARTITION_NP_LIST ?= 6 12
 TEST_TIMEOUT ?= 900
@@ -71,9 +73,15 @@ py-tests: build
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_adasum.py \
 	        tests/python/test_adasum_hierarchical.py || exit 1; \
 	done
-	@echo "== pytest test_allreduce.py test_hierarchical.py at 4 ranks, hierarchical forced (2 groups of 2)"
+	@echo "== pytest test_allreduce.py test_hierarchical.py test_wire.py at 4 ranks, hierarchical forced (2 groups of 2)"
 	@GRADSYNC_HIERARCHICAL=1 GRADSYNC_HIERARCHY_SIZE=2 timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 4 \
-	    $(PYTEST) tests/python/test_allreduce.py tests/python/test_hierarchical.py || exit 1
+	    $(PYTEST) tests/python/test_allreduce.py tests/python/test_hierarchical.py \
+	    tests/python/test_wire.py || exit 1
+	@for n in $(WIRE_NP_LIST); do \
+	    echo "== pytest tests/python/test_wire.py (error growth, bit equality) at $$n ranks"; \
+	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_wire.py \
+	        -k "grow or matches_reference" || exit 1; \
+	done
 	@for n in $(PARTITION_NP_LIST); do \
 	    echo "== pytest tests/python/test_partition.py at $$n ranks"; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_partition.py || exit 1; \

@@ -32,6 +32,25 @@ extern "C" {
 GS_API gs_status_t gs_allreduce(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
                                 int64_t n, gs_op_t op, double prescale, double postscale);
 
+/* gs_allreduce with the data on the wire in `wire`'s format (host memory;
+ * op sum or average; float32 tensors, or float16/bfloat16 ones with a
+ * float8 wire). Each rank encodes every peer's shard of the prescaled input
+ * and sends it straight to that peer; the owner decodes all ranks'
+ * contributions, sums them in float32 in rank order, applies the postscale,
+ * rounds once to the wire format, and an allgather returns the rounded
+ * shard, which every rank decodes. The error is one rounding of each input
+ * and one of the output, whatever the rank count, and every rank gets the
+ * same bits. GS_WIRE_NONE is gs_allreduce.
+ *
+ * residual (may be NULL) is error feedback, one float32 tensor per input
+ * with its count: on entry it is added to the prescaled input; on return it
+ * holds what this call's roundings lost of it (this rank's input rounding,
+ * plus the output rounding of the shard this rank owned, divided by the
+ * postscale), to be passed to the next call. Zero it before the first. */
+GS_API gs_status_t gs_allreduce_wire(gs_comm_t comm, const gs_tensor_t *in, const gs_tensor_t *out,
+                                     int64_t n, gs_op_t op, double prescale, double postscale,
+                                     gs_wire_t wire, const gs_tensor_t *residual);
+
 /* tensors[i] on every rank takes root's values. */
 GS_API gs_status_t gs_broadcast(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n, int root);
 

@@ -39,6 +39,19 @@ typedef enum gs_op {
 } gs_op_t;
 #define GS_NUM_OPS 7
 
+/* Low-precision wire formats for gs_allreduce_wire (explicit values,
+ * append-only). float8 formats carry one power-of-two scale per block of
+ * GS_WIRE_BLOCK elements (an E8M0 byte, as the OCP MX formats do). */
+typedef enum gs_wire {
+  GS_WIRE_NONE = 0, /* the tensors' own dtype: gs_allreduce */
+  GS_WIRE_BFLOAT16 = 1,
+  GS_WIRE_FLOAT16 = 2,
+  GS_WIRE_FLOAT8_E4M3 = 3, /* OCP e4m3fn: no infinities, max 448 */
+  GS_WIRE_FLOAT8_E5M2 = 4
+} gs_wire_t;
+#define GS_NUM_WIRES 5
+#define GS_WIRE_BLOCK 32
+
 /* Device kinds use DLPack's numbering so descriptors convert directly. */
 typedef enum gs_device_kind {
   GS_DEVICE_CPU = 1,
@@ -67,6 +80,8 @@ typedef struct gs_tensor {
 GS_API size_t gs_dtype_size(gs_dtype_t dtype);
 /* "float16", "bfloat16", ... or "unknown". */
 GS_API const char *gs_dtype_name(gs_dtype_t dtype);
+/* "none", "bfloat16", "float16", "float8_e4m3", "float8_e5m2" or "unknown". */
+GS_API const char *gs_wire_name(gs_wire_t wire);
 /* "sum", "average", "min", "max", "prod", "adasum" or "unknown". */
 GS_API const char *gs_op_name(gs_op_t op);
 

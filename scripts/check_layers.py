@@ -83,7 +83,7 @@ PY_LAYERS = [
     ("compose", "classes over the binding: Communicator, its exchange collectives, arenas, "
      "kernels, partitions, shard layouts",
      ["gradsync.exchange", "gradsync.communicator", "gradsync.arena", "gradsync.kernels",
-      "gradsync.partition", "gradsync.shard"]),
+      "gradsync.partition", "gradsync.shard", "gradsync.wire"]),
     ("package", "import gradsync: the public names", ["gradsync"]),
     ("tools", "gsbench, the installed benchmark", ["gradsync.bench"]),
     ("front doors", "frameworks: JAX, torch (autograd, DistributedOptimizer, the "

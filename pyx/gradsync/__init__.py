@@ -39,6 +39,7 @@ from gradsync.kernels import accumulate_, accumulate_v2_, all_finite, scale_, ze
 from gradsync.ops import Op  # noqa: E402
 from gradsync.partition import AllSumReduce, Partition, zero_volume_array  # noqa: E402
 from gradsync.shard import ShardLayout  # noqa: E402
+from gradsync.wire import WIRES, ErrorFeedback  # noqa: E402
 
 __version__ = _core.version()
 
@@ -88,8 +89,8 @@ def _nccl_version(v):
 
 __all__ = [
     "AllSumReduce", "Arena", "ArgumentError", "ClosedError", "Communicator", "DeviceArray",
-    "DtypeError", "Error", "JoinError", "MismatchError", "Op", "Request", "Partition",
-    "ShardLayout", "TimeoutError", "UnsupportedError", "accumulate_", "accumulate_v2_",
-    "all_finite", "bfloat16", "build_info", "init", "scale_", "set_timeout", "start_timeline",
-    "stop_timeline", "to_device", "world", "zero_", "zero_volume_array",
+    "DtypeError", "Error", "ErrorFeedback", "JoinError", "MismatchError", "Op", "Request",
+    "Partition", "ShardLayout", "TimeoutError", "UnsupportedError", "WIRES", "accumulate_",
+    "accumulate_v2_", "all_finite", "bfloat16", "build_info", "init", "scale_", "set_timeout",
+    "start_timeline", "stop_timeline", "to_device", "world", "zero_", "zero_volume_array",
 ]

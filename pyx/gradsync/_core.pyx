@@ -51,6 +51,21 @@ cdef gs_op_t parse_op(op) except *:
     return <gs_op_t><int>code
 
 
+# Wire formats by name (gs_allreduce_wire; docs/GUIDE.md, "Low-precision
+# wire formats").
+WIRES = ("bfloat16", "float16", "float8_e4m3", "float8_e5m2")
+_WIRE_CODES = {"bfloat16": GS_WIRE_BFLOAT16, "float16": GS_WIRE_FLOAT16,
+               "float8_e4m3": GS_WIRE_FLOAT8_E4M3, "float8_e5m2": GS_WIRE_FLOAT8_E5M2}
+
+
+cdef gs_wire_t parse_wire(wire) except *:
+    code = _WIRE_CODES.get(wire) if isinstance(wire, str) else None
+    if code is None:
+        raise ArgumentError(f"wire must be one of {', '.join(WIRES)} or None, got {wire!r}",
+                            GS_ERR_INVALID_ARGUMENT)
+    return <gs_wire_t><int>code
+
+
 cdef gs_op_t adasum_mode(gs_op_t op, object mode) except *:
     """op="adasum" with adasum="flat" or "hierarchical" (docs/GUIDE.md, "Adasum")."""
     if mode is None or mode == "flat":
@@ -271,22 +286,38 @@ cdef class Comm:
     # Arguments are one array or a list/tuple of arrays (see arguments()).
 
     def allreduce(self, tensors, outputs, op="sum", double prescale=1.0,
-                  double postscale=1.0, adasum=None):
-        """outputs None: in place."""
+                  double postscale=1.0, adasum=None, wire=None, residual=None):
+        """outputs None: in place. wire: a wire format's name (None: the
+        tensors' dtype); residual: float32 arrays like the tensors, or None."""
         cdef gs_comm_t h = self.live()
-        cdef gs_op_t cop
-        cdef TensorList tin, tout = None
+        cdef gs_op_t cop = GS_OP_SUM  # set inside `with`
+        cdef gs_wire_t cwire = GS_WIRE_NONE
+        cdef TensorList tin, tout = None, tres = None
         with self.converting:
+            if wire is not None:
+                cwire = parse_wire(wire)
+            elif residual is not None:
+                raise ArgumentError("residual (error feedback) needs a wire format: pass wire=",
+                                    GS_ERR_INVALID_ARGUMENT)
             cop = adasum_mode(parse_op(op), self.adasum if adasum is None else adasum)
             tin = arguments(tensors, "tensors", outputs is None, "comm.allreduce_")
             if outputs is not None:
                 tout = arguments(outputs, "out", True, None, None, tin)
+            if residual is not None:
+                tres = arguments(residual, "residual", True, "comm.allreduce_", None, tin)
+                if tres.n != tin.n:
+                    raise ArgumentError(f"residual has {tres.n} arrays for {tin.n} tensors",
+                                        GS_ERR_INVALID_ARGUMENT)
         cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
+        cdef const gs_tensor_t *pr = tres.t if tres is not None else NULL
         with nogil:
-            CHKERR(gs_allreduce(h, tin.t, po, tin.n, cop, prescale, postscale))
+            if cwire == GS_WIRE_NONE:
+                CHKERR(gs_allreduce(h, tin.t, po, tin.n, cop, prescale, postscale))
+            else:
+                CHKERR(gs_allreduce_wire(h, tin.t, po, tin.n, cop, prescale, postscale, cwire, pr))
 
     cpdef allreduce_inplace(self, tensors, op="sum", double prescale=1.0,
-                            double postscale=1.0, adasum=None):
+                            double postscale=1.0, adasum=None, wire=None, residual=None):
         """In-place allreduce that returns its argument. One ndarray or
         DeviceArray takes a path with no per-call allocation: small calls are
         latency bound."""
@@ -294,8 +325,9 @@ cdef class Comm:
         cdef gs_tensor_t t
         cdef gs_op_t cop = GS_OP_SUM  # set inside `with`; gcc cannot tell it always is
         cdef bint device_array = type(tensors) is DeviceArray
-        if type(tensors) is not np.ndarray and not device_array:
-            self.allreduce(tensors, None, op, prescale, postscale, adasum)
+        if (type(tensors) is not np.ndarray and not device_array) or wire is not None \
+                or residual is not None:
+            self.allreduce(tensors, None, op, prescale, postscale, adasum, wire, residual)
             return tensors
         # `with self.converting` as everywhere else, spelled out: here, on the
         # latency-bound path, its two method calls would cost 0.2 us a call.
@@ -418,9 +450,15 @@ cdef class CommunicatorBase:
     cdef public Comm handle
 
     def allreduce_(self, tensors, op="sum", *, double prescale=1.0, double postscale=1.0,
-                   adasum=None):
-        """Reduces in place over ranks; returns what it was given."""
-        return self.handle.allreduce_inplace(tensors, op, prescale, postscale, adasum)
+                   adasum=None, wire=None, residual=None):
+        """Reduces in place over ranks; returns what it was given. wire:
+        "bfloat16", "float16", "float8_e4m3" or "float8_e5m2" sends the data
+        in that format with float32 sums (docs/GUIDE.md); residual: error
+        feedback (float32 arrays like the tensors, or a gradsync.ErrorFeedback)."""
+        if residual is not None and hasattr(residual, "residuals"):
+            residual = residual.residuals(tensors)
+        return self.handle.allreduce_inplace(tensors, op, prescale, postscale, adasum, wire,
+                                             residual)
 
 
 cdef class _Abandoning:

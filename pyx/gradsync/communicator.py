@@ -154,11 +154,16 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
     # ---- collectives ------------------------------------------------------
     # allreduce_ (in place) is CommunicatorBase's, compiled: see _core.pyx.
 
-    def allreduce(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
-        """Reduces over ranks into new arrays; the inputs are not changed."""
+    def allreduce(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None,
+                  wire=None, residual=None):
+        """Reduces over ranks into new arrays; the inputs are not changed.
+        wire and residual as for allreduce_."""
         arrays, was_list = _as_list(tensors)
         outs = self._checked(lambda: _new_like(arrays, was_list, copy=False))
-        self.handle.allreduce(tensors, _answer(outs, was_list), op, prescale, postscale, adasum)
+        if residual is not None and hasattr(residual, "residuals"):
+            residual = residual.residuals(tensors)
+        self.handle.allreduce(tensors, _answer(outs, was_list), op, prescale, postscale, adasum,
+                              wire, residual)
         return _answer(outs, was_list)
 
     # ---- asynchronous (in place): return a gs.Request --------------------------

@@ -23,6 +23,15 @@ cdef extern from "gs_types.h" nogil:
         GS_OP_ADASUM_HIERARCHICAL
     enum: GS_NUM_OPS
 
+    ctypedef enum gs_wire_t:
+        GS_WIRE_NONE
+        GS_WIRE_BFLOAT16
+        GS_WIRE_FLOAT16
+        GS_WIRE_FLOAT8_E4M3
+        GS_WIRE_FLOAT8_E5M2
+    enum: GS_NUM_WIRES
+    enum: GS_WIRE_BLOCK
+
     ctypedef enum gs_device_kind_t:
         GS_DEVICE_CPU
         GS_DEVICE_CUDA

@@ -29,3 +29,9 @@ const char *gs_dtype_name(gs_dtype_t d) {
   return gs_dtype_valid(d) ? dtype_table[d].name : "unknown";
 }
 const char *gs_op_name(gs_op_t op) { return (unsigned)op < GS_NUM_OPS ? op_names[op] : "unknown"; }
+
+static const char *const wire_names[GS_NUM_WIRES] = {"none", "bfloat16", "float16", "float8_e4m3",
+                                                     "float8_e5m2"};
+const char *gs_wire_name(gs_wire_t wire) {
+  return (unsigned)wire < GS_NUM_WIRES ? wire_names[wire] : "unknown";
+}

@@ -22,6 +22,22 @@ void gs_cpu_scale_copy(gs_dtype_t dtype, const void *src, void *dst, int64_t cou
  * float16/bfloat16 combine in float32 and round once. */
 void gs_cpu_reduce(gs_dtype_t dtype, gs_op_t op, const void *in, void *inout, int64_t count);
 
+/* ---- low-precision wire formats (cpu_wire.c) --------------------------------
+ * A shard of `count` elements takes gs_wire_bytes(wire, count) bytes: two
+ * per element (bfloat16, float16), or one per element plus one scale byte
+ * per GS_WIRE_BLOCK elements (float8). Blocks start at the shard's start. */
+int64_t gs_wire_bytes(gs_wire_t wire, int64_t count);
+/* Encodes src into dst (round to nearest even). lost (may be NULL):
+ * lost[i] += src[i] - decoded(dst)[i] (0 where that is not finite). */
+void gs_wire_encode(gs_wire_t wire, const float *src, int64_t count, void *dst, float *lost);
+/* dst[i] = decoded src; acc[i] += decoded src (float32). */
+void gs_wire_decode(gs_wire_t wire, const void *src, int64_t count, float *dst);
+void gs_wire_decode_add(gs_wire_t wire, const void *src, int64_t count, float *acc);
+/* float32, float16 or bfloat16 to float32 times scale (float32 arithmetic),
+ * and float32 back, rounded once (dst may be src for float32). */
+void gs_wire_widen(gs_dtype_t dtype, const void *src, float *dst, int64_t count, double scale);
+void gs_wire_narrow(gs_dtype_t dtype, const float *src, void *dst, int64_t count);
+
 /* ---- Adasum's local math (cpu_adasum.c) ------------------------------------
  * out[0..2] += <a,b>, <a,a>, <b,b> in float64; and out = ca*a + cb*b in
  * float64 (float32 for float16/bfloat16), rounded once to the dtype. `out`

@@ -80,6 +80,21 @@ int gs_hier_wanted(gs_comm_t c, int64_t bytes);
 gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
                               gs_dtype_t dtype, gs_op_t op);
 void gs_hier_free(gs_comm_t c);
+/* gs_wire_allreduce over c's hosts: float32 inside each host, the wire
+ * format across them (hierarchical.c). */
+gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire_t wire,
+                                   double post, float *lost);
+
+/* ---- the allreduce in a low-precision wire format (wire.c) -------------- */
+
+/* x (count float32 values, host memory) becomes the sum over mc's ranks,
+ * times post, each input rounded once to `wire` and the result once: a
+ * direct exchange of encoded shards, float32 sums in rank order at each
+ * shard's owner, an allgather of the rounded shards. lost (may be NULL):
+ * += this rank's input rounding, plus its own shard's output rounding
+ * divided by post (error feedback). Every rank of mc gets the same bits. */
+gs_status_t gs_wire_allreduce(gs_comm_t c, MPI_Comm mc, float *x, int64_t count, gs_wire_t wire,
+                              double post, float *lost);
 
 /* ---- the memory MPI is handed (owned.c) ----------------------------------- */
 

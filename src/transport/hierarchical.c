@@ -238,3 +238,52 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
   if (cd != small) free(cd);
   return s;
 }
+
+/* The wire-format allreduce across hosts (gs_allreduce_wire): float32 sums
+ * inside each host (memory is cheap there), only the cross-host stage in
+ * the wire format, over blocks of whole float8 blocks so the encoded blocks
+ * line up with the flat algorithm's. Not pipelined: each segment's three
+ * phases run in turn. lost: on this rank's host block only, what the
+ * cross-host stage lost of it (the host's partial sum's rounding and the
+ * output's, as gs_wire_allreduce reports them). */
+gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire_t wire,
+                                   double post, float *lost) {
+  int g = gs_host_group(c), nl, l;
+  if (g == 0)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "allreduce (hierarchical): the hosts hold unequal numbers of ranks");
+  GS_CHECK(hier_comms(c, g));
+  c->stats.hierarchical++;
+  MPI_Comm_size(c->hier_node, &nl);
+  MPI_Comm_rank(c->hier_node, &l);
+  int *cd = malloc(2 * (size_t)nl * sizeof *cd);
+  if (!cd) return gs_fail(GS_ERR_NO_MEMORY, "allreduce (hierarchical, wire): out of memory");
+  int64_t seg = (HIER_SEGMENT_BYTES / 4) / GS_WIRE_BLOCK * GS_WIRE_BLOCK;
+  gs_status_t s = GS_SUCCESS;
+  for (int64_t at = 0; s == GS_SUCCESS && at < count; at += seg) {
+    int64_t n = count - at < seg ? count - at : seg, nb = (n + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
+    for (int q = 0, d = 0; q < nl; q++) { /* whole blocks per local rank, balanced */
+      int64_t end = ((int64_t)(q + 1) * nb / nl) * GS_WIRE_BLOCK;
+      cd[nl + q] = d;
+      cd[q] = (int)((end < n ? end : n) - d);
+      d += cd[q];
+    }
+    float *base = x + at, *mine = base + cd[nl + l];
+    MPI_Request req;
+    if (nl > 1)
+      s = gs_mpi_finish(
+          MPI_Ireduce_scatter(MPI_IN_PLACE, base, cd, MPI_FLOAT, MPI_SUM, c->hier_node, &req), &req,
+          phase_names[0]);
+    if (s == GS_SUCCESS && nl > 1 && cd[nl + l]) memmove(mine, base, (size_t)cd[l] * sizeof *x);
+    if (s == GS_SUCCESS)
+      s = gs_wire_allreduce(c, c->hier_cross, mine, cd[l], wire, post,
+                            lost ? lost + at + cd[nl + l] : NULL);
+    if (s == GS_SUCCESS && nl > 1)
+      s = gs_mpi_finish(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, base, cd, cd + nl, MPI_FLOAT,
+                                        c->hier_node, &req),
+                        &req, phase_names[2]);
+  }
+  free(cd);
+  if (s != GS_SUCCESS && !c->fate.broken) c->fate.broken = s;
+  return s;
+}

@@ -274,6 +274,50 @@ def test_compression_one_step(comm, compression, bound):
         blk.same(bits(model.parameters()))
 
 
+@pytest.mark.parametrize("wire,u", [("bfloat16", 2**-8), ("float16", 2**-11)])
+def test_wire_one_step(comm, wire, u):
+    """DistributedOptimizer(wire=...): each rank's float32 gradient is
+    rounded once to the wire format, the owner sums in float32, averages and
+    rounds once: at most u * (the mean of magnitudes + |the mean|), whatever
+    the rank count; the same bits on every rank; a residual kept per bucket."""
+    tag = ("wire", wire)
+    model = make_net(tag)
+    opt = gst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   model.named_parameters(), wire=wire,
+                                   bucket_bytes=BUCKET_BYTES, comm=comm)
+    x, y = global_batch(tag, 0, 1)
+    loss_fn(model, x[rows(RANK, 0, 1)], y[rows(RANK, 0, 1)]).backward()
+    opt.synchronize()
+    got = [p.grad.double().clone() for p in model.parameters()]
+    per_rank = []
+    for r in range(SIZE):
+        m = make_net(tag)
+        loss_fn(m, x[rows(r, 0, 1)], y[rows(r, 0, 1)]).backward()
+        per_rank.append([p.grad.double() for p in m.parameters()])
+    bad = []
+    for i, g in enumerate(got):
+        exact = sum(pr[i] for pr in per_rank) / SIZE
+        mag = sum(pr[i].abs() for pr in per_rank) / SIZE
+        tol = 1.01 * u * (mag + exact.abs()) + 1e-7
+        if not bool(((g - exact).abs() <= tol).all()):
+            bad.append(i)
+    collective_assert(not bad, f"{wire}: parameters {bad} outside the bound")
+    held = SIZE == 1 or all(b.feedback.state is not None for b in opt._buckets)
+    collective_assert(held, "a bucket without its residual")
+    with collectively(what="wire step") as blk:
+        opt.step()
+        blk.same(bits(model.parameters()))
+
+
+def test_wire_refusals(comm):
+    model = make_net(("wire-refusal",))
+    for kwargs in ({"wire": "fp8"}, {"wire": "bfloat16", "op": "adasum"},
+                   {"wire": "bfloat16", "compression": "fp16"}):
+        with pytest.raises(ValueError, match="wire"):
+            gst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                     model.named_parameters(), comm=comm, **kwargs)
+
+
 # ---------------------------------------------------------------- non-finite
 
 def test_nan_on_one_rank_skips_everywhere(comm):

@@ -25,6 +25,13 @@ class AllreduceStep:
                 gs.scale_(b.buffer, micro)
             b.request = DoneRequest(b.buffer)
             return
+        if opt.wire is not None:
+            # a low-precision wire format: no asynchronous form, so the
+            # bucket reduces now (float32 sums, one rounding; residual kept)
+            opt.comm.allreduce_(b.buffer, op=opt.op, postscale=micro, wire=opt.wire,
+                                residual=b.feedback)
+            b.request = DoneRequest(b.buffer)
+            return
         if b.wire is None:
             # average: the C op divides by size; postscale 1/k averages the
             # micro-batches in the same multiply

@@ -41,11 +41,11 @@ class Slot:
 
 
 class Bucket:
-    __slots__ = ("index", "slots", "buffer", "wire", "remaining", "request")
+    __slots__ = ("index", "slots", "buffer", "wire", "feedback", "remaining", "request")
 
     def __init__(self, index, slots):
         self.index, self.slots = index, slots
-        self.buffer = self.wire = self.request = None
+        self.buffer = self.wire = self.feedback = self.request = None
         self.remaining = len(slots)
 
 

@@ -105,6 +105,11 @@ class DistributedOptimizer(torch.optim.Optimizer):
     that dtype (scaled first, so averaging happens before the cast; the sum
     over ranks accumulates in float32 and rounds once per step) and is cast
     back to float32 after. Not with op="adasum".
+    ``wire``: None or a wire format (``"bfloat16"``, ``"float16"``,
+    ``"float8_e4m3"``, ``"float8_e5m2"``): each bucket goes on the wire in it
+    with float32 sums and one rounding (docs/GUIDE.md section 2.15), with
+    error feedback per bucket unless ``error_feedback=False``. The call is
+    blocking (host float32 buckets), so it does not overlap backward.
     ``named_parameters``: ``model.named_parameters()``; it fixes the
     parameter order (hence the buckets) and names parameters in errors.
     Without it the order is that of the optimizer's param_groups.
@@ -139,7 +144,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
 
     def __init__(self, optimizer, named_parameters=None, op="average",
                  backward_passes_per_step=1, bucket_bytes=25 * 2**20, compression=None,
-                 comm=None, micro_batches="mean", gradient_predivide_factor=1.0):
+                 comm=None, micro_batches="mean", gradient_predivide_factor=1.0,
+                 wire=None, error_feedback=True):
         # torch.optim.Optimizer.__init__ is not called: the state lives in
         # the wrapped optimizer, reached through the properties below.
         if isinstance(optimizer, DistributedOptimizer):
@@ -163,6 +169,12 @@ class DistributedOptimizer(torch.optim.Optimizer):
         if op == "adasum" and _COMPRESSION[key] is not None:
             raise ValueError("compression applies to gradient allreduce; op='adasum' "
                              "combines the float32 parameter changes uncompressed")
+        if wire is not None and wire not in gs.WIRES:
+            raise ValueError(f"wire must be one of {', '.join(gs.WIRES)} or None, got {wire!r}")
+        if wire is not None and (op == "adasum" or _COMPRESSION[key] is not None):
+            raise ValueError("wire applies to op='sum'/'average' without compression (wire "
+                             f"already sends fewer bytes); got op={op!r}, "
+                             f"compression={compression!r}")
         if micro_batches not in ("mean", "sum"):
             raise ValueError(f"micro_batches must be 'mean' or 'sum', got {micro_batches!r}")
         predivide = float(gradient_predivide_factor)
@@ -177,6 +189,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
         self.gradient_predivide_factor = predivide
         self.bucket_bytes = int(bucket_bytes)
         self.compression = _COMPRESSION[key]
+        self.wire = wire
+        self.error_feedback = bool(error_feedback)
         self.comm = default_communicator(comm)
         self.skipped_steps = 0
         self.sync_seconds = 0.0
@@ -303,6 +317,8 @@ class DistributedOptimizer(torch.optim.Optimizer):
             b.buffer = flat
             if self.compression is not None:
                 b.wire = torch.empty(flat.numel(), dtype=self.compression, device=flat.device)
+            # a low-precision wire format: the bucket's residual (error feedback)
+            b.feedback = gs.ErrorFeedback() if self.wire and self.error_feedback else None
             for s in b.slots:
                 s.bucket, s.view = b, views[s]
         # what synchronize() hands out as p.grad: views of one persistent

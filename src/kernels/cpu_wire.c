@@ -1,0 +1,182 @@
+/* Low-precision wire formats (gs_allreduce_wire): encoding float32 values
+ * for the wire and decoding them back, on the host.
+ *
+ * bfloat16 and float16 are element by element (half.h's round to nearest
+ * even). The float8 formats carry one power-of-two scale per block of
+ * GS_WIRE_BLOCK elements, as the OCP MX formats do: a shard of n elements
+ * is ceil(n / 32) scale bytes (E8M0: 2^(byte - 127)), then n element bytes.
+ * A block's scale is the smallest power of two that brings its largest
+ * finite magnitude within the format's largest finite value, so no finite
+ * element saturates (docs/DECISIONS.md). Elements convert as ml_dtypes'
+ * float8_e4m3fn and float8_e5m2 do: round to nearest even, NaN stays NaN,
+ * an infinity is NaN in e4m3 (which has none) and infinity in e5m2. */
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "kernels/gs_kernels.h"
+#include "base/half.h"
+
+typedef struct fp8_format {
+  int mbits, bias, emax; /* emax: the largest finite value's exponent */
+  double max;            /* the largest finite value */
+  uint8_t nan, inf;      /* inf: 0 when the format has none (NaN then) */
+} fp8_format_t;
+
+static const fp8_format_t e4m3 = {3, 7, 8, 448.0, 0x7f, 0};
+static const fp8_format_t e5m2 = {2, 15, 15, 57344.0, 0x7e, 0x7c};
+
+static const fp8_format_t *fp8(gs_wire_t wire) {
+  return wire == GS_WIRE_FLOAT8_E4M3 ? &e4m3 : wire == GS_WIRE_FLOAT8_E5M2 ? &e5m2 : NULL;
+}
+
+int64_t gs_wire_bytes(gs_wire_t wire, int64_t count) {
+  if (fp8(wire)) return count + (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
+  return 2 * count;
+}
+
+/* One value to float8, round to nearest even; beyond the largest finite
+ * value (after rounding) it is infinity, or NaN in a format without one. */
+static uint8_t to_fp8(const fp8_format_t *f, double v) {
+  uint8_t sign = signbit(v) ? 0x80 : 0;
+  double a = fabs(v);
+  if (a != a) return sign | f->nan;
+  int emin = 1 - f->bias, e;
+  frexp(a, &e);
+  e -= 1;                           /* a in [2^e, 2^(e+1)) */
+  if (e < emin) e = emin;           /* subnormal: the smallest normal's step */
+  double q = nearbyint(ldexp(a, f->mbits - e)); /* significand in ulps (RNE) */
+  if (q >= ldexp(1.0, f->mbits + 1)) { /* rounded up into the next binade */
+    q /= 2;
+    e += 1;
+  }
+  if (a == INFINITY || ldexp(q, e - f->mbits) > f->max) return sign | (f->inf ? f->inf : f->nan);
+  if (q < ldexp(1.0, f->mbits)) return sign | (uint8_t)q; /* subnormal (or zero) */
+  return sign | (uint8_t)(((e + f->bias) << f->mbits) | ((int)q - (1 << f->mbits)));
+}
+
+static float from_fp8(const fp8_format_t *f, uint8_t b) {
+  int exp = (b & 0x7f) >> f->mbits, man = b & ((1 << f->mbits) - 1);
+  int top = (1 << (7 - f->mbits)) - 1;
+  float v;
+  if ((b & 0x7f) == f->nan || (f->inf && exp == top && man)) v = NAN;
+  else if (f->inf && (b & 0x7f) == f->inf) v = INFINITY;
+  else if (exp == 0) v = ldexpf((float)man, 1 - f->bias - f->mbits);
+  else v = ldexpf((float)(man + (1 << f->mbits)), exp - f->bias - f->mbits);
+  return (b & 0x80) ? -v : v;
+}
+
+/* Decoding by table: 256 values per format, made once. */
+static float e4m3_table[256], e5m2_table[256];
+static pthread_once_t tables_once = PTHREAD_ONCE_INIT;
+static void make_tables(void) {
+  for (int b = 0; b < 256; b++) {
+    e4m3_table[b] = from_fp8(&e4m3, (uint8_t)b);
+    e5m2_table[b] = from_fp8(&e5m2, (uint8_t)b);
+  }
+}
+static const float *fp8_table(gs_wire_t wire) {
+  pthread_once(&tables_once, make_tables);
+  return wire == GS_WIRE_FLOAT8_E4M3 ? e4m3_table : e5m2_table;
+}
+
+/* The block's scale exponent: the smallest s with max|x| * 2^-s <= max
+ * (finite elements only), within E8M0's [-127, 127]; 0 for a block of
+ * zeros and non-finite values. */
+static int block_scale(const fp8_format_t *f, const float *x, int64_t n) {
+  float m = 0;
+  for (int64_t i = 0; i < n; i++) {
+    float a = fabsf(x[i]);
+    if (a > m && a != INFINITY) m = a; /* NaN fails the comparison */
+  }
+  if (m == 0) return 0;
+  int s = ilogbf(m) - f->emax;
+  if (ldexp((double)m, -s) > f->max) s++;
+  return s < -127 ? -127 : s;
+}
+
+/* One shard of float8: its scales, then its elements. `lost` as for
+ * gs_wire_encode. */
+static void encode_fp8(gs_wire_t wire, const float *x, int64_t count, uint8_t *dst, float *lost) {
+  const fp8_format_t *f = fp8(wire);
+  const float *table = fp8_table(wire);
+  int64_t nb = (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
+  uint8_t *elems = dst + nb;
+  for (int64_t b = 0; b < nb; b++) {
+    int64_t lo = b * GS_WIRE_BLOCK, n = count - lo < GS_WIRE_BLOCK ? count - lo : GS_WIRE_BLOCK;
+    int s = block_scale(f, x + lo, n);
+    dst[b] = (uint8_t)(s + 127);
+    float up = ldexpf(1.0f, s);
+    for (int64_t i = lo; i < lo + n; i++) {
+      elems[i] = to_fp8(f, ldexp((double)x[i], -s));
+      if (lost) {
+        float q = table[elems[i]] * up;
+        lost[i] += isfinite(q) ? x[i] - q : 0.0f;
+      }
+    }
+  }
+}
+
+void gs_wire_encode(gs_wire_t wire, const float *src, int64_t count, void *dst, float *lost) {
+  if (fp8(wire)) {
+    encode_fp8(wire, src, count, dst, lost);
+    return;
+  }
+  uint16_t *h = dst;
+  int bf = wire == GS_WIRE_BFLOAT16;
+  for (int64_t i = 0; i < count; i++) {
+    h[i] = bf ? gs_float_to_bf16(src[i]) : gs_float_to_half(src[i]);
+    if (lost) {
+      float q = bf ? gs_bf16_to_float(h[i]) : gs_half_to_float(h[i]);
+      lost[i] += isfinite(q) ? src[i] - q : 0.0f;
+    }
+  }
+}
+
+/* add: acc[i] += decoded (float32), else dst[i] = decoded. */
+static void decode(gs_wire_t wire, const void *src, int64_t count, float *dst, int add) {
+  if (fp8(wire)) {
+    const float *table = fp8_table(wire);
+    const uint8_t *scales = src;
+    const uint8_t *elems = scales + (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
+    for (int64_t i = 0; i < count; i++) {
+      float v = table[elems[i]] * ldexpf(1.0f, (int)scales[i / GS_WIRE_BLOCK] - 127);
+      dst[i] = add ? dst[i] + v : v;
+    }
+    return;
+  }
+  const uint16_t *h = src;
+  int bf = wire == GS_WIRE_BFLOAT16;
+  for (int64_t i = 0; i < count; i++) {
+    float v = bf ? gs_bf16_to_float(h[i]) : gs_half_to_float(h[i]);
+    dst[i] = add ? dst[i] + v : v;
+  }
+}
+
+void gs_wire_decode(gs_wire_t wire, const void *src, int64_t count, float *dst) {
+  decode(wire, src, count, dst, 0);
+}
+
+void gs_wire_decode_add(gs_wire_t wire, const void *src, int64_t count, float *acc) {
+  decode(wire, src, count, acc, 1);
+}
+
+void gs_wire_widen(gs_dtype_t dtype, const void *src, float *dst, int64_t count, double scale) {
+  float k = (float)scale;
+  for (int64_t i = 0; i < count; i++) {
+    float v = dtype == GS_FLOAT16    ? gs_half_to_float(((const uint16_t *)src)[i])
+              : dtype == GS_BFLOAT16 ? gs_bf16_to_float(((const uint16_t *)src)[i])
+                                     : ((const float *)src)[i];
+    dst[i] = scale == 1.0 ? v : v * k;
+  }
+}
+
+void gs_wire_narrow(gs_dtype_t dtype, const float *src, void *dst, int64_t count) {
+  if (dtype == GS_FLOAT32) {
+    if (dst != (const void *)src) memmove(dst, src, (size_t)count * sizeof(float));
+    return;
+  }
+  uint16_t *h = dst;
+  for (int64_t i = 0; i < count; i++)
+    h[i] = dtype == GS_FLOAT16 ? gs_float_to_half(src[i]) : gs_float_to_bf16(src[i]);
+}

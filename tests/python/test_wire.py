@@ -1,0 +1,320 @@
+"""comm.allreduce_(..., wire=...) (gs_allreduce_wire) against an independent
+NumPy/ml_dtypes reference of its algorithm: each rank's input encoded once
+(bfloat16/float16 by astype; float8 with one power-of-two scale per block of
+32 elements, the smallest that keeps the block's largest finite magnitude
+within the format's range), decoded, summed in float32 in rank order, scaled,
+rounded once the same way. Results must match it bit for bit and be the same
+on every rank; the error against a float64 sum must not grow with the rank
+count and must stay below a cast-then-ring-reduce baseline's."""
+import math
+import os
+
+import ml_dtypes
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import gradsync as gs
+from gsutil import BF16, collective_assert, collectively, seed_for
+
+pytestmark = pytest.mark.mpi
+
+FP8 = {"float8_e4m3": (np.dtype(ml_dtypes.float8_e4m3fn), 448.0),
+       "float8_e5m2": (np.dtype(ml_dtypes.float8_e5m2), 57344.0)}
+BLOCK = 32
+
+
+def block_exponent(block, fmax):
+    """The smallest s with max|finite| <= fmax * 2^s, clamped to E8M0's -127."""
+    fin = np.abs(block[np.isfinite(block)]).astype(np.float64)
+    m = float(fin.max()) if fin.size else 0.0
+    if m == 0.0:
+        return 0
+    s = math.frexp(m)[1] - math.frexp(fmax)[1]
+    while math.ldexp(fmax, s) < m:
+        s += 1
+    while math.ldexp(fmax, s - 1) >= m:
+        s -= 1
+    return max(s, -127)
+
+
+def quantize(x, wire):
+    """float32 x as the wire carries it (decoded back to float32), blocks
+    counted from x's start."""
+    x = np.asarray(x, np.float32)
+    if wire == "bfloat16":
+        return x.astype(BF16).astype(np.float32)
+    if wire == "float16":
+        return x.astype(np.float16).astype(np.float32)
+    dt, fmax = FP8[wire]
+    out = np.empty_like(x)
+    for b in range(0, x.size, BLOCK):
+        blk = x[b:b + BLOCK]
+        s = block_exponent(blk, fmax)
+        q = (blk.astype(np.float64) * 2.0 ** -s).astype(dt).astype(np.float64) * 2.0 ** s
+        out[b:b + BLOCK] = q.astype(np.float32)
+    return out
+
+
+def host_group(size):
+    """Ranks per simulated host when the hierarchical allreduce is forced
+    (GRADSYNC_HIERARCHICAL=1 GRADSYNC_HIERARCHY_SIZE=g, as the Makefile runs
+    this file at 4 ranks), else 0."""
+    g = int(os.environ.get("GRADSYNC_HIERARCHY_SIZE", "0") or 0)
+    forced = os.environ.get("GRADSYNC_HIERARCHICAL") == "1"
+    return g if forced and g > 0 and size > 1 and size % g == 0 else 0
+
+
+def wire_reference(per_rank, wire, op="sum", dtype=np.float32):
+    """The algorithm, rank by rank: encode, float32 sum in rank order, scale,
+    round. Hierarchical: each host's float32 sum (two ranks a host: exact in
+    either order) is what crosses the hosts in the wire format."""
+    ins = [np.asarray(x).astype(np.float32) for x in per_rank]
+    g = host_group(len(ins))
+    if g:
+        hosts = []
+        for h in range(0, len(ins), g):
+            acc = ins[h].copy()
+            for x in ins[h + 1:h + g]:
+                acc = acc + x
+            hosts.append(acc)
+        ins = hosts
+    dec = [quantize(x, wire) for x in ins]
+    acc = dec[0].copy()
+    for d in dec[1:]:
+        acc = acc + d
+    if op == "average":
+        acc = acc * np.float32(1.0 / len(per_rank))
+    return quantize(acc, wire).astype(dtype)
+
+
+def inputs(tag, rank, n, dtype=np.float32, scale=1.0):
+    rng = np.random.default_rng(seed_for("wire", tag, rank))
+    return (rng.standard_normal(n) * scale).astype(dtype)
+
+
+def same_bits(got, ref):
+    g = np.ascontiguousarray(got).view(np.uint8)
+    r = np.ascontiguousarray(ref).view(np.uint8)
+    return g.shape == r.shape and bool((g == r).all())
+
+
+WIRES = ["bfloat16", "float16", "float8_e4m3", "float8_e5m2"]
+SIZES = [1, 31, 33, 1001, 5003]  # 5003 float32 > the 4096-byte threshold below
+
+
+@pytest.mark.parametrize("wire", WIRES)
+@pytest.mark.parametrize("op", ["sum", "average"])
+def test_matches_reference_bitwise(wire, op):
+    comm = gs.Communicator(fusion_threshold=4096)
+    p, r = comm.size, comm.rank
+    for n in SIZES:
+        per_rank = [inputs(("one", wire, op, n), q, n, scale=3.0) for q in range(p)]
+        ref = wire_reference(per_rank, wire, op)
+        with collectively(what=f"n={n}") as blk:
+            got = comm.allreduce_(per_rank[r].copy(), op, wire=wire)
+            assert same_bits(got, ref), (n, np.abs(got - ref).max())
+            blk.same(got)
+        # allreduce (new arrays) gives the same and leaves the input alone
+        x = per_rank[r].copy()
+        with collectively(what=f"allreduce n={n}"):
+            got2 = comm.allreduce(x, op, wire=wire)
+            assert same_bits(got2, ref) and same_bits(x, per_rank[r])
+    comm.close()
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_fused_list_and_empty(wire):
+    """Tensors fused in one message are one stream of blocks; an empty
+    tensor and an empty list are no-ops."""
+    comm = gs.Communicator()
+    p, r = comm.size, comm.rank
+    a = [inputs(("a", wire), q, 100) for q in range(p)]
+    b = [inputs(("b", wire), q, 37) for q in range(p)]
+    ref = wire_reference([np.concatenate([a[q], b[q]]) for q in range(p)], wire)
+    with collectively() as blk:
+        xa, xe, xb = a[r].copy(), np.zeros(0, np.float32), b[r].copy()
+        comm.allreduce_([xa, xe, xb], wire=wire)
+        assert same_bits(np.concatenate([xa, xb]), ref) and xe.size == 0
+        blk.same(np.concatenate([xa, xb]))
+    with collectively():
+        comm.allreduce_([], wire=wire)
+    comm.close()
+
+
+@pytest.mark.parametrize("wire", ["float8_e4m3", "float8_e5m2"])
+@pytest.mark.parametrize("dtype", [np.float16, BF16])
+def test_half_inputs_fp8_wire(wire, dtype):
+    comm = gs.Communicator()
+    p, r = comm.size, comm.rank
+    per_rank = [inputs(("half", wire, str(dtype)), q, 333, dtype) for q in range(p)]
+    ref = wire_reference(per_rank, wire, "average", dtype)
+    with collectively() as blk:
+        got = comm.allreduce_(per_rank[r].copy(), "average", wire=wire)
+        assert got.dtype == np.dtype(dtype) and same_bits(got, ref)
+        blk.same(got)
+    comm.close()
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_element_conversion_matches_ml_dtypes(wire):
+    """One rank (COMM_SELF): the result is the input as the wire carries it.
+    Every block holds the format's largest finite value, so its scale is 1
+    and each element converts as ml_dtypes converts it: ties to even,
+    subnormals, signed zeros, NaN, infinity (NaN in e4m3), float16 overflow."""
+    comm = gs.Communicator(MPI.COMM_SELF)
+    if wire in FP8:
+        dt, fmax = FP8[wire]
+        grid = np.arange(256, dtype=np.uint8).view(dt).astype(np.float32)
+        grid = grid[np.isfinite(grid)]
+        mids = ((grid[:-1].astype(np.float64) + np.sort(grid)[1:]) / 2).astype(np.float32)
+        vals = np.concatenate([grid, np.sort(grid)[:-1] / 2 + np.sort(grid)[1:] / 2, mids,
+                               np.float32([np.inf, -np.inf, np.nan, -0.0, 1e-30])])
+        vals = vals[np.abs(np.nan_to_num(vals, posinf=0, neginf=0)) <= fmax]
+        per = BLOCK - 1
+        nb = -(-vals.size // per)
+        x = np.full((nb, BLOCK), fmax, np.float32)
+        flat = np.zeros(nb * per, np.float32)
+        flat[:vals.size] = vals
+        x[:, 1:] = flat.reshape(nb, per)
+        x = x.reshape(-1)
+        want = x.astype(dt).astype(np.float32)
+    else:
+        rng = np.random.default_rng(7)
+        x = np.concatenate([rng.standard_normal(4000).astype(np.float32) * 1e3,
+                            np.float32([65504, 65520, 7e4, -7e4, 1e-8, 3e-5, np.inf, np.nan,
+                                        -0.0, 3.4e38])])
+        want = x.astype(BF16 if wire == "bfloat16" else np.float16).astype(np.float32)
+    got = comm.allreduce_(x.copy(), wire=wire)
+    assert np.array_equal(np.isnan(got), np.isnan(want))
+    ok = ~np.isnan(want)
+    assert same_bits(got[ok], want[ok]), np.flatnonzero(got[ok].view(np.uint32)
+                                                        != want[ok].view(np.uint32))[:5]
+    comm.close()
+
+
+def ring_baseline(per_rank, wire):
+    """Cast-then-reduce, as a ring does it: the partial sum is rounded to the
+    wire format at each of its P-1 hops."""
+    acc = quantize(per_rank[0], wire)
+    for x in per_rank[1:]:
+        acc = quantize(acc + quantize(x, wire), wire)
+    return acc
+
+
+def rel_error(got, exact):
+    return float(np.linalg.norm(got.astype(np.float64) - exact) / np.linalg.norm(exact))
+
+
+@pytest.mark.parametrize("wire", WIRES)
+def test_error_does_not_grow_with_ranks(wire):
+    """Over the first k ranks for k = 2..size: the relative error against a
+    float64 sum stays within 25% of two ranks' and, from three ranks on,
+    below the cast-then-ring-reduce baseline's."""
+    world = MPI.COMM_WORLD
+    n = 16384
+    errs = {}
+    for k in range(2, world.size + 1):
+        sub = world.Split(0 if world.rank < k else MPI.UNDEFINED, world.rank)
+        per_rank = [inputs(("grow", wire), q, n) for q in range(k)]
+        exact = np.sum([x.astype(np.float64) for x in per_rank], axis=0)
+        ref = wire_reference(per_rank, wire)
+        if sub != MPI.COMM_NULL:  # the ranks in it check gradsync gives ref's bits
+            comm = gs.Communicator(sub)
+            with collectively(sub):
+                ours = comm.allreduce_(per_rank[world.rank].copy(), wire=wire)
+                assert same_bits(ours, ref)
+            comm.close()
+            sub.Free()
+        errs[k] = (rel_error(ref, exact), rel_error(ring_baseline(per_rank, wire), exact))
+    if world.size < 2 or host_group(world.size):
+        return  # hierarchical runs: some k are host by host, others flat (not comparable)
+    base = errs[2][0]
+    bad = [(k, e) for k, e in errs.items() if e[0] > 1.25 * base or (k >= 3 and e[0] >= e[1])]
+    collective_assert(not bad, f"{wire}: errors (ours, ring) by ranks {errs}")
+
+
+@pytest.mark.parametrize("wire", ["bfloat16", "float8_e4m3"])
+def test_error_feedback_tracks_exact_sum(wire):
+    """Each step every rank sends gradients with a part below the wire's
+    resolution (8.01 in bfloat16 is 8). Without error feedback it is lost
+    every step and the summed results drift from the exact sums step after
+    step; with gs.ErrorFeedback the drift is exactly what the ranks'
+    residuals still hold (the sum telescopes), which stays bounded."""
+    world = MPI.COMM_WORLD
+    comm = gs.Communicator()
+    p, r = comm.size, comm.rank
+    n, steps = 256, 200
+    ef = gs.ErrorFeedback()
+    total = {True: np.zeros(n), False: np.zeros(n)}
+    exact = np.zeros(n)
+    held = []
+    for t in range(steps):
+        per_rank = []
+        for q in range(p):
+            g = inputs(("ef", wire, t), q, n)
+            g[::BLOCK] = 8.0  # a large element per block: the rest lose bits
+            per_rank.append((g + np.float32(1e-2)).astype(np.float32))
+        exact += np.sum([x.astype(np.float64) for x in per_rank], axis=0)
+        for use in (True, False):
+            with collectively() as blk:
+                got = comm.allreduce_(per_rank[r].copy(), wire=wire,
+                                      residual=ef if use else None)
+                blk.same(got)
+            total[use] += got
+        res_sum = world.allreduce(ef.state[0].astype(np.float64))
+        held.append(np.abs(res_sum).max())
+        # the identity: what the results missed is what the residuals hold
+        collective_assert(np.allclose(total[True] - exact, -res_sum, rtol=0, atol=1e-3),
+                          f"step {t}: {np.abs(total[True] - exact + res_sum).max()}")
+    drift_ef = np.abs(total[True] - exact).max()
+    drift_plain = np.abs(total[False] - exact).max()
+    collective_assert(max(held[steps // 2:]) <= 1.5 * max(held[:steps // 2]) + 1e-6,
+                      f"the residuals grow: {max(held[:steps // 2])} -> {max(held[steps // 2:])}")
+    collective_assert(drift_plain > 3 * drift_ef, f"plain {drift_plain} vs fed back {drift_ef}")
+    comm.close()
+
+
+def test_hierarchical_counts():
+    """Forced hierarchical (the Makefile's 4-rank run): the wire call takes
+    the host-by-host path; elsewhere the flat one."""
+    comm = gs.Communicator()
+    before = comm.stats()["hierarchical"]
+    with collectively():
+        comm.allreduce_(np.ones(1000, np.float32), wire="float8_e4m3")
+    took = comm.stats()["hierarchical"] - before
+    collective_assert(took == (1 if host_group(comm.size) else 0), f"hierarchical: {took}")
+    comm.close()
+
+
+def test_refusals():
+    comm = gs.Communicator()
+    x = np.ones(100, np.float32)
+    for op in ["min", "max", "prod", "adasum"]:
+        with collectively():
+            with pytest.raises(ValueError, match="wire"):
+                comm.allreduce_(x.copy(), op, wire="bfloat16")
+    for bad in ["fp8", "bf16", 3, ""]:
+        with collectively():
+            with pytest.raises(ValueError, match="wire"):
+                comm.allreduce_(x.copy(), wire=bad)
+    with collectively():
+        with pytest.raises(gs.DtypeError, match="wire"):
+            comm.allreduce_(np.ones(10, np.float64), wire="bfloat16")
+    with collectively():
+        with pytest.raises(gs.DtypeError, match="wire"):
+            comm.allreduce_(np.ones(10, np.float16), wire="bfloat16")
+    with collectively():
+        with pytest.raises(ValueError, match="residual"):
+            comm.allreduce_(x.copy(), residual=[np.zeros(100, np.float32)])
+    with collectively():
+        with pytest.raises(ValueError, match="residual"):
+            comm.allreduce_(x.copy(), wire="float16", residual=[np.zeros(99, np.float32)])
+    if comm.size > 1:
+        with collectively():
+            with pytest.raises(gs.MismatchError, match="wire format"):
+                comm.allreduce_(x.copy(), wire="bfloat16" if comm.rank == 0 else "float16")
+        with collectively():
+            with pytest.raises(gs.MismatchError):
+                comm.allreduce_(x.copy(), wire="bfloat16" if comm.rank == 0 else None)
+    comm.close()
