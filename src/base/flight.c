@@ -84,6 +84,8 @@ int32_t gs_flight_site(const char *text) {
 
 void gs_flight_set_site(int32_t site) { thread_site = site; }
 
+int32_t gs_flight_current_site(void) { return thread_site; }
+
 static uint64_t tid(void) {
   if (!thread_tid) thread_tid = (uint64_t)syscall(SYS_gettid);
   return thread_tid;
@@ -106,7 +108,7 @@ uint64_t gs_flight_enter(const gs_flight_call_t *call) {
     e->dtype = t[0].dtype;
     e->count = t[0].count;
   }
-  gs_flight_comm_seq(call->comm, call->seq);
+  if (!call->p2p) gs_flight_comm_seq(call->comm, call->seq);
   atomic_store_explicit(&s->id, k + 1, memory_order_release);
   return k + 1;
 }

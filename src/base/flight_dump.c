@@ -142,7 +142,8 @@ static void write_entry(FILE *f, const gs_flight_entry_t *e) {
           gs_op_name((gs_op_t)e->redop), e->root, e->path ? e->path : "", status_name(e->status));
   fprintf(f, "\"t_enter\":%.6f,\"t_valid\":%.6f,\"t_sent\":%.6f,\"t_done\":%.6f,", e->t_enter,
           e->t_valid, e->t_sent, e->t_done);
-  fprintf(f, "\"thread\":%llu,\"site\":%d}\n", (unsigned long long)e->thread, e->site);
+  fprintf(f, "\"thread\":%llu,\"site\":%d,\"tag\":%d}\n", (unsigned long long)e->thread, e->site,
+          e->tag);
 }
 
 /* Writes the whole dump under the lock (one dump at a time). */

@@ -53,6 +53,7 @@ typedef struct gs_flight_call {
   int32_t redop, root, tag;
 } gs_flight_call_t;
 
+int32_t gs_flight_current_site(void); /* the calling thread's (queued calls carry it along) */
 void gs_flight_start(void); /* makes the ring once (GRADSYNC_FLIGHT_ENTRIES) */
 int gs_flight_stacks_on(void);
 /* Registers a communicator: its size, this process's rank in it and in

@@ -63,6 +63,8 @@ static gs_status_t run(gs_comm_t c, gs_coll_t *d, uint64_t *fid) {
     gs_status_t s = d->shortcut(c, d, &taken);
     if (taken) {
       gs_flight_path(*fid, "shortcut"); /* validated and reduced in one exchange */
+      gs_flight_phase(*fid, GS_FLIGHT_VALIDATED);
+      gs_flight_phase(*fid, GS_FLIGHT_SENT);
       return s;
     }
   }
