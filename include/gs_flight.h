@@ -47,6 +47,9 @@ typedef struct gs_flight_entry {
 /* Writes this rank's ring now (replacing its earlier dump); `reason` goes
  * into the file's header. */
 GS_API gs_status_t gs_flight_dump(const char *reason);
+/* Dumps go to `dir` from now on (made at the first dump; the ranks of a
+ * job should name the same one). */
+GS_API gs_status_t gs_flight_set_dir(const char *dir);
 /* The dump directory and this rank's file in it (empty while off). */
 GS_API const char *gs_flight_dir(void);
 GS_API const char *gs_flight_file(void);

@@ -29,6 +29,7 @@ from gradsync._core import (  # noqa: E402
     bfloat16,
     dump_flight_record,
     flight_record_dir,
+    flight_stacks,
     set_timeout,
     start_timeline,
     stop_timeline,
@@ -91,6 +92,7 @@ __all__ = [
     "AllSumReduce", "Arena", "ArgumentError", "ClosedError", "Communicator", "DeviceArray",
     "DtypeError", "Error", "MismatchError", "Op", "Request", "Partition", "ShardLayout",
     "TimeoutError", "UnsupportedError", "accumulate_", "accumulate_v2_", "all_finite", "bfloat16",
-    "build_info", "dump_flight_record", "flight_record_dir", "scale_", "set_timeout", "start_timeline", "stop_timeline", "to_device", "zero_",
+    "build_info", "dump_flight_record", "flight_record_dir",
+    "flight_stacks", "scale_", "set_timeout", "start_timeline", "stop_timeline", "to_device", "zero_",
     "zero_volume_array",
 ]

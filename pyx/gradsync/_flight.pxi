@@ -58,8 +58,12 @@ def dump_flight_record(reason="on demand"):
     return gs_flight_file().decode()
 
 
-def flight_record_dir():
-    """The directory every rank dumps into ('' while the recorder is off)."""
+def flight_record_dir(path=None):
+    """The directory every rank dumps into ('' while the recorder is off);
+    ``path`` sets it (GRADSYNC_FLIGHT_DIR does at start)."""
+    if path is not None:
+        p = os.fsencode(path)
+        CHKERR(gs_flight_set_dir(p))
     return gs_flight_dir().decode()
 
 
@@ -67,22 +71,18 @@ def flight_record_capacity():
     return gs_flight_capacity()
 
 
-def _gradsync_in(exc, tb):
-    """An exception of gradsync's, or one raised through gradsync's code."""
+def _gradsync_in(exc):
+    """An error of a gradsync call, itself or as the cause of the exception."""
     seen = 0
     while exc is not None and seen < 8:
         if isinstance(exc, Error):
             return True
         exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    while tb is not None:
-        if tb.tb_frame.f_code.co_filename.startswith(_PKG_DIR):
-            return True
-        tb = tb.tb_next
     return False
 
 
 def _flight_excepthook(exc_type, exc, tb, _previous=sys.excepthook):
-    if gs_flight_capacity() > 0 and _gradsync_in(exc, tb):
+    if gs_flight_capacity() > 0 and _gradsync_in(exc):
         try:
             path = dump_flight_record("uncaught %s: %s" % (exc_type.__name__, exc))
             sys.stderr.write("gradsync: flight record written to %s (python -m gradsync.doctor %s)\n"

@@ -121,6 +121,7 @@ class Comm:
         self.members = None  # world ranks, when known in full
         self.by_rank = {}    # world rank -> {seq: call} (collectives only)
         self.last = {}       # world rank -> last seq entered (the comm table's)
+        self.freed = set()   # world ranks that freed it (nobody waits on it there)
 
     def reached(self, r):
         return self.last.get(r, max(self.by_rank.get(r, {0: None})))
@@ -143,13 +144,16 @@ def gather_comms(ranks):
         for idx, c in rk.comms.items():
             full = len(c["ranks"]) == c["size"]
             is_world = full and c["size"] == world and c["ranks"] == list(range(world))
-            label = "WORLD" if is_world and c["uid"].endswith(".0") else (
+            ordinal = c["uid"].split(".")[1]
+            label = ("WORLD" if ordinal == "0" else "WORLD#" + ordinal) if is_world else (
                 "communicator %s of ranks %s" % (c["uid"].split(".")[0][:6] + "." +
                                                  c["uid"].split(".")[1], fmt_ranks(c["ranks"])))
             cm = comms.setdefault(c["uid"], Comm(c["uid"], label))
             if full:
                 cm.members = c["ranks"]
             cm.last[r] = c["last_seq"]
+            if c.get("freed"):
+                cm.freed.add(r)
             cm.by_rank.setdefault(r, {})
             local[idx] = cm
         for call in rk.calls:
@@ -157,6 +161,12 @@ def gather_comms(ranks):
             if cm is not None and not call.get("p2p"):
                 cm.by_rank[r][call["seq"]] = call
     return comms, world
+
+
+def newest_call(cm):
+    """The latest call id any rank recorded on cm (ids order one rank's calls)."""
+    return max((max(c["id"] for c in calls.values()) for calls in cm.by_rank.values() if calls),
+               default=0)
 
 
 def first_disagreement(cm):
@@ -224,11 +234,14 @@ def diagnose(directory):
                                              ranks[r].header.get("reason")))
     for cm in comms.values():
         evidence_of_comm(rep, cm, ranks)
-    for cm in comms.values():
+    # the newest problem first: a dump holds the calls of communicators long
+    # gone too; one every rank freed is waited on by nobody
+    order = sorted(comms.values(), key=newest_call, reverse=True)
+    for cm in order:
         if rep.verdict is None:
             judge_mismatch(rep, cm, ranks)
-    for cm in comms.values():
-        if rep.verdict is None:
+    for cm in order:
+        if rep.verdict is None and not (cm.freed and cm.freed >= set(cm.by_rank)):
             judge_hang(rep, cm, ranks, missing, lambda rk, c: comm_name(rk.rank, c))
     if rep.verdict is None:
         rep.verdict = "no hang or disagreement found: every rank completed its last call"

@@ -6,6 +6,7 @@ cdef extern from "gs_flight.h" nogil:
     int GS_FLIGHT_FORMAT
     gs_status_t gs_flight_dump(const char *reason)
     const char *gs_flight_dir()
+    gs_status_t gs_flight_set_dir(const char *dir)
     const char *gs_flight_file()
     int64_t gs_flight_capacity()
     uint64_t gs_flight_recorded()

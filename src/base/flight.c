@@ -51,7 +51,7 @@ int32_t gs_flight_comm(int size, int rank, int world_rank, const int *members) {
   if (gs_flight.ncomms < GS_FLIGHT_MAX_COMMS) {
     id = gs_flight.ncomms;
     gs_flight_comm_t *c = &gs_flight.comms[id];
-    *c = (gs_flight_comm_t){h, ordinal, size, rank, 0, {0}};
+    *c = (gs_flight_comm_t){h, ordinal, size, rank, 0, 0, {0}};
     int m = size < GS_FLIGHT_MEMBERS ? size : GS_FLIGHT_MEMBERS;
     for (int r = 0; r < m; r++) c->members[r] = members ? members[r] : r;
     gs_flight.world_rank = world_rank;
@@ -64,6 +64,10 @@ int32_t gs_flight_comm(int size, int rank, int world_rank, const int *members) {
 
 void gs_flight_comm_seq(int32_t comm, uint64_t seq) {
   if (comm >= 0 && comm < GS_FLIGHT_MAX_COMMS) gs_flight.comms[comm].last_seq = seq;
+}
+
+void gs_flight_comm_freed(int32_t comm) {
+  if (comm >= 0 && comm < GS_FLIGHT_MAX_COMMS) gs_flight.comms[comm].freed = 1;
 }
 
 int32_t gs_flight_site(const char *text) {

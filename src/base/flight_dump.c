@@ -40,6 +40,16 @@ static int world_rank(void) {
   return rank;
 }
 
+gs_status_t gs_flight_set_dir(const char *dir) {
+  if (!dir || !*dir) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_flight_set_dir: dir is empty");
+  if (strlen(dir) >= sizeof flight_dir - 32)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_flight_set_dir: dir is too long");
+  pthread_mutex_lock(&gs_flight.lock);
+  snprintf(flight_dir, sizeof flight_dir, "%s", dir);
+  pthread_mutex_unlock(&gs_flight.lock);
+  return GS_SUCCESS;
+}
+
 const char *gs_flight_dir(void) {
   if (!gs_flight_capacity()) return "";
   pthread_mutex_lock(&gs_flight.lock);
@@ -119,8 +129,8 @@ static void write_tables(FILE *f) {
     const gs_flight_comm_t *c = &gs_flight.comms[k];
     fprintf(f, "{\"v\":%d,\"type\":\"comm\",\"comm\":%d,\"uid\":\"%016llx.%d\",\"size\":%d,", GS_FLIGHT_FORMAT,
             k, (unsigned long long)c->hash, c->ordinal, c->size);
-    fprintf(f, "\"rank\":%d,\"last_seq\":%llu,\"ranks\":[", c->rank,
-            (unsigned long long)c->last_seq);
+    fprintf(f, "\"rank\":%d,\"last_seq\":%llu,\"freed\":%s,\"ranks\":[", c->rank,
+            (unsigned long long)c->last_seq, c->freed ? "true" : "false");
     int m = c->size < GS_FLIGHT_MEMBERS ? c->size : GS_FLIGHT_MEMBERS;
     for (int r = 0; r < m; r++) fprintf(f, "%s%d", r ? "," : "", c->members[r]);
     fprintf(f, "]}\n");

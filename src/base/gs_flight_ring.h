@@ -26,6 +26,7 @@ typedef struct gs_flight_comm {
   int32_t ordinal;  /* earlier communicators of this process on the same ranks */
   int32_t size, rank;
   uint64_t last_seq; /* the last call entered */
+  int32_t freed;     /* gs_comm_free was called */
   int32_t members[GS_FLIGHT_MEMBERS];
 } gs_flight_comm_t;
 
@@ -60,6 +61,7 @@ int gs_flight_stacks_on(void);
  * MPI_COMM_WORLD, the members' world ranks. Returns its index, or -1. */
 int32_t gs_flight_comm(int size, int rank, int world_rank, const int *members);
 void gs_flight_comm_seq(int32_t comm, uint64_t seq);
+void gs_flight_comm_freed(int32_t comm);
 /* O(1), no allocation: returns the entry's id (0 while the recorder is off). */
 uint64_t gs_flight_enter(const gs_flight_call_t *call);
 void gs_flight_phase(uint64_t id, int phase);

@@ -178,6 +178,7 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
   if (!comm || !*comm) return GS_SUCCESS;
   gs_comm_t c = *comm;
   GS_CHECK(gs_comm_valid(c, "gs_comm_free")); /* a broken one can still be freed */
+  gs_flight_comm_freed(c->flight); /* nobody waits on it any more: the doctor looks elsewhere */
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
@@ -288,16 +289,16 @@ static gs_status_t barrier_run(gs_comm_t comm, uint64_t fid) {
 }
 
 /* Counts and records a collective that does not go through the skeleton. */
-static uint64_t flight_begin(gs_comm_t comm, gs_call_kind_t kind) {
+static uint64_t flight_begin(gs_comm_t comm, const char *name) {
   comm->seq++;
-  gs_flight_call_t fc = {comm->flight, 0, comm->seq, gs_call_name(kind), NULL, 0, GS_OP_SUM, -1, 0};
+  gs_flight_call_t fc = {comm->flight, 0, comm->seq, name, NULL, 0, GS_OP_SUM, -1, 0};
   return gs_flight_enter(&fc);
 }
 
 static gs_status_t barrier_impl(gs_comm_t comm) {
   GS_CHECK(gs_comm_enter(comm, "gs_barrier"));
   gs_clear_error();
-  uint64_t fid = flight_begin(comm, GS_CALL_BARRIER);
+  uint64_t fid = flight_begin(comm, "barrier");
   gs_status_t s = barrier_run(comm, fid);
   gs_flight_end(fid, s);
   return s;
@@ -329,7 +330,8 @@ static gs_status_t comm_abandon_impl(gs_comm_t comm, gs_status_t status, const c
   if (status == GS_SUCCESS) status = GS_ERR_INVALID_ARGUMENT;
   gs_fail(status, "%s", reason ? reason : "invalid arguments");
   gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
-  uint64_t fid = flight_begin(comm, GS_CALL_BARRIER);
+  /* recorded as what it is: this rank gave up on its call (bad arguments) */
+  uint64_t fid = flight_begin(comm, "abandon");
   gs_status_t s = gs_begin_call(comm, &call, status);
   gs_flight_end(fid, s);
   return s;
