@@ -124,7 +124,7 @@ class Comm:
         self.freed = set()   # world ranks that freed it (nobody waits on it there)
 
     def reached(self, r):
-        return self.last.get(r, max(self.by_rank.get(r, {0: None})))
+        return self.last.get(r, max(self.by_rank.get(r) or {0: None}))
 
 
 def load(directory):
@@ -256,6 +256,9 @@ def evidence_of_comm(rep, cm, ranks):
     for r in sorted(cm.by_rank):
         s = cm.reached(r)
         call = cm.by_rank[r].get(s)
+        if s == 0:
+            rep.say("  rank %d made no collective on it" % r)
+            continue
         if call is None:
             rep.say("  rank %d reached #%d (not in its ring)" % (r, s))
             continue
