@@ -93,6 +93,7 @@ __all__ = [
     "DtypeError", "Error", "MismatchError", "Op", "Request", "Partition", "ShardLayout",
     "TimeoutError", "UnsupportedError", "accumulate_", "accumulate_v2_", "all_finite", "bfloat16",
     "build_info", "dump_flight_record", "flight_record_dir",
-    "flight_stacks", "scale_", "set_timeout", "start_timeline", "stop_timeline", "to_device", "zero_",
+    "flight_stacks", "scale_", "set_timeout", "start_timeline", "stop_timeline", "to_device",
+    "zero_",
     "zero_volume_array",
 ]

@@ -85,8 +85,8 @@ def _flight_excepthook(exc_type, exc, tb, _previous=sys.excepthook):
     if gs_flight_capacity() > 0 and _gradsync_in(exc):
         try:
             path = dump_flight_record("uncaught %s: %s" % (exc_type.__name__, exc))
-            sys.stderr.write("gradsync: flight record written to %s (python -m gradsync.doctor %s)\n"
-                             % (path, flight_record_dir()))
+            sys.stderr.write("gradsync: flight record written to %s "
+                             "(python -m gradsync.doctor %s)\n" % (path, flight_record_dir()))
         except Exception:  # a failed dump must not hide the exception itself
             pass
     _previous(exc_type, exc, tb)

@@ -199,7 +199,8 @@ def doing_now(rk, comms_of_rank):
     if last["status"] in ("in_flight", "timeout", "interrupted"):
         return "it was waiting in %s%s on %s" % (describe(last), at, comms_of_rank(last))
     return ("its last call was %s #%d%s (completed %.1f s before its dump), so it is in its "
-            "own code" % (describe(last), last["seq"], at, rk.ago(last["t_done"] or last["t_enter"])))
+            "own code" % (describe(last), last["seq"], at,
+                          rk.ago(last["t_done"] or last["t_enter"])))
 
 
 class Report:
@@ -285,7 +286,7 @@ def judge_mismatch(rep, cm, ranks):
     for r, c in calls.items():
         groups.setdefault(signature(c), []).append(r)
     parts = []
-    for sig, rs in sorted(groups.items(), key=lambda kv: min(kv[1])):
+    for _sig, rs in sorted(groups.items(), key=lambda kv: min(kv[1])):
         c = calls[rs[0]]
         where = ranks[rs[0]].site(c)
         parts.append("rank%s %s %s%s" % ("s" if len(rs) > 1 else "", fmt_ranks(rs), describe(c),
@@ -329,13 +330,15 @@ def judge_hang(rep, cm, ranks, missing, comm_name):
         rep.say("")
         rep.say("stragglers on %s (never entered #%d):" % (cm.label, top))
         for r in late:
-            rep.say("  rank %d: %s" % (r, doing_now(ranks[r], lambda c, r=r: comm_name(ranks[r], c))))
+            now = doing_now(ranks[r], lambda c, r=r: comm_name(ranks[r], c))
+            rep.say("  rank %d: %s" % (r, now))
             last = latest(ranks[r])
             if last is not None:
                 show_stacks(rep, ranks, {r: last})
     elif absent:
         rep.verdict = ("rank%s %s left no dump (dead, or its host is down) and %s in %s"
-                       % ("s" if len(absent) > 1 else "", fmt_ranks(absent), waiters(waiting), what))
+                       % ("s" if len(absent) > 1 else "", fmt_ranks(absent), waiters(waiting),
+                          what))
         rep.code = MISSING
     else:
         slow = slowest_phase(waiting)

@@ -148,8 +148,8 @@ const char *gs_env_flight_dir(void) { return env_text("GRADSYNC_FLIGHT_DIR"); }
  * launcher's job id, else the launcher's process on this host (MPICH's
  * hydra proxy, Open MPI's daemon), every local rank's parent. */
 const char *gs_env_job_key(char *buf, size_t cap) {
-  static const char *const names[] = {"GRADSYNC_JOB_ID", "SLURM_JOB_ID", "PMIX_NAMESPACE",
-                                      "OMPI_MCA_ess_base_jobid", "LSB_JOBID", "PBS_JOBID"};
+  static const char *const names[] = {"GRADSYNC_JOB_ID",         "SLURM_JOB_ID", "PMIX_NAMESPACE",
+                                      "OMPI_MCA_ess_base_jobid", "LSB_JOBID",    "PBS_JOBID"};
   for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
     const char *s = env_text(names[k]);
     if (s) return s;

@@ -15,6 +15,8 @@
 
 gs_flight_state_t gs_flight = {.lock = PTHREAD_MUTEX_INITIALIZER};
 
+const char gs_flight_shortcut[] = "shortcut";
+
 static pthread_once_t flight_once = PTHREAD_ONCE_INIT;
 static _Thread_local int32_t thread_site = -1;
 static _Thread_local uint64_t thread_tid;
@@ -104,10 +106,12 @@ uint64_t gs_flight_enter(const gs_flight_call_t *call) {
   gs_flight_entry_t *e = &s->e;
   int64_t bytes = 0;
   const gs_tensor_t *t = call->tensors;
-  for (int64_t i = 0; t && i < call->n; i++) bytes += t[i].count * (int64_t)gs_dtype_size(t[i].dtype);
-  *e = (gs_flight_entry_t){k + 1, call->seq, call->comm, call->p2p, call->op, "", -1,
-                           call->redop, call->root, -1, call->n, 0, bytes,
-                           gs_now(), 0, 0, 0, tid(), thread_site, call->tag};
+  for (int64_t i = 0; t && i < call->n; i++)
+    bytes += t[i].count * (int64_t)gs_dtype_size(t[i].dtype);
+  *e = (gs_flight_entry_t){k + 1,   call->seq, call->comm,  call->p2p,   call->op,
+                           "",      -1,        call->redop, call->root,  -1,
+                           call->n, 0,         bytes,       gs_now(),    0,
+                           0,       0,         tid(),       thread_site, call->tag};
   if (t && call->n > 0) {
     e->dtype = t[0].dtype;
     e->count = t[0].count;
@@ -117,15 +121,14 @@ uint64_t gs_flight_enter(const gs_flight_call_t *call) {
   return k + 1;
 }
 
-/* The entry `id` names, while the ring has not moved past it. */
-static gs_flight_entry_t *live(uint64_t id) {
+gs_flight_entry_t *gs_flight_live(uint64_t id) {
   if (!id) return NULL;
   gs_flight_slot_t *s = &gs_flight.ring[(id - 1) % (uint64_t)gs_flight.cap];
   return atomic_load_explicit(&s->id, memory_order_acquire) == id ? &s->e : NULL;
 }
 
 void gs_flight_phase(uint64_t id, int phase) {
-  gs_flight_entry_t *e = live(id);
+  gs_flight_entry_t *e = gs_flight_live(id);
   if (!e) return;
   double t = gs_now();
   if (phase == GS_FLIGHT_VALIDATED) e->t_valid = t;
@@ -133,21 +136,8 @@ void gs_flight_phase(uint64_t id, int phase) {
 }
 
 void gs_flight_path(uint64_t id, const char *path) {
-  gs_flight_entry_t *e = live(id);
+  gs_flight_entry_t *e = gs_flight_live(id);
   if (e && path) e->path = path;
-}
-
-void gs_flight_end(uint64_t id, gs_status_t status) {
-  if (!id) return; /* not recorded: the recorder is off, or the call never began */
-  gs_flight_entry_t *e = live(id);
-  if (e) {
-    e->t_done = gs_now();
-    e->status = (int32_t)status;
-  }
-  /* the failures that leave other ranks waiting or say the ranks diverged */
-  if (status == GS_ERR_TIMEOUT || status == GS_ERR_MISMATCH || status == GS_ERR_INTERRUPTED ||
-      status == GS_ERR_MPI || status == GS_ERR_NCCL)
-    gs_flight_dump_failure(status);
 }
 
 int64_t gs_flight_snapshot(gs_flight_entry_t *out, int64_t cap) {

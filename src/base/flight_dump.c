@@ -24,8 +24,7 @@ static void name_dir(void) {
   if (flight_dir[0]) return;
   const char *d = gs_env_flight_dir();
   char key[64];
-  if (d)
-    snprintf(flight_dir, sizeof flight_dir, "%s", d);
+  if (d) snprintf(flight_dir, sizeof flight_dir, "%s", d);
   else
     snprintf(flight_dir, sizeof flight_dir, "%s/gradsync-flight-%s", gs_env_tmpdir(),
              gs_env_job_key(key, sizeof key));
@@ -85,23 +84,18 @@ static void json_string(FILE *f, const char *s) {
   fputc('"', f);
   for (; s && *s; s++) {
     unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      fprintf(f, "\\%c", ch);
-    else if (ch == '\n')
-      fputs("\\n", f);
-    else if (ch < 0x20)
-      fprintf(f, "\\u%04x", ch);
-    else
-      fputc(ch, f);
+    if (ch == '"' || ch == '\\') fprintf(f, "\\%c", ch);
+    else if (ch == '\n') fputs("\\n", f);
+    else if (ch < 0x20) fprintf(f, "\\u%04x", ch);
+    else fputc(ch, f);
   }
   fputc('"', f);
 }
 
 static const char *status_name(int32_t s) {
   static const char *const names[] = {
-      "ok",        "invalid_argument", "type",       "mismatch",       "mpi",
-      "no_memory", "unsupported",      "internal",   "closed",         "cuda",
-      "nccl",      "timeout",          "interrupted"};
+      "ok",       "invalid_argument", "type", "mismatch", "mpi",     "no_memory",  "unsupported",
+      "internal", "closed",           "cuda", "nccl",     "timeout", "interrupted"};
   if (s < 0) return "in_flight";
   return (size_t)s < sizeof names / sizeof names[0] ? names[s] : "unknown";
 }
@@ -112,8 +106,8 @@ static void write_header(FILE *f, const char *reason, int rank) {
   int size = gs_flight.world_size;
   struct timespec wall;
   clock_gettime(CLOCK_REALTIME, &wall);
-  fprintf(f, "{\"v\":%d,\"type\":\"header\",\"format\":\"gradsync-flight\",\"rank\":%d,", GS_FLIGHT_FORMAT,
-          rank);
+  fprintf(f, "{\"v\":%d,\"type\":\"header\",\"format\":\"gradsync-flight\",\"rank\":%d,",
+          GS_FLIGHT_FORMAT, rank);
   fprintf(f, "\"world_size\":%d,\"pid\":%ld,\"host\":", size, (long)getpid());
   json_string(f, host);
   fputs(",\"reason\":", f);
@@ -127,8 +121,8 @@ static void write_tables(FILE *f) {
   int32_t nc = atomic_load(&gs_flight.ncomms), ns = atomic_load(&gs_flight.nsites);
   for (int32_t k = 0; k < nc; k++) {
     const gs_flight_comm_t *c = &gs_flight.comms[k];
-    fprintf(f, "{\"v\":%d,\"type\":\"comm\",\"comm\":%d,\"uid\":\"%016llx.%d\",\"size\":%d,", GS_FLIGHT_FORMAT,
-            k, (unsigned long long)c->hash, c->ordinal, c->size);
+    fprintf(f, "{\"v\":%d,\"type\":\"comm\",\"comm\":%d,\"uid\":\"%016llx.%d\",\"size\":%d,",
+            GS_FLIGHT_FORMAT, k, (unsigned long long)c->hash, c->ordinal, c->size);
     fprintf(f, "\"rank\":%d,\"last_seq\":%llu,\"freed\":%s,\"ranks\":[", c->rank,
             (unsigned long long)c->last_seq, c->freed ? "true" : "false");
     int m = c->size < GS_FLIGHT_MEMBERS ? c->size : GS_FLIGHT_MEMBERS;
@@ -190,7 +184,8 @@ static gs_status_t dump_locked(const char *reason) {
 
 gs_status_t gs_flight_dump(const char *reason) {
   if (!gs_flight_capacity())
-    return gs_fail(GS_ERR_UNSUPPORTED, "gs_flight_dump: the recorder is off (GRADSYNC_FLIGHT_ENTRIES=0)");
+    return gs_fail(GS_ERR_UNSUPPORTED,
+                   "gs_flight_dump: the recorder is off (GRADSYNC_FLIGHT_ENTRIES=0)");
   pthread_mutex_lock(&gs_flight.lock);
   gs_status_t s = dump_locked(reason ? reason : "on demand");
   pthread_mutex_unlock(&gs_flight.lock);
@@ -210,6 +205,20 @@ void gs_flight_dump_failure(gs_status_t status) {
   }
   gs_fail(status, "%s; flight record: %s (python -m gradsync.doctor %s)", why, flight_file,
           flight_dir);
+}
+
+void gs_flight_end(uint64_t id, gs_status_t status) {
+  if (!id) return; /* not recorded: the recorder is off, or the call never began */
+  gs_flight_entry_t *e = gs_flight_live(id);
+  if (e) {
+    e->t_done = gs_now();
+    if (e->path == gs_flight_shortcut) e->t_valid = e->t_sent = e->t_done;
+    e->status = (int32_t)status;
+  }
+  /* the failures that leave other ranks waiting or say the ranks diverged */
+  if (status == GS_ERR_TIMEOUT || status == GS_ERR_MISMATCH || status == GS_ERR_INTERRUPTED ||
+      status == GS_ERR_MPI || status == GS_ERR_NCCL)
+    gs_flight_dump_failure(status);
 }
 
 /* ---- SIGUSR1 ------------------------------------------------------------ */

@@ -41,8 +41,9 @@ static gs_status_t messages(const gs_engine_t *e, gs_coll_t *d) {
  * passes here once, on every transport, checked or not. */
 static uint64_t flight_begin(gs_comm_t c, const gs_coll_t *d) {
   c->seq++;
-  gs_flight_call_t fc = {c->flight,       0,         c->seq, gs_call_name(d->kind), d->call.tensors,
-                         d->call.n,       (int32_t)d->op, d->root, 0};
+  gs_flight_call_t fc = {
+      c->flight,      0,       c->seq, gs_call_name(d->kind), d->call.tensors, d->call.n,
+      (int32_t)d->op, d->root, 0};
   return gs_flight_enter(&fc);
 }
 
@@ -62,9 +63,8 @@ static gs_status_t run(gs_comm_t c, gs_coll_t *d, uint64_t *fid) {
   if (local == GS_SUCCESS && d->shortcut) {
     gs_status_t s = d->shortcut(c, d, &taken);
     if (taken) {
-      gs_flight_path(*fid, "shortcut"); /* validated and reduced in one exchange */
-      gs_flight_phase(*fid, GS_FLIGHT_VALIDATED);
-      gs_flight_phase(*fid, GS_FLIGHT_SENT);
+      /* validated and reduced in one exchange: its phases end together */
+      gs_flight_path(*fid, gs_flight_shortcut);
       return s;
     }
   }

@@ -39,11 +39,21 @@ gs_status_t gs_comm_enter(gs_comm_t comm, const char *where) {
   return GS_SUCCESS;
 }
 
+static int node_cores(void) {
+  cpu_set_t cpus;
+  int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus)
+                                                           : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  /* A rank pinned to one core says nothing about the node: count the node's. */
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > ncpu ? (int)online : ncpu;
+}
+
 /* Names the communicator in the flight recorder by its members' ranks in
  * MPI_COMM_WORLD, which every member computes alike. */
 static void flight_register(struct gs_comm *c) {
   c->flight = -1;
-  int world = 0, *in = malloc((size_t)c->size * sizeof *in), *out = malloc((size_t)c->size * sizeof *out);
+  int world = 0, *in = malloc((size_t)c->size * sizeof *in),
+      *out = malloc((size_t)c->size * sizeof *out);
   MPI_Group mine = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
   MPI_Comm_rank(MPI_COMM_WORLD, &world);
   if (in && out && MPI_Comm_group(c->mpi, &mine) == MPI_SUCCESS &&
@@ -101,13 +111,7 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
   c->stall_seconds =
       (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds : gs_env_stall_seconds();
-  cpu_set_t cpus;
-  int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus)
-                                                           : (int)sysconf(_SC_NPROCESSORS_ONLN);
-  /* A rank pinned to one core says nothing about the node: count the node's. */
-  long online = sysconf(_SC_NPROCESSORS_ONLN);
-  if (online > ncpu) ncpu = (int)online;
-  c->fate.owns_core = c->local_size <= ncpu;
+  c->fate.owns_core = c->local_size <= node_cores();
   flight_register(c);
   c->magic = GS_COMM_MAGIC;
   *out = c;

@@ -41,7 +41,8 @@ static void fields(gs_comm_t comm) {
   GS_OK(gs_allreduce(comm, &tx, &tx, 1, GS_OP_MAX, 1.0, 1.0));
   GS_OK(gs_broadcast(comm, &ty, 1, size - 1));
   GS_OK(gs_barrier(comm));
-  CHECK(gs_flight_recorded() == before + 3, "recorded %llu", (unsigned long long)gs_flight_recorded());
+  CHECK(gs_flight_recorded() == before + 3, "recorded %llu",
+        (unsigned long long)gs_flight_recorded());
   int64_t got = gs_flight_snapshot(snap, 3);
   CHECK(got == 3, "snapshot gave %lld", (long long)got);
   if (got != 3) return;

@@ -85,7 +85,8 @@ def test_shapes_differ(tmp_path, capsys):
     write(tmp_path, 1, 2, history(4) + [call(5, "allreduce", site=0, count=50)])
     code, verdict, _ = run(tmp_path, capsys)
     assert code == doctor.MISMATCH
-    assert "rank 0 allreduce float32[100] sum" in verdict and "rank 1 allreduce float32[50]" in verdict
+    assert "rank 0 allreduce float32[100] sum" in verdict
+    assert "rank 1 allreduce float32[50]" in verdict
 
 
 def test_entered_everywhere_never_completed(tmp_path, capsys):
@@ -94,7 +95,8 @@ def test_entered_everywhere_never_completed(tmp_path, capsys):
     code, verdict, _ = run(tmp_path, capsys)
     assert code == doctor.STUCK == 4
     assert verdict.startswith("allreduce #9 on WORLD was entered by every rank but never "
-                              "completed (stuck moving data after validation on ranks 0-2)"), verdict
+                              "completed (stuck moving data after validation on ranks 0-2)"), \
+        verdict
 
 
 def test_rank_without_dump(tmp_path, capsys):

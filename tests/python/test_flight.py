@@ -75,7 +75,7 @@ def test_dump_on_demand(flight):
     comm = gs.Communicator()
     x = np.ones(40, np.float32)
     lines = []
-    for k in range(3):
+    for _k in range(3):
         lines.append(line())
         comm.allreduce_(x, op="max")
     path = gs.dump_flight_record("checkpoint")
@@ -143,7 +143,8 @@ def test_rank_that_skips_a_collective(flight):
     code, verdict, evidence = diagnose_on_root(flight)
     comm.close()
     with collectively():
-        assert raised is not None and "flight record: " + rank_file(flight, WORLD.rank) in str(raised)
+        assert raised is not None
+        assert "flight record: " + rank_file(flight, WORLD.rank) in str(raised)
         assert os.path.exists(rank_file(flight, WORLD.rank))
         assert code == doctor.NEVER_CALLED, verdict
         assert verdict.startswith("rank %d never called allreduce #3 on WORLD" % late), verdict
