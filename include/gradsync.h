@@ -17,5 +17,6 @@
 #include "gs_async.h"
 #include "gs_p2p.h"
 #include "gs_timeline.h"
+#include "gs_flight.h"
 
 #endif

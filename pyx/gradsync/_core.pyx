@@ -21,6 +21,7 @@ from gradsync.gs_device cimport *
 from gradsync.gs_async cimport *
 from gradsync.gs_p2p cimport *
 from gradsync.gs_timeline cimport *
+from gradsync.gs_flight cimport *
 from gradsync.dlpack cimport *
 
 cnp.import_array()
@@ -30,6 +31,7 @@ include "_tensors.pxi"
 include "_device.pxi"
 include "_kernels.pxi"
 include "_async.pxi"
+include "_flight.pxi"
 
 gs_set_interrupt_check(check_signals)
 
@@ -196,6 +198,8 @@ cdef class Comm:
     cdef inline gs_comm_t live(self) except NULL:
         if self.handle == NULL:
             raise ClosedError("the communicator is closed", GS_ERR_CLOSED)
+        if _flight_stacks:
+            flight_mark()
         return self.handle
 
     def close(self):

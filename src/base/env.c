@@ -1,8 +1,10 @@
 /* Every environment knob gradsync reads: this is the only file of src/ that
  * calls getenv. Each reader falls back to its default when the variable is
  * unset or unparsable. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gs_info.h"
 #include "base/gs_base.h"
@@ -127,3 +129,36 @@ int gs_env_nccl_multi_rank_gpu(void) {
 int gs_env_debug_nccl(void) { return getenv("GRADSYNC_DEBUG_NCCL") != NULL; }
 const char *gs_env_log_level(void) { return env_text("GRADSYNC_LOG_LEVEL"); }
 const char *gs_env_timeline(void) { return env_text("GRADSYNC_TIMELINE"); }
+
+int64_t gs_env_flight_entries(void) {
+  int64_t v;
+  return (env_int64("GRADSYNC_FLIGHT_ENTRIES", &v) && v >= 0 && v <= (1 << 24))
+             ? v
+             : GS_DEFAULT_FLIGHT_ENTRIES;
+}
+
+int gs_env_flight_stacks(void) {
+  int64_t v;
+  return env_int64("GRADSYNC_FLIGHT_STACKS", &v) && v != 0;
+}
+
+const char *gs_env_flight_dir(void) { return env_text("GRADSYNC_FLIGHT_DIR"); }
+
+/* What the ranks of one job share without talking: the scheduler's or the
+ * launcher's job id, else the launcher's process on this host (MPICH's
+ * hydra proxy, Open MPI's daemon), every local rank's parent. */
+const char *gs_env_job_key(char *buf, size_t cap) {
+  static const char *const names[] = {"GRADSYNC_JOB_ID",         "SLURM_JOB_ID", "PMIX_NAMESPACE",
+                                      "OMPI_MCA_ess_base_jobid", "LSB_JOBID",    "PBS_JOBID"};
+  for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+    const char *s = env_text(names[k]);
+    if (s) return s;
+  }
+  snprintf(buf, cap, "p%ld", (long)getppid());
+  return buf;
+}
+
+const char *gs_env_tmpdir(void) {
+  const char *s = env_text("TMPDIR");
+  return s ? s : "/tmp";
+}

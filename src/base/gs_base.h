@@ -85,6 +85,15 @@ int gs_env_nccl_multi_rank_gpu(void);  /* NCCL_MULTI_RANK_GPU_ENABLE=1 (NCCL's) 
 int gs_env_debug_nccl(void);          /* GRADSYNC_DEBUG_NCCL set */
 const char *gs_env_log_level(void);   /* GRADSYNC_LOG_LEVEL, or NULL */
 const char *gs_env_timeline(void);    /* GRADSYNC_TIMELINE, or NULL */
+/* The flight recorder's ring: a few thousand calls (about 0.5 MiB) cover
+ * minutes of a training loop's collectives. */
+#define GS_DEFAULT_FLIGHT_ENTRIES ((int64_t)4096)
+int64_t gs_env_flight_entries(void); /* GRADSYNC_FLIGHT_ENTRIES (0: off) */
+int gs_env_flight_stacks(void);      /* GRADSYNC_FLIGHT_STACKS=1: callers' Python stacks */
+const char *gs_env_flight_dir(void); /* GRADSYNC_FLIGHT_DIR, or NULL */
+/* A name the ranks of one job share (the job id, else the launcher's pid). */
+const char *gs_env_job_key(char *buf, size_t cap);
+const char *gs_env_tmpdir(void);     /* TMPDIR, else /tmp */
 
 /* ---- dtypes and ops (dtype.c) ------------------------------------------- */
 

@@ -43,6 +43,7 @@ typedef struct p2p {
   msg_t *m;
   int unmatched; /* a receive from any source that has no sender yet */
   int *source;   /* where the matched sender goes (receives from any source) */
+  uint64_t flight; /* its flight recorder entry */
 } p2p_t;
 
 gs_status_t gs_p2p_max_tag(gs_comm_t c, int *max_tag) {
@@ -265,6 +266,7 @@ static gs_status_t p2p_poll(void *ctx, int wait, int *done) {
   if (s == GS_SUCCESS) {
     gs_runtime_bind(&p->comm->fate); /* a timeout marks it unusable */
     s = finish_all(p, wait, done);
+    if (*done || s != GS_SUCCESS) gs_flight_end(p->flight, s);
   } else {
     *done = 1;
   }
@@ -289,20 +291,27 @@ static gs_status_t start(const char *fn, gs_comm_t c, const gs_tensor_t *t, int6
     free(m);
     return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
   }
-  *p = (p2p_t){c, recv, peer, tag, n, copy, m, peer == GS_ANY_SOURCE && n > 0, source};
+  *p = (p2p_t){c, recv, peer, tag, n, copy, m, peer == GS_ANY_SOURCE && n > 0, source, 0};
+  gs_flight_call_t fc = {c->flight, 1,    ++c->p2p_seq, fn + 3 /* past "gs_" */, t, n,
+                         GS_OP_SUM, peer, tag};
+  p->flight = gs_flight_enter(&fc);
   if (n) memcpy(p->t, t, (size_t)n * sizeof *t);
   for (int64_t i = 0; i < n; i++) p->m[i].req[0] = p->m[i].req[1] = MPI_REQUEST_NULL;
   c->stats.calls++;
   if (source) *source = -1;
   gs_status_t s = GS_SUCCESS;
   for (int64_t i = 0; i < n && s == GS_SUCCESS && !p->unmatched; i++) s = post_one(p, i, 1);
+  gs_flight_path(p->flight, "mpi");
+  gs_flight_phase(p->flight, GS_FLIGHT_SENT);
   if (s != GS_SUCCESS) { /* what was posted must finish before the memory goes */
     char why[512];
     snprintf(why, sizeof why, "%s", gs_last_error());
     int done;
     finish_all(p, 1, &done);
+    gs_fail(s, "%s", why);
+    gs_flight_end(p->flight, s);
     p2p_free(p);
-    return gs_fail(s, "%s", why);
+    return s;
   }
   *out = p;
   return GS_SUCCESS;
@@ -314,7 +323,10 @@ static gs_status_t blocking(const char *fn, gs_comm_t c, const gs_tensor_t *t, i
   int done;
   gs_enter_runtime_unordered();
   gs_status_t s = start(fn, c, t, n, peer, tag, recv, source, &p);
-  if (s == GS_SUCCESS) s = finish_all(p, 1, &done);
+  if (s == GS_SUCCESS) {
+    s = finish_all(p, 1, &done);
+    gs_flight_end(p->flight, s);
+  }
   gs_leave_runtime();
   p2p_free(p);
   return s;

@@ -37,7 +37,17 @@ static gs_status_t messages(const gs_engine_t *e, gs_coll_t *d) {
   return s;
 }
 
-static gs_status_t run(gs_comm_t c, gs_coll_t *d) {
+/* Counts the call and records it in the flight recorder: every collective
+ * passes here once, on every transport, checked or not. */
+static uint64_t flight_begin(gs_comm_t c, const gs_coll_t *d) {
+  c->seq++;
+  gs_flight_call_t fc = {
+      c->flight,      0,       c->seq, gs_call_name(d->kind), d->call.tensors, d->call.n,
+      (int32_t)d->op, d->root, 0};
+  return gs_flight_enter(&fc);
+}
+
+static gs_status_t run(gs_comm_t c, gs_coll_t *d, uint64_t *fid) {
   GS_CHECK(gs_comm_enter(c, d->fn));
   gs_clear_error();
   d->comm = c;
@@ -48,17 +58,29 @@ static gs_status_t run(gs_comm_t c, gs_coll_t *d) {
     d->call.n = 0;
     d->call.tensors = NULL;
   }
+  *fid = flight_begin(c, d);
   int taken = 0;
   if (local == GS_SUCCESS && d->shortcut) {
     gs_status_t s = d->shortcut(c, d, &taken);
-    if (taken) return s;
+    if (taken) {
+      /* validated and reduced in one exchange: its phases end together */
+      gs_flight_path(*fid, gs_flight_shortcut);
+      return s;
+    }
   }
   GS_CHECK(d->validate ? d->validate(c, d, local) : gs_begin_call(c, &d->call, local));
+  gs_flight_phase(*fid, GS_FLIGHT_VALIDATED);
   if (d->n == 0) return GS_SUCCESS;
   d->post = gs_postscale(c, d->op, d->post);
-  if (!d->memory) return d->run(NULL, d);
+  if (!d->memory) {
+    gs_flight_path(*fid, "mpi");
+    gs_flight_phase(*fid, GS_FLIGHT_SENT);
+    return d->run(NULL, d);
+  }
   gs_engine_t e;
   GS_CHECK(gs_engine_open(c, d->memory, d->n, &e));
+  gs_flight_path(*fid, e.transport && e.transport->name ? e.transport->name : "host");
+  gs_flight_phase(*fid, GS_FLIGHT_SENT);
   e.call = d->name;
   gs_status_t s = d->message ? messages(&e, d) : d->run(&e, d);
   return gs_engine_close(&e, s);
@@ -66,7 +88,9 @@ static gs_status_t run(gs_comm_t c, gs_coll_t *d) {
 
 gs_status_t gs_collective(gs_comm_t c, gs_coll_t *d) {
   gs_enter_runtime();
-  gs_status_t s = run(c, d);
+  uint64_t fid = 0;
+  gs_status_t s = run(c, d, &fid);
+  gs_flight_end(fid, s);
   if (d->release) d->release(d);
   gs_leave_runtime();
   return s;

@@ -2,6 +2,7 @@
  * tells the others, and the lowest waiting rank names the ranks that have
  * not arrived (on the communicator's notice channel). */
 #include <sched.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "comm/gs_comm_internal.h"
@@ -60,4 +61,13 @@ void gs_stall_tick(void *ctx, MPI_Request *req, int *done, double waited) {
   if (st->warned || w < st->c->stall_seconds) return;
   st->warned = 1;
   stall_warning(st->c, st->call, req, done, w);
+  if (!*done && st->c->flight >= 0 &&
+      gs_flight_capacity() > 0) { /* every waiting rank's record, while it waits */
+    char why[160];
+    snprintf(why, sizeof why, "stall: %s (call #%llu) has waited %.1f s",
+             gs_call_name(st->call->kind), (unsigned long long)st->c->seq, w);
+    if (gs_flight_dump(why) == GS_SUCCESS)
+      gs_log(GS_LOG_WARNING, "flight record written to %s (python -m gradsync.doctor %s)",
+             gs_flight_file(), gs_flight_dir());
+  }
 }

@@ -5,6 +5,7 @@
 #define GRADSYNC_COMM_INTERNAL_H
 
 #include "algorithms/gs_algorithms.h"
+#include "base/gs_flight_ring.h"
 
 /* ---- communicators (comm.c) ----------------------------------------------- */
 

@@ -39,6 +39,35 @@ gs_status_t gs_comm_enter(gs_comm_t comm, const char *where) {
   return GS_SUCCESS;
 }
 
+static int node_cores(void) {
+  cpu_set_t cpus;
+  int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus)
+                                                           : (int)sysconf(_SC_NPROCESSORS_ONLN);
+  /* A rank pinned to one core says nothing about the node: count the node's. */
+  long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > ncpu ? (int)online : ncpu;
+}
+
+/* Names the communicator in the flight recorder by its members' ranks in
+ * MPI_COMM_WORLD, which every member computes alike. */
+static void flight_register(struct gs_comm *c) {
+  c->flight = -1;
+  int world = 0, *in = malloc((size_t)c->size * sizeof *in),
+      *out = malloc((size_t)c->size * sizeof *out);
+  MPI_Group mine = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  if (in && out && MPI_Comm_group(c->mpi, &mine) == MPI_SUCCESS &&
+      MPI_Comm_group(MPI_COMM_WORLD, &all) == MPI_SUCCESS) {
+    for (int r = 0; r < c->size; r++) in[r] = r;
+    if (MPI_Group_translate_ranks(mine, c->size, in, all, out) == MPI_SUCCESS)
+      c->flight = gs_flight_comm(c->size, c->rank, world, out);
+  }
+  if (mine != MPI_GROUP_NULL) MPI_Group_free(&mine);
+  if (all != MPI_GROUP_NULL) MPI_Group_free(&all);
+  free(in);
+  free(out);
+}
+
 /* Takes ownership of `mine` (already a private communicator). */
 static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *out) {
   gs_status_t s = GS_SUCCESS;
@@ -82,13 +111,8 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
   c->stall_seconds =
       (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds : gs_env_stall_seconds();
-  cpu_set_t cpus;
-  int ncpu = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus)
-                                                           : (int)sysconf(_SC_NPROCESSORS_ONLN);
-  /* A rank pinned to one core says nothing about the node: count the node's. */
-  long online = sysconf(_SC_NPROCESSORS_ONLN);
-  if (online > ncpu) ncpu = (int)online;
-  c->fate.owns_core = c->local_size <= ncpu;
+  c->fate.owns_core = c->local_size <= node_cores();
+  flight_register(c);
   c->magic = GS_COMM_MAGIC;
   *out = c;
   gs_log(GS_LOG_INFO,
@@ -158,6 +182,7 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
   if (!comm || !*comm) return GS_SUCCESS;
   gs_comm_t c = *comm;
   GS_CHECK(gs_comm_valid(c, "gs_comm_free")); /* a broken one can still be freed */
+  gs_flight_comm_freed(c->flight); /* nobody waits on it any more: the doctor looks elsewhere */
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
@@ -256,15 +281,32 @@ gs_status_t gs_comm_timeout(gs_comm_t comm, double *seconds) {
   return GS_SUCCESS;
 }
 
-static gs_status_t barrier_impl(gs_comm_t comm) {
-  GS_CHECK(gs_comm_enter(comm, "gs_barrier"));
-  gs_clear_error();
+/* A barrier: validation alone when it is on, else MPI's. */
+static gs_status_t barrier_run(gs_comm_t comm, uint64_t fid) {
   gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
   if (comm->check) return gs_begin_call(comm, &call, GS_SUCCESS);
   comm->stats.calls++;
   MPI_Request req;
   GS_MPI_CHECK(MPI_Ibarrier(comm->mpi, &req), "gs_barrier: MPI_Ibarrier");
+  gs_flight_path(fid, "mpi");
+  gs_flight_phase(fid, GS_FLIGHT_SENT);
   return gs_mpi_wait(&req, "gs_barrier: MPI_Ibarrier", NULL, NULL);
+}
+
+/* Counts and records a collective that does not go through the skeleton. */
+static uint64_t flight_begin(gs_comm_t comm, const char *name) {
+  comm->seq++;
+  gs_flight_call_t fc = {comm->flight, 0, comm->seq, name, NULL, 0, GS_OP_SUM, -1, 0};
+  return gs_flight_enter(&fc);
+}
+
+static gs_status_t barrier_impl(gs_comm_t comm) {
+  GS_CHECK(gs_comm_enter(comm, "gs_barrier"));
+  gs_clear_error();
+  uint64_t fid = flight_begin(comm, "barrier");
+  gs_status_t s = barrier_run(comm, fid);
+  gs_flight_end(fid, s);
+  return s;
 }
 
 const char *gs_mpi_library_version(void) {
@@ -293,7 +335,11 @@ static gs_status_t comm_abandon_impl(gs_comm_t comm, gs_status_t status, const c
   if (status == GS_SUCCESS) status = GS_ERR_INVALID_ARGUMENT;
   gs_fail(status, "%s", reason ? reason : "invalid arguments");
   gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
-  return gs_begin_call(comm, &call, status);
+  /* recorded as what it is: this rank gave up on its call (bad arguments) */
+  uint64_t fid = flight_begin(comm, "abandon");
+  gs_status_t s = gs_begin_call(comm, &call, status);
+  gs_flight_end(fid, s);
+  return s;
 }
 
 gs_status_t gs_comm_device_transport(gs_comm_t comm, const char **name) {

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/gs_flight_ring.h"
 #include "engine/gs_queue.h"
 
 typedef enum job_kind {
@@ -27,6 +28,7 @@ struct gs_request {
   job_kind_t kind;
   const char *fn;          /* the entry point that queued it, for messages */
   gs_job_t job;
+  int32_t site;            /* the submitter's call site: the flight record names it */
   int done;                /* under the lock: the host part finished */
   gs_status_t status;
   char error[1024];
@@ -173,6 +175,7 @@ static void *worker(void *arg) {
     pthread_mutex_unlock(&lock);
     gs_clear_error();
     gs_defer_device = &r->dev;
+    gs_flight_set_site(r->site);
     gs_status_t s = r->job.run(r->job.ctx);
     gs_defer_device = NULL;
     pthread_mutex_lock(&lock);
@@ -430,6 +433,7 @@ gs_status_t gs_async_submit_job(const gs_job_t *job, const gs_tensor_t *touches,
   r->kind = job->run ? JOB_CALL : JOB_POLLED;
   r->fn = fn;
   r->job = *job;
+  r->site = gs_flight_current_site();
   r->status = GS_SUCCESS;
   gs_status_t s = r->kind == JOB_CALL ? submit(r, touches, touches ? n : 0) : GS_SUCCESS;
   if (s != GS_SUCCESS) {

@@ -19,7 +19,10 @@ struct gs_comm {
   int64_t pipeline_bytes;  /* host allreduce messages go in pieces this large (0: whole) */
   int check;
   double stall_seconds;
-  uint64_t seq;            /* checked calls made so far: names a call in notices */
+  uint64_t seq;            /* collectives begun so far (skeleton.c, lifecycle.c): names a
+                            * call in notices, errors and the flight record */
+  uint64_t p2p_seq;        /* sends and receives begun so far (p2p.c) */
+  int32_t flight;          /* this communicator in the flight recorder's table (-1: none) */
   gs_comm_stats_t stats;
   MPI_Comm *adasum_levels; /* level k: blocks of 2^(k+1) ranks; cached */
   int adasum_nlevels;

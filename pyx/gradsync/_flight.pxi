@@ -1,0 +1,97 @@
+# The flight recorder's Python side (included by _core.pyx): dumps on
+# demand and on an uncaught gradsync error, SIGUSR1, and the callers'
+# stacks (GRADSYNC_FLIGHT_STACKS=1): each gradsync call from Python names
+# the first frames outside gradsync, interned once per distinct stack in C's
+# site table, so the C ring stores one integer per call.
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STACK_DEPTH = 6  # frames kept per site: the user's line and its callers
+
+cdef bint _flight_stacks = os.environ.get("GRADSYNC_FLIGHT_STACKS", "") not in ("", "0")
+cdef dict _flight_sites = {}
+
+
+def flight_stacks(on=None):
+    """Whether gradsync calls record their caller's stack; ``on`` sets it."""
+    global _flight_stacks
+    if on is not None:
+        _flight_stacks = bool(on)
+    return bool(_flight_stacks)
+
+
+cdef object _site_key(object f):
+    """(code, line) of up to _STACK_DEPTH frames from f outward."""
+    key = []
+    while f is not None and len(key) < 2 * _STACK_DEPTH:
+        key.append(f.f_code)
+        key.append(f.f_lineno)
+        f = f.f_back
+    return tuple(key)
+
+
+cdef int32_t _intern_site(tuple key):
+    lines = []
+    for k in range(0, len(key), 2):
+        code = key[k]
+        lines.append("%s:%d in %s" % (code.co_filename, key[k + 1], code.co_name))
+    cdef int32_t site = gs_flight_site("\n".join(lines).encode("utf-8", "replace"))
+    _flight_sites[key] = site
+    return site
+
+
+cdef void flight_mark() except *:
+    """Sets this thread's call site to its first frame outside gradsync."""
+    f = sys._getframe(0)
+    while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
+        f = f.f_back
+    key = _site_key(f)
+    site = _flight_sites.get(key)
+    gs_flight_set_site(_intern_site(key) if site is None else site)
+
+
+def dump_flight_record(reason="on demand"):
+    """Writes this rank's flight record now (JSON lines, replacing its earlier
+    dump) and returns the file's path; read the directory's files with
+    ``python -m gradsync.doctor DIR``."""
+    r = str(reason).encode("utf-8", "replace")
+    CHKERR(gs_flight_dump(r))
+    return gs_flight_file().decode()
+
+
+def flight_record_dir(path=None):
+    """The directory every rank dumps into ('' while the recorder is off);
+    ``path`` sets it (GRADSYNC_FLIGHT_DIR does at start)."""
+    if path is not None:
+        p = os.fsencode(path)
+        CHKERR(gs_flight_set_dir(p))
+    return gs_flight_dir().decode()
+
+
+def flight_record_capacity():
+    return gs_flight_capacity()
+
+
+def _gradsync_in(exc):
+    """An error of a gradsync call, itself or as the cause of the exception."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if isinstance(exc, Error):
+            return True
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return False
+
+
+def _flight_excepthook(exc_type, exc, tb, _previous=sys.excepthook):
+    if gs_flight_capacity() > 0 and _gradsync_in(exc):
+        try:
+            path = dump_flight_record("uncaught %s: %s" % (exc_type.__name__, exc))
+            sys.stderr.write("gradsync: flight record written to %s "
+                             "(python -m gradsync.doctor %s)\n" % (path, flight_record_dir()))
+        except Exception:  # a failed dump must not hide the exception itself
+            pass
+    _previous(exc_type, exc, tb)
+
+
+if os.environ.get("GRADSYNC_FLIGHT_SIGNAL", "") != "0":
+    CHKERR(gs_flight_on_signal())
+sys.excepthook = _flight_excepthook
