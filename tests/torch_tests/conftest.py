@@ -26,13 +26,13 @@ import pytest  # noqa: E402
 SMALL_THRESHOLD_BYTES = 4096
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def torch_pg():
     """torch.distributed's default group on the gradsync backend, created the
-    way users do under mpiexec (no store, no environment) the first time, and
-    again when a test left another one (test_torch_upstream's gloo run) or
-    none. Its fusion threshold is 4 KiB, so the tests' larger tensors and
-    lists go out in several fused messages."""
+    way users do under mpiexec (no store, no environment), once per session
+    (test_torch_upstream.py's gloo run leaves none behind). Its fusion
+    threshold is 4 KiB, so the tests' larger tensors and lists go out in
+    several fused messages."""
     if torch is None:
         pytest.skip("torch is not installed")
     import torch.distributed as dist

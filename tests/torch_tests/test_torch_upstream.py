@@ -190,12 +190,17 @@ def _reset_world():
 
 @pytest.fixture(scope="module")
 def upstream_pg():
-    """A default group of this module's own on NAME; afterwards none (the
-    other torch test modules make theirs)."""
-    _reset_world()
+    """The default group on NAME: gradsync's of the session when the other
+    torch test modules made one (conftest's torch_pg), else one of this
+    module's own; gloo's is destroyed at the end."""
+    if GRADSYNC and dist.is_initialized() and dist.get_backend() == "gradsync":
+        _SESSION["pg"] = dist.group.WORLD
+    else:
+        _reset_world()
     yield _SESSION["pg"]
-    _quiesce()
-    dist.destroy_process_group()
+    if not GRADSYNC:
+        _quiesce()
+        dist.destroy_process_group()
 
 
 # ---------------------------------------------------------------- running one test
