@@ -1,4 +1,3 @@
-from mpi4py import MPI
 
 """hvd.join(): Horovod's test_torch.py join tests (allreduce with a joined
 rank contributing zeros, allgather and broadcast refused) and the use it
@@ -8,6 +7,7 @@ import itertools
 import pytest
 import torch.nn.functional as F  # noqa: E402
 from hvdtest import INTS, Checks, hvd, random_tensor, threshold, torch
+from mpi4py import MPI
 
 pytestmark = pytest.mark.mpi
 needs_two = pytest.mark.skipif(hvd.size() == 1, reason="needs two ranks")
@@ -19,8 +19,9 @@ def _check_ret(c, ret, first):
     c.check(hvd.allgather_object(ret) == [ret] * hvd.size(), "join() differs across ranks")
 
 
-@pytest.mark.skipif(MPI.COMM_WORLD.size == 3, reason="KNOWN REGRESSION, open: fails at 3 ranks "
-                    "since the issue-34 engine change (closing note of 2026-11-26); passes at 1, 2, 4")
+@pytest.mark.skipif(MPI.COMM_WORLD.size == 3,
+                    reason="KNOWN REGRESSION, open: fails at 3 ranks since the issue-34 "
+                    "engine change (closing note of 2026-11-26); passes at 1, 2, 4")
 def test_join_allreduce():
     c, rank, size = Checks(), hvd.rank(), hvd.size()
     for dtype, dim, first, caching in itertools.product(
