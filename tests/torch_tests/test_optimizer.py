@@ -240,6 +240,26 @@ def test_sum_op(comm):
     check_close(model, ref, F32_RTOL, "sum")
 
 
+def _synchronized_step(comm, tag, **options):
+    """One backward and synchronize on a DistributedOptimizer with options:
+    the model, the optimizer, the synchronized gradients (float64) and every
+    rank's own gradients computed locally, the reference."""
+    model = make_net(tag)
+    opt = gst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
+                                   model.named_parameters(), bucket_bytes=BUCKET_BYTES,
+                                   comm=comm, **options)
+    x, y = global_batch(tag, 0, 1)
+    loss_fn(model, x[rows(RANK, 0, 1)], y[rows(RANK, 0, 1)]).backward()
+    opt.synchronize()
+    got = [p.grad.double().clone() for p in model.parameters()]
+    per_rank = []
+    for r in range(SIZE):
+        m = make_net(tag)
+        loss_fn(m, x[rows(r, 0, 1)], y[rows(r, 0, 1)]).backward()
+        per_rank.append([p.grad.double() for p in m.parameters()])
+    return model, opt, got, per_rank
+
+
 @pytest.mark.parametrize("compression,bound", [("fp16", 2**-11), ("bf16", 2**-8)])
 def test_compression_one_step(comm, compression, bound):
     """The synchronized gradient with compression: each rank's float32
@@ -247,20 +267,7 @@ def test_compression_one_step(comm, compression, bound):
     ranks rounds once per step in the wire dtype, then it is widened again:
     at most (SIZE + 1) unit roundoffs u of the sum of magnitudes."""
     tag = ("compression", compression)
-    model = make_net(tag)
-    opt = gst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
-                                   model.named_parameters(), compression=compression,
-                                   bucket_bytes=BUCKET_BYTES, comm=comm)
-    x, y = global_batch(tag, 0, 1)
-    loss_fn(model, x[rows(RANK, 0, 1)], y[rows(RANK, 0, 1)]).backward()
-    opt.synchronize()
-    got = [p.grad.double().clone() for p in model.parameters()]
-    # every rank's gradient, computed locally
-    per_rank = []
-    for r in range(SIZE):
-        m = make_net(tag)
-        loss_fn(m, x[rows(r, 0, 1)], y[rows(r, 0, 1)]).backward()
-        per_rank.append([p.grad.double() for p in m.parameters()])
+    model, opt, got, per_rank = _synchronized_step(comm, tag, compression=compression)
     bad = []
     for i, g in enumerate(got):
         exact = sum(pr[i] for pr in per_rank) / SIZE
@@ -281,19 +288,7 @@ def test_wire_one_step(comm, wire, u):
     rounds once: at most u * (the mean of magnitudes + |the mean|), whatever
     the rank count; the same bits on every rank; a residual kept per bucket."""
     tag = ("wire", wire)
-    model = make_net(tag)
-    opt = gst.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=LR),
-                                   model.named_parameters(), wire=wire,
-                                   bucket_bytes=BUCKET_BYTES, comm=comm)
-    x, y = global_batch(tag, 0, 1)
-    loss_fn(model, x[rows(RANK, 0, 1)], y[rows(RANK, 0, 1)]).backward()
-    opt.synchronize()
-    got = [p.grad.double().clone() for p in model.parameters()]
-    per_rank = []
-    for r in range(SIZE):
-        m = make_net(tag)
-        loss_fn(m, x[rows(r, 0, 1)], y[rows(r, 0, 1)]).backward()
-        per_rank.append([p.grad.double() for p in m.parameters()])
+    model, opt, got, per_rank = _synchronized_step(comm, tag, wire=wire)
     bad = []
     for i, g in enumerate(got):
         exact = sum(pr[i] for pr in per_rank) / SIZE
