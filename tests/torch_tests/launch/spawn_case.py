@@ -10,14 +10,18 @@ world size (default 3).
 import os
 import socket
 
-import numpy as np
-import torch
-import torch.distributed as dist
-from torch.testing._internal.common_distributed import MultiProcessTestCase
-from torch.testing._internal.common_utils import run_tests
+# Any non-empty CI puts torch's run_tests in its CI mode, which writes XML
+# reports through xmlrunner (not a dependency here; CI machines set CI).
+os.environ.pop("CI", None)
 
-import gradsync as gs
-import gradsync.torch.distributed  # noqa: F401  (registers "gradsync")
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from torch.testing._internal.common_distributed import MultiProcessTestCase  # noqa: E402
+from torch.testing._internal.common_utils import run_tests  # noqa: E402
+
+import gradsync as gs  # noqa: E402
+import gradsync.torch.distributed  # noqa: E402,F401  (registers "gradsync")
 
 
 def _free_port():
