@@ -85,11 +85,12 @@ def pytest_runtest_logreport(report):
 '''
 
 
-def export(horovod, rev, dest):
-    """The files this script runs, from a Horovod work tree or git directory."""
+def export(horovod, rev, dest, paths=FILES + SUPPORT):
+    """Files of a Horovod work tree or git directory (by default the ones
+    this script runs), copied under dest at their paths."""
     is_git_dir = os.path.exists(os.path.join(horovod, "HEAD")) and \
         os.path.isdir(os.path.join(horovod, "objects"))
-    for path in FILES + SUPPORT:
+    for path in paths:
         target = os.path.join(dest, path)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         if is_git_dir:

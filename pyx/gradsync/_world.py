@@ -108,6 +108,28 @@ class _Rendezvous:
                             f"has {self.size}, rank {peer} has {theirs}; every process must be "
                             "given the same WORLD_SIZE")
 
+    def claim(self):
+        """Counts this rank's arrival under its number (the store's atomic
+        add): a second claim of one number means two jobs share this
+        rendezvous (one MASTER_ADDR/MASTER_PORT, or a store file left from an
+        earlier run), and every rank of either job is told to fail rather
+        than be joined to the other job's processes. A store without add
+        (not torch's) skips the check."""
+        add = getattr(self.store, "add", None)
+        if add is None:
+            return
+        try:
+            claims = int(add(self.key(f"claimed/{self.rank}"), 1))
+        except Exception as e:  # noqa: BLE001
+            raise JoinError(self._gone(e)) from e
+        if claims != 1:
+            message = (f"gradsync join: rank {self.rank} of WORLD_SIZE={self.size} arrived "
+                       f"{claims} times at one rendezvous: two jobs (or a store left from an "
+                       "earlier run) share one MASTER_ADDR/MASTER_PORT or store; give each job "
+                       "its own port (or store file)")
+            self.abort(message)
+            raise JoinError(message)
+
     def missing(self):
         return [r for r in range(self.size) if not self._has(f"arrived/{r}")]
 
@@ -253,6 +275,7 @@ def join(store, rank, size, timeout=None):
     timeout = _timeout() if timeout is None else float(timeout)
     _generation += 1
     rdv = _Rendezvous(store, rank, size, timeout, _generation)
+    rdv.claim()
     rdv.set(f"arrived/{rank}", str(size).encode())
     comm = MPI.COMM_SELF.Dup()
     try:

@@ -137,14 +137,16 @@ def test_mpiexec_with_master_and_no_rank(tmp_path):
     assert rec["mpi_world"] == [1, 2]
 
 
-def _join(tmp_path, sizes, timeout_s=4, store=None):
+def _join(tmp_path, sizes, timeout_s=4, store=None, retry_size=None, whole=False):
     """Starts one join_fault.py per entry of ``sizes`` (rank i told WORLD_SIZE
-    sizes[i]); returns each one's last line."""
+    sizes[i]; after a JoinError, retried with ``retry_size``); returns each
+    one's last line (``whole``: every line)."""
     store = store or str(tmp_path / "store")
     env = _singleton_env(GRADSYNC_TIMEOUT_SECONDS=timeout_s)
+    retry = [str(retry_size)] if retry_size else []
     procs = [subprocess.Popen([sys.executable, os.path.join(HERE, "join_fault.py"), str(r),
-                               str(n), store, str(len(sizes))], env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+                               str(n), store, str(len(sizes))] + retry, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r, n in enumerate(sizes)]
     outs = []
     for p in procs:
@@ -154,7 +156,8 @@ def _join(tmp_path, sizes, timeout_s=4, store=None):
             p.kill()
             out = p.communicate()[0] + "\n<hung>"
         assert p.returncode == 0, out[-4000:]
-        outs.append(out.strip().splitlines()[-1])
+        lines = out.strip().splitlines()
+        outs.append(lines if whole else lines[-1])
     return outs
 
 
@@ -181,7 +184,33 @@ def test_join_world_size_differs(tmp_path):
 def test_join_four_ranks(tmp_path):
     """Four singletons join (two rounds) and come out ranked 0..3."""
     outs = _join(tmp_path, [4, 4, 4, 4], timeout_s=120)
-    assert outs == [f"joined {r} of 4" for r in range(4)], outs
+    assert outs == [f"joined {r} of 4, sum 6" for r in range(4)], outs
+
+
+@needs_join
+def test_join_retried_in_the_same_process(tmp_path):
+    """A failed join (the ranks disagree on WORLD_SIZE) followed by gs.init
+    again in the same processes, now agreeing: the retry joins (fresh keys,
+    the first attempt's ports closed) and its allreduce is right."""
+    outs = _join(tmp_path, [2, 3], timeout_s=60, retry_size=2, whole=True)
+    for r, lines in enumerate(outs):
+        failed = [x for x in lines if "JoinError" in x]
+        assert len(failed) == 1 and "WORLD_SIZE differs" in failed[0], lines
+        assert lines[-1] == f"joined {r} of 2, sum 1", lines
+
+
+@needs_join
+def test_two_jobs_on_one_rendezvous(tmp_path):
+    """A second job started on the first one's store (two jobs on one
+    MASTER_PORT, or a store file left from an earlier run): every rank of the
+    second job raises JoinError saying the rendezvous is shared, and none is
+    joined to the first job's processes."""
+    store = str(tmp_path / "store")
+    first = _join(tmp_path, [2, 2], timeout_s=60, store=store)
+    assert first == [f"joined {r} of 2, sum 1" for r in range(2)], first
+    second = _join(tmp_path, [2, 2], timeout_s=60, store=store)
+    for line in second:
+        assert "JoinError" in line and "two jobs" in line and "share one" in line, second
 
 
 @needs_join

@@ -173,6 +173,10 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
     try:
         with open(os.path.join(folder, "func.pkl"), "wb") as f:
             _pickler().dump((func, tuple(args), dict(kwargs or {})), f)
+        main_path = getattr(sys.modules.get("__main__"), "__file__", None)
+        if main_path and os.path.exists(main_path):  # see run_worker._load_callers_main
+            with open(os.path.join(folder, "main_path"), "w") as f:
+                f.write(os.path.abspath(main_path))
         argv = ["-np", str(np)]
         if hosts:
             argv += ["-H", hosts]
