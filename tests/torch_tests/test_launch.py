@@ -27,7 +27,7 @@ pytestmark = pytest.mark.skipif(MPI.COMM_WORLD.Get_size() > 1,
                                 reason="starts its own processes: runs at one MPI rank")
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch")
-TOP = os.path.dirname(os.path.dirname(HERE))
+TOP = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))  # the checkout
 LAUNCH_SECONDS = 600  # a bound for a whole launch on a loaded two-core machine
 
 
@@ -135,6 +135,28 @@ def test_mpiexec_with_master_and_no_rank(tmp_path):
     assert rc == 0, log[-6000:]
     rec = _check_records(str(tmp_path), 2, log)
     assert rec["mpi_world"] == [1, 2]
+
+
+def _demo_digest(log):
+    """The weights digest line `make demo` prints (every rank's weights equal)."""
+    lines = [x for x in log.splitlines() if x.startswith("weights identical on all 2 ranks: yes")]
+    assert lines, log[-6000:]
+    return lines[-1]
+
+
+@needs_join
+@pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec")
+def test_demo_torchrun_matches_mpiexec():
+    """`make demo`'s torch-ddp backend launched by torchrun (singletons
+    joined) trains to the same weights, bit for bit, as under mpiexec."""
+    demo = [os.path.join(TOP, "scripts", "demo.py"), "--backend", "torch-ddp", "--steps", "40",
+            "--check-every", "20", "--progress", "lines", "--min-loss-ratio", "1.0"]
+    rc, by_mpiexec = _run([_mpiexec(), "-n", "2", sys.executable] + demo, _singleton_env())
+    assert rc == 0, by_mpiexec[-6000:]
+    rc, by_torchrun = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                            "--nproc_per_node=2"] + demo, _singleton_env())
+    assert rc == 0, by_torchrun[-6000:]
+    assert _demo_digest(by_torchrun) == _demo_digest(by_mpiexec)
 
 
 def _join(tmp_path, sizes, timeout_s=4, store=None, retry_size=None, whole=False):
