@@ -159,6 +159,39 @@ def test_demo_torchrun_matches_mpiexec():
     assert _demo_digest(by_torchrun) == _demo_digest(by_mpiexec)
 
 
+SIMCLUSTER = os.path.join(TOP, "scripts", "simcluster")
+
+
+def _no_simcluster():
+    """Why the simulated cluster cannot run here ('' when it can)."""
+    r = subprocess.run([sys.executable, SIMCLUSTER, "--check"], capture_output=True, text=True,
+                       timeout=120)
+    return "" if r.returncode == 0 else "simcluster: " + (r.stderr.strip() or "unavailable")
+
+
+@needs_join
+def test_torchrun_two_nodes_on_simcluster(tmp_path):
+    """torchrun --nnodes 2 --nproc_per_node 2, one agent on each simulated
+    host (its own network namespace and hostname; scripts/simcluster
+    --per-host), rendezvous at host 0's data address: the four singletons
+    join into one world of 4, ranked as torchrun ranked them, and the
+    allreduces match NumPy."""
+    why = _no_simcluster()
+    if why:
+        pytest.skip(why)
+    line = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+            "--nproc_per_node", "2", "--node_rank", "$SIMCLUSTER_HOST_INDEX",
+            "--master_addr", "$SIMCLUSTER_HOST0_ADDR", "--master_port", str(_free_port()),
+            os.path.join(HERE, "worker.py"), str(tmp_path)]
+    rc, log = _run([sys.executable, SIMCLUSTER, "--hosts", "2", "--per-host", "--timeout",
+                    str(LAUNCH_SECONDS - 60), "--"] + line, _singleton_env())
+    assert rc == 0, log[-6000:]
+    _check_records(str(tmp_path), 4, log)
+    hosts = [json.load(open(tmp_path / f"rank{r}.json"))["host"] for r in range(4)]
+    # torchrun's node ranks: ranks 0-1 on host 0, 2-3 on host 1
+    assert hosts[0] == hosts[1] != hosts[2] == hosts[3], hosts
+
+
 def _join(tmp_path, sizes, timeout_s=4, store=None, retry_size=None, whole=False):
     """Starts one join_fault.py per entry of ``sizes`` (rank i told WORLD_SIZE
     sizes[i]; after a JoinError, retried with ``retry_size``); returns each

@@ -12,6 +12,7 @@ OUT_DIR/rank<R>.json for the test to check against NumPy.
 """
 import json
 import os
+import socket
 import sys
 
 import numpy as np
@@ -25,6 +26,15 @@ import gradsync.torch.distributed  # noqa: F401  (registers "gradsync")
 def contribution(rank, n=5):
     """What rank ``rank`` adds: distinct per rank, exact in float64."""
     return np.arange(n, dtype=np.float64) * (rank + 1) + 0.25 * rank
+
+
+def _local_size():
+    """Ranks of gradsync's world that MPI places on this node."""
+    local = gs.world().Split_type(gs.MPI.COMM_TYPE_SHARED)
+    try:
+        return local.Get_size()
+    finally:
+        local.Free()
 
 
 def main(out_dir, init_method=None):
@@ -43,6 +53,7 @@ def main(out_dir, init_method=None):
     gathered = [torch.zeros(1, dtype=torch.int64) for _ in range(size)]
     dist.all_gather(gathered, torch.tensor([rank], dtype=torch.int64))
     record = {"rank": rank, "size": size, "env_rank": os.environ.get("RANK"),
+              "host": socket.gethostname(), "local_size": _local_size(),
               "gs_rank": comm.rank, "gs_size": comm.size,
               "mpi_world": [gs.MPI.COMM_WORLD.Get_rank(), gs.MPI.COMM_WORLD.Get_size()],
               "torch_sum": t.tolist(), "gs_sum": x.tolist(),
