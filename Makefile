@@ -46,6 +46,9 @@ tests/c/bin/%: tests/c/%.c $(LIB) tests/c/gs_test.h
 	$(MPICC_RESOLVED) -O2 -g -std=gnu11 -Wall -Wextra $(LIB_INCLUDES) -Itests/c -o $@ $< \
 	    -Lpyx/gradsync -lgradsync -Wl,-rpath,$(CURDIR)/pyx/gradsync -lm
 
+# test_wire_kernels includes the converters' source itself (they are static)
+tests/c/bin/test_wire_kernels: src/kernels/cpu_wire.c src/kernels/gs_kernels.h src/base/half.h
+
 # The CUDA kernels' per-thread code on the host, against the host kernels
 # (no GPU, no MPI).
 tests/c/bin/test_cuda_pieces: tests/c/test_cuda_pieces.cc src/kernels/cuda_pieces.cuh src/base/half.h $(LIB)

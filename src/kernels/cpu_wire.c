@@ -21,10 +21,11 @@ typedef struct fp8_format {
   int mbits, bias, emax; /* emax: the largest finite value's exponent */
   double max;            /* the largest finite value */
   uint8_t nan, inf;      /* inf: 0 when the format has none (NaN then) */
+  uint8_t max_code;      /* the largest finite value's bits, sign aside */
 } fp8_format_t;
 
-static const fp8_format_t e4m3 = {3, 7, 8, 448.0, 0x7f, 0};
-static const fp8_format_t e5m2 = {2, 15, 15, 57344.0, 0x7e, 0x7c};
+static const fp8_format_t e4m3 = {3, 7, 8, 448.0, 0x7f, 0, 0x7e};
+static const fp8_format_t e5m2 = {2, 15, 15, 57344.0, 0x7e, 0x7c, 0x7b};
 
 static const fp8_format_t *fp8(gs_wire_t wire) {
   return wire == GS_WIRE_FLOAT8_E4M3 ? &e4m3 : wire == GS_WIRE_FLOAT8_E5M2 ? &e5m2 : NULL;
@@ -53,6 +54,38 @@ static uint8_t to_fp8(const fp8_format_t *f, double v) {
   if (a == INFINITY || ldexp(q, e - f->mbits) > f->max) return sign | (f->inf ? f->inf : f->nan);
   if (q < ldexp(1.0, f->mbits)) return sign | (uint8_t)q; /* subnormal (or zero) */
   return sign | (uint8_t)(((e + f->bias) << f->mbits) | ((int)q - (1 << f->mbits)));
+}
+
+/* to_fp8 on float32's bits, the encoder's path (to_fp8 is its reference
+ * in tests/c/test_wire_kernels.c, which includes this file): a normal
+ * result rounds the significand to nearest even by integer addition; a
+ * subnormal one by adding a float whose ulp is the format's subnormal step,
+ * which makes the FPU round (to nearest even, the default mode). */
+static inline uint8_t to_fp8_bits(const fp8_format_t *f, float v) {
+  uint32_t u;
+  memcpy(&u, &v, sizeof u);
+  uint8_t sign = (uint8_t)((u >> 24) & 0x80);
+  u &= 0x7fffffffu;
+  if (u > 0x7f800000u) return sign | f->nan;
+  if (u == 0x7f800000u) return sign | (f->inf ? f->inf : f->nan);
+  int shift = 23 - f->mbits;
+  uint32_t min_normal = (uint32_t)(128 - f->bias) << 23; /* 2^(1 - bias) */
+  uint32_t code;
+  if (u < min_normal) {
+    uint32_t magic_bits = (uint32_t)(128 - f->bias - f->mbits + 23) << 23;
+    float magic, a, sum;
+    memcpy(&magic, &magic_bits, sizeof magic);
+    memcpy(&a, &u, sizeof a);
+    sum = a + magic;
+    uint32_t sum_bits;
+    memcpy(&sum_bits, &sum, sizeof sum_bits);
+    code = sum_bits - magic_bits; /* steps of 2^(1 - bias - mbits); 1 << mbits is the min normal */
+  } else {
+    u += ((1u << (shift - 1)) - 1) + ((u >> shift) & 1);
+    code = (u >> shift) - ((uint32_t)(127 - f->bias) << f->mbits);
+    if (code > f->max_code) return sign | (f->inf ? f->inf : f->nan);
+  }
+  return sign | (uint8_t)code;
 }
 
 static float from_fp8(const fp8_format_t *f, uint8_t b) {
@@ -107,8 +140,11 @@ static void encode_fp8(gs_wire_t wire, const float *x, int64_t count, uint8_t *d
     int s = block_scale(f, x + lo, n);
     dst[b] = (uint8_t)(s + 127);
     float up = ldexpf(1.0f, s);
+    /* x * 2^-s: exact, unless it falls below float32's normals, where it is
+     * far below the format's smallest subnormal and encodes as zero anyway */
+    float down = ldexpf(1.0f, -s);
     for (int64_t i = lo; i < lo + n; i++) {
-      elems[i] = to_fp8(f, ldexp((double)x[i], -s));
+      elems[i] = to_fp8_bits(f, x[i] * down);
       if (lost) {
         float q = table[elems[i]] * up;
         lost[i] += isfinite(q) ? x[i] - q : 0.0f;
@@ -139,9 +175,13 @@ static void decode(gs_wire_t wire, const void *src, int64_t count, float *dst, i
     const float *table = fp8_table(wire);
     const uint8_t *scales = src;
     const uint8_t *elems = scales + (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
-    for (int64_t i = 0; i < count; i++) {
-      float v = table[elems[i]] * ldexpf(1.0f, (int)scales[i / GS_WIRE_BLOCK] - 127);
-      dst[i] = add ? dst[i] + v : v;
+    for (int64_t lo = 0; lo < count; lo += GS_WIRE_BLOCK) {
+      int64_t hi = count - lo < GS_WIRE_BLOCK ? count : lo + GS_WIRE_BLOCK;
+      float up = ldexpf(1.0f, (int)scales[lo / GS_WIRE_BLOCK] - 127);
+      if (add)
+        for (int64_t i = lo; i < hi; i++) dst[i] += table[elems[i]] * up;
+      else
+        for (int64_t i = lo; i < hi; i++) dst[i] = table[elems[i]] * up;
     }
     return;
   }
