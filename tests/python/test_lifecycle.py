@@ -167,6 +167,8 @@ def test_close_with_a_request_in_flight():
         assert np.all(x == P)
 
 
+@pytest.mark.skipif(P > 2, reason="context ids run out per process, whatever the world's size: "
+                    "1 and 2 ranks cover it (at 3-4 ranks on 2 cores each create costs ~60 ms)")
 def test_create_and_close_many_times():
     """1100 communicators created, used and closed: more than MPICH's
     context ids (2048, and each gradsync communicator holds two duplicates)
