@@ -37,8 +37,10 @@ int64_t gs_wire_bytes(gs_wire_t wire, int64_t count) {
 }
 
 /* One value to float8, round to nearest even; beyond the largest finite
- * value (after rounding) it is infinity, or NaN in a format without one. */
-static uint8_t to_fp8(const fp8_format_t *f, double v) {
+ * value (after rounding) it is infinity, or NaN in a format without one.
+ * The arithmetic reference for to_fp8_bits (tests/c/test_wire_kernels.c
+ * includes this file); the library itself encodes with to_fp8_bits. */
+__attribute__((unused)) static uint8_t to_fp8(const fp8_format_t *f, double v) {
   uint8_t sign = signbit(v) ? 0x80 : 0;
   double a = fabs(v);
   if (a != a) return sign | f->nan;
