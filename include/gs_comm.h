@@ -32,6 +32,13 @@ typedef struct gs_config {
 
 #define GS_CONFIG_INITIALIZER {sizeof(gs_config_t), -1, -1, -1.0, -1}
 
+/* The communicator whose ranks name processes in the flight record (its
+ * file names, headers and the groups of every communicator): by default
+ * MPI_COMM_WORLD. Processes started as MPI singletons and joined into one
+ * intracommunicator (gs.init, docs/GUIDE.md "Launching") set that one, before
+ * creating communicators on it; it must stay valid while they exist. */
+GS_API gs_status_t gs_comm_set_world(MPI_Comm world);
+
 /* Duplicates `mpi_comm` (collective over it). `config` may be NULL. */
 GS_API gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config, gs_comm_t *comm);
 

@@ -182,6 +182,15 @@ cdef class Comm:
             gs_comm_free(&self.handle)
 
     @staticmethod
+    def set_world(mpi_comm):
+        """gs_comm_set_world: ranks in the flight record are ranks of
+        ``mpi_comm`` (a world joined from singletons; it must outlive the
+        communicators made on it)."""
+        from mpi4py import MPI
+        cdef uintptr_t addr = MPI._addressof(mpi_comm)
+        CHKERR(gs_comm_set_world((<MPI_Comm *>addr)[0]))
+
+    @staticmethod
     def create(mpi_comm, int64_t fusion_threshold=-1, int check=-1, double stall_seconds=-1):
         from mpi4py import MPI
         cdef Comm c = Comm.__new__(Comm)

@@ -296,6 +296,7 @@ def join(store, rank, size, timeout=None):
         comm.Free()
         raise
     _world = comm
+    _core.Comm.set_world(comm)  # flight records name ranks of this world, not of a singleton's
     return comm
 
 

@@ -33,6 +33,7 @@ cdef extern from "gs_comm.h" nogil:
 
     gs_status_t gs_comm_get_stats(gs_comm_t comm, gs_comm_stats_t *stats)
     gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config, gs_comm_t *comm)
+    gs_status_t gs_comm_set_world(MPI_Comm world)
     gs_status_t gs_comm_free(gs_comm_t *comm)
     gs_status_t gs_comm_split(gs_comm_t comm, int color, int key, gs_comm_t *out)
     gs_status_t gs_comm_rank(gs_comm_t comm, int *rank)

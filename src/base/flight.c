@@ -42,7 +42,7 @@ int gs_flight_stacks_on(void) {
   return gs_flight.cap > 0 && gs_flight.stacks;
 }
 
-int32_t gs_flight_comm(int size, int rank, int world_rank, const int *members) {
+int32_t gs_flight_comm(int size, int rank, int world_rank, int world_size, const int *members) {
   gs_flight_start();
   pthread_mutex_lock(&gs_flight.lock);
   uint64_t h = 0x6773666cu; /* the members' world ranks name the group on every rank */
@@ -57,7 +57,7 @@ int32_t gs_flight_comm(int size, int rank, int world_rank, const int *members) {
     int m = size < GS_FLIGHT_MEMBERS ? size : GS_FLIGHT_MEMBERS;
     for (int r = 0; r < m; r++) c->members[r] = members ? members[r] : r;
     gs_flight.world_rank = world_rank;
-    MPI_Comm_size(MPI_COMM_WORLD, &gs_flight.world_size);
+    gs_flight.world_size = world_size;
     atomic_store(&gs_flight.ncomms, id + 1);
   }
   pthread_mutex_unlock(&gs_flight.lock);

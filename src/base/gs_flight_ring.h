@@ -60,9 +60,10 @@ typedef struct gs_flight_call {
 int32_t gs_flight_current_site(void); /* the calling thread's (queued calls carry it along) */
 void gs_flight_start(void); /* makes the ring once (GRADSYNC_FLIGHT_ENTRIES) */
 int gs_flight_stacks_on(void);
-/* Registers a communicator: its size, this process's rank in it and in
- * MPI_COMM_WORLD, the members' world ranks. Returns its index, or -1. */
-int32_t gs_flight_comm(int size, int rank, int world_rank, const int *members);
+/* Registers a communicator: its size, this process's rank in it, this
+ * process's rank in the world and the world's size (gs_comm_set_world), the
+ * members' world ranks. Returns its index, or -1. */
+int32_t gs_flight_comm(int size, int rank, int world_rank, int world_size, const int *members);
 void gs_flight_comm_seq(int32_t comm, uint64_t seq);
 void gs_flight_comm_freed(int32_t comm);
 /* O(1), no allocation: returns the entry's id (0 while the recorder is off). */

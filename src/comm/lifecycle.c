@@ -48,19 +48,32 @@ static int node_cores(void) {
   return online > ncpu ? (int)online : ncpu;
 }
 
+/* gs_comm_set_world's communicator; MPI_COMM_NULL: MPI_COMM_WORLD. */
+static MPI_Comm named_world = MPI_COMM_NULL;
+
+gs_status_t gs_comm_set_world(MPI_Comm world) {
+  gs_clear_error();
+  if (world == MPI_COMM_NULL)
+    return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_set_world: world is MPI_COMM_NULL");
+  named_world = world;
+  return GS_SUCCESS;
+}
+
 /* Names the communicator in the flight recorder by its members' ranks in
- * MPI_COMM_WORLD, which every member computes alike. */
+ * the world (gs_comm_set_world), which every member computes alike. */
 static void flight_register(struct gs_comm *c) {
   c->flight = -1;
-  int world = 0, *in = malloc((size_t)c->size * sizeof *in),
+  MPI_Comm wc = named_world == MPI_COMM_NULL ? MPI_COMM_WORLD : named_world;
+  int world = 0, world_size = 1, *in = malloc((size_t)c->size * sizeof *in),
       *out = malloc((size_t)c->size * sizeof *out);
   MPI_Group mine = MPI_GROUP_NULL, all = MPI_GROUP_NULL;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world);
+  MPI_Comm_rank(wc, &world);
+  MPI_Comm_size(wc, &world_size);
   if (in && out && MPI_Comm_group(c->mpi, &mine) == MPI_SUCCESS &&
-      MPI_Comm_group(MPI_COMM_WORLD, &all) == MPI_SUCCESS) {
+      MPI_Comm_group(wc, &all) == MPI_SUCCESS) {
     for (int r = 0; r < c->size; r++) in[r] = r;
     if (MPI_Group_translate_ranks(mine, c->size, in, all, out) == MPI_SUCCESS)
-      c->flight = gs_flight_comm(c->size, c->rank, world, out);
+      c->flight = gs_flight_comm(c->size, c->rank, world, world_size, out);
   }
   if (mine != MPI_GROUP_NULL) MPI_Group_free(&mine);
   if (all != MPI_GROUP_NULL) MPI_Group_free(&all);

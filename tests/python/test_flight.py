@@ -10,6 +10,8 @@ import os
 import re
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -19,7 +21,7 @@ from mpi4py import MPI
 
 import gradsync as gs
 from gradsync import doctor
-from gsutil import collectively, run_child
+from gsutil import child_env, collectively, run_child
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -254,3 +256,83 @@ def test_uncaught_gradsync_error_dumps(tmp_path):
         # the rejected call still meets the other ranks, as "abandon"
         calls = [(r["op"], r["status"]) for r in recs if r["type"] == "call"]
         assert calls == [("allreduce", "ok"), ("abandon", "invalid_argument")], calls
+
+
+KILLED_JOB = r"""
+import os, signal, sys, time
+import numpy as np
+import gradsync as gs
+
+
+class DirStore:
+    # the rendezvous gs.init needs (set, get, check), as files in a folder
+    def __init__(self, path):
+        self.path = path
+
+    def _file(self, key):
+        return os.path.join(self.path, key.replace("/", "%"))
+
+    def set(self, key, value):
+        tmp = self._file(key) + ".%d.tmp" % os.getpid()
+        with open(tmp, "wb") as f:
+            f.write(value if isinstance(value, bytes) else str(value).encode())
+        os.replace(tmp, self._file(key))
+
+    def get(self, key):
+        with open(self._file(key), "rb") as f:
+            return f.read()
+
+    def check(self, keys):
+        return all(os.path.exists(self._file(k)) for k in keys)
+
+
+rank, store = int(sys.argv[1]), DirStore(sys.argv[2])
+gs.init(store, rank=rank, world_size=3)
+gs.flight_stacks(True)
+comm = gs.Communicator(stall_seconds=0)
+x = np.ones(10, np.float32)
+comm.allreduce_(x)
+comm.allreduce_(x)
+gs.set_timeout(3.0)
+if rank == 2:
+    os.kill(os.getpid(), signal.SIGKILL)  # dies between two collectives
+try:
+    comm.allreduce_(x)
+except gs.Error as e:
+    print("rank %d raised %s" % (rank, type(e).__name__), flush=True)
+os._exit(0)  # MPI_Finalize would wait for the dead rank
+"""
+
+
+@pytest.mark.skipif(WORLD.size > 1, reason="starts its own 3-rank job: runs at one rank")
+def test_killed_rank(tmp_path):
+    """Three processes joined into one world (no MPI launcher, as torchrun
+    starts them) whose last rank is killed between two collectives: the
+    survivors raise (timeout or the MPI's failure report) and dump, the dead
+    rank leaves none, and the doctor says rank 2 left no dump while ranks 0-1
+    wait in allreduce #3, exit status MISSING."""
+    flight, store = tmp_path / "flight", tmp_path / "store"
+    flight.mkdir()
+    store.mkdir()
+    env = child_env()
+    env["GRADSYNC_FLIGHT_DIR"] = str(flight)
+    env["GRADSYNC_TIMEOUT_SECONDS"] = "60"  # the join's; the collective's is 3 s
+    procs = [subprocess.Popen([sys.executable, "-c", KILLED_JOB, str(r), str(store)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(3)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=180)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0] + "<hung>")
+    dumps = sorted(os.listdir(flight))
+    rep = doctor.diagnose(str(flight))
+    assert procs[2].returncode == -signal.SIGKILL, outs[2]
+    for r in (0, 1):
+        assert procs[r].returncode == 0 and "rank %d raised" % r in outs[r], outs[r][-3000:]
+    assert dumps == ["rank-0.jsonl", "rank-1.jsonl"], (dumps, outs)
+    assert rep.code == doctor.MISSING, rep.verdict
+    assert rep.verdict.startswith("rank 2 left no dump (dead, or its host is down) and ranks 0-1 "
+                                  "wait in allreduce #3 on WORLD"), rep.verdict
