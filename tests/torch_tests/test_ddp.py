@@ -164,3 +164,53 @@ def test_buffers_and_parameters_broadcast_at_construction(torch_pg):
         dist.all_gather(gathered, flat)
         assert all(torch.equal(g, gathered[0]) for g in gathered), \
             "DDP did not broadcast rank 0's state"
+
+
+def test_divergence_named_by_the_doctor(torch_pg, tmp_path_factory):
+    """One injected divergence: the last rank all_reduces a metric of its
+    own while the others run DDP's backward. Every rank raises (gradsync's
+    cross-rank check; nothing hangs), every rank dumps its flight record, and
+    the doctor's verdict names the rank, its call and this file's line."""
+    import inspect
+    import shutil
+
+    import gradsync as gs
+    from gradsync import doctor
+    if SIZE < 2:
+        pytest.skip("needs two ranks")
+    world = MPI.COMM_WORLD
+    folder = world.bcast(str(tmp_path_factory.mktemp("ddp-flight")) if RANK == 0 else None)
+    gs.flight_record_dir(folder)
+    gs.flight_stacks(True)
+    torch.manual_seed(0)
+    model = DDP(Net(), process_group=torch_pg)
+    x, y = batches(0)
+    late = SIZE - 1
+    raised = None
+    try:
+        if RANK == late:
+            my_line = inspect.currentframe().f_lineno + 1
+            dist.all_reduce(torch.ones(3), group=torch_pg)
+        else:
+            loss = ((model(mine(x)) - mine(y)) ** 2).mean()
+            my_line = inspect.currentframe().f_lineno + 1
+            loss.backward()
+    except Exception as e:  # noqa: BLE001 - DDP wraps the backend's error
+        raised = e
+    finally:
+        gs.flight_stacks(False)
+    lines = world.allgather(my_line)
+    world.Barrier()
+    rep = doctor.diagnose(folder) if RANK == 0 else None
+    verdict = world.bcast((rep.code, rep.verdict) if rep else None)
+    world.Barrier()
+    if RANK == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    with collectively():
+        assert raised is not None and "differs across ranks" in str(raised), raised
+        code, text = verdict
+        assert code == doctor.MISMATCH, text
+        assert text.startswith("ranks disagree at call #"), text
+        assert ("rank %d allreduce float32[3] sum at test_ddp.py:%d" % (late, lines[late])
+                in text), text
+        assert "at test_ddp.py:%d" % lines[0] in text, text

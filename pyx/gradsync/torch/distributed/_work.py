@@ -78,6 +78,20 @@ _COLLECTIVES = _Completer("gradsync-torch-futures")
 _MESSAGES = _Completer("gradsync-torch-p2p-futures")
 
 
+class _Failed:
+    """A collective's error, as the settled future's value (see get_future)."""
+
+    def __init__(self, exc):
+        self.exc = exc
+
+
+def _value_or_raise(future):
+    value = future.value()
+    if isinstance(value, _Failed):
+        raise value.exc
+    return value
+
+
 def _future_devices(tensors):
     return sorted({t.device for t in tensors if t.device.type != "cpu"}, key=str)
 
@@ -103,6 +117,7 @@ class Work(_TorchWork):
         self._what = what
         self._limit = limit  # the group's timeout in seconds, for the message
         self._future = None
+        self._future_out = None
         self._settle = False
         self._exc = None
         self._done = request is None
@@ -132,10 +147,7 @@ class Work(_TorchWork):
                 self._done = True
             future, self._settle = (self._future, False) if self._settle else (None, False)
         if future is not None:  # outside the lock: callbacks run here
-            if self._exc is not None:
-                future.set_exception(self._exc)
-            else:
-                future.set_result(self._result)
+            future.set_result(_Failed(self._exc) if self._exc is not None else self._result)
 
     def wait(self, timeout=None):
         """Blocks until done; raises the collective's error. With a positive
@@ -155,20 +167,27 @@ class Work(_TorchWork):
         return True
 
     def get_future(self):
+        """torch's Future of the output tensors. Its error is a C++ error
+        (the future that ``then`` makes, whose callback raises), because
+        torch's own consumers read the value in C++: DDP's reducer parses it
+        as tensors, and torch.futures.Future.set_exception only stores the
+        exception as the value (a Python object there: DDP crashed on it)."""
         with self._lock:
             if self._future is None:
                 devices = _future_devices(self._result)
+                # _complete settles this one; users get the one `then` makes
                 self._future = torch.futures.Future(devices=devices) if devices else \
                     torch.futures.Future()
+                self._future_out = self._future.then(_value_or_raise)
                 self._settle = True  # the first _complete() after this sets it, once
                 pending = not self._done
             else:
-                return self._future
+                return self._future_out
         if pending:
             (_MESSAGES if self._p2p else _COLLECTIVES).watch(self)
         else:
             self._complete()
-        return self._future
+        return self._future_out
 
     def is_completed(self):
         if not self._done and self._request is not None:
