@@ -199,6 +199,12 @@ def _root_only(c, fn):
     c.done()
 
 
+# The tests that start a job of their own judge that job alone: they run
+# once, in the one-rank run of this suite (at more ranks the others would
+# only wait for rank 0's nested job).
+own_job = pytest.mark.skipif(hvd.size() > 1, reason="starts a job of its own: runs at one rank")
+
+
 PEER_EXITS = r"""
 import sys, time, torch
 import gradsync.horovod.torch as hvd
@@ -219,6 +225,7 @@ except hvd.HorovodInternalError:
 """
 
 
+@own_job
 def test_a_rank_that_exits_ends_the_others_waits():
     """Horovod shuts every rank down when one leaves: the others' pending
     operations and later ones raise HorovodInternalError instead of
@@ -248,6 +255,7 @@ except hvd.HorovodInternalError as exc:
 """
 
 
+@own_job
 def test_a_process_set_that_cannot_form_raises_everywhere():
     """add_process_set is an operation of every rank: when a rank never
     makes it, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS shuts every rank down,
@@ -262,6 +270,7 @@ def test_a_process_set_that_cannot_form_raises_everywhere():
     _root_only(c, run)
 
 
+@own_job
 def test_horovod_alias_is_opt_in():
     """``import horovod.torch`` resolves to gradsync.horovod.torch only when
     the alias folder is on the path (python -m gradsync.horovod.alias), with
@@ -289,6 +298,7 @@ def test_horovod_alias_is_opt_in():
     _root_only(c, run)
 
 
+@own_job
 def test_install_resolves_horovod_in_process():
     """gradsync.horovod.install() makes ``import horovod.torch`` give
     gradsync.horovod.torch in the running program."""
@@ -322,6 +332,7 @@ if __name__ == "__main__":
 """
 
 
+@own_job
 @pytest.mark.parametrize("pickler", ["cloudpickle", "pickle"])
 def test_horovod_run_calls_a_function_on_n_processes(tmp_path, pickler):
     """horovod.run(fn, args, np=2): fn runs on two processes under mpiexec;

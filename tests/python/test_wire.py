@@ -244,11 +244,11 @@ def test_error_feedback_tracks_exact_sum(wire):
     world = MPI.COMM_WORLD
     comm = gs.Communicator()
     p, r = comm.size, comm.rank
-    n, steps = 256, 200
+    n, steps = 256, 120
     ef = gs.ErrorFeedback()
     total = {True: np.zeros(n), False: np.zeros(n)}
     exact = np.zeros(n)
-    held = []
+    held, broken = [], []
     for t in range(steps):
         per_rank = []
         for q in range(p):
@@ -257,16 +257,17 @@ def test_error_feedback_tracks_exact_sum(wire):
             per_rank.append((g + np.float32(1e-2)).astype(np.float32))
         exact += np.sum([x.astype(np.float64) for x in per_rank], axis=0)
         for use in (True, False):
-            with collectively() as blk:
-                got = comm.allreduce_(per_rank[r].copy(), wire=wire,
-                                      residual=ef if use else None)
-                blk.same(got)
-            total[use] += got
+            total[use] += comm.allreduce_(per_rank[r].copy(), wire=wire,
+                                          residual=ef if use else None)
         res_sum = world.allreduce(ef.state[0].astype(np.float64))
         held.append(np.abs(res_sum).max())
         # the identity: what the results missed is what the residuals hold
-        collective_assert(np.allclose(total[True] - exact, -res_sum, rtol=0, atol=1e-3),
-                          f"step {t}: {np.abs(total[True] - exact + res_sum).max()}")
+        if not np.allclose(total[True] - exact, -res_sum, rtol=0, atol=1e-3):
+            broken.append(f"step {t}: {np.abs(total[True] - exact + res_sum).max()}")
+    collective_assert(not broken, "; ".join(broken[:3]))
+    # every rank's results are bitwise the same (one check for all the steps)
+    mine = total[True].tobytes() + total[False].tobytes()
+    collective_assert(len(set(world.allgather(mine))) == 1, "the ranks' results differ")
     drift_ef = np.abs(total[True] - exact).max()
     drift_plain = np.abs(total[False] - exact).max()
     collective_assert(max(held[steps // 2:]) <= 1.5 * max(held[:steps // 2]) + 1e-6,
