@@ -17,6 +17,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from gsutil import collectively  # noqa: E402
 
+from gradsync.torch.distributed.hooks import WireState, wire_hook  # noqa: E402
+
 pytestmark = pytest.mark.mpi
 
 RANK, SIZE = MPI.COMM_WORLD.rank, MPI.COMM_WORLD.size
@@ -118,6 +120,12 @@ CASES = {
                                needs_cuda="torch's bf16 hook requires CUDA and NCCL"),
     "bf16_compression_in_a_hook": dict(kw={}, hook=bf16_hook, atol=3e-2),
     "static_graph": dict(kw=dict(static_graph=True), atol=2e-5),
+    # gradsync's wire hook: float32 sums of each rank's shard sent in the
+    # format, one rounding, error feedback per bucket
+    "wire_hook_bfloat16": dict(kw={}, hook=wire_hook, state=lambda: WireState("bfloat16"),
+                               atol=3e-2),
+    "wire_hook_float8_e4m3": dict(kw={}, hook=wire_hook,
+                                  state=lambda: WireState("float8_e4m3"), atol=1e-1),
 }
 
 
@@ -131,8 +139,14 @@ def test_ddp_matches_one_process(case, torch_pg):
     with collectively(what=case):
         ddp = DDP(copy.deepcopy(model), **spec["kw"])
         if "hook" in spec:
-            ddp.register_comm_hook(dist.group.WORLD, spec["hook"])
-        compare(train(ddp, STEPS), ref, spec["atol"], case)
+            state = spec["state"]() if "state" in spec else dist.group.WORLD
+            ddp.register_comm_hook(state, spec["hook"])
+        trained = train(ddp, STEPS)
+        compare(trained, ref, spec["atol"], case)
+        # every rank holds the same parameters, bit for bit
+        flat = torch.cat([p.detach().flatten() for p in trained.parameters()])
+        same = MPI.COMM_WORLD.allgather(flat.numpy().tobytes())
+        assert len(set(same)) == 1, f"{case}: the ranks' parameters differ"
 
 
 def test_no_sync_accumulates_like_one_process(torch_pg):
