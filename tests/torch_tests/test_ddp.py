@@ -15,9 +15,8 @@ import torch.nn as nn  # noqa: E402
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from gsutil import collectively  # noqa: E402
-
 from gradsync.torch.distributed.hooks import WireState, wire_hook  # noqa: E402
+from gsutil import collectively  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
