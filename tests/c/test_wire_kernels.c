@@ -49,9 +49,17 @@ static void test_edges(gs_wire_t wire, const char *name) {
       check_one(wire, name, -probes[p], &bad);
     }
   }
-  float specials[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, (float)f->max,
-                      nextafterf((float)f->max, INFINITY), (float)f->max * 1.0625f, 1e30f,
-                      0x1p-149f, 0x1p-126f};
+  float specials[] = {0.0f,
+                      -0.0f,
+                      INFINITY,
+                      -INFINITY,
+                      NAN,
+                      (float)f->max,
+                      nextafterf((float)f->max, INFINITY),
+                      (float)f->max * 1.0625f,
+                      1e30f,
+                      0x1p-149f,
+                      0x1p-126f};
   for (unsigned i = 0; i < sizeof specials / sizeof specials[0]; i++) {
     check_one(wire, name, specials[i], &bad);
     check_one(wire, name, -specials[i], &bad);
@@ -65,7 +73,8 @@ static void test_shard(gs_wire_t wire, const char *name) {
   enum { N = 3 * GS_WIRE_BLOCK + 7 };
   float x[N], back[N], lost[N] = {0};
   uint8_t buf[N + N / GS_WIRE_BLOCK + 1];
-  for (int i = 0; i < N; i++) x[i] = (i / GS_WIRE_BLOCK == 1) ? 0.0f : ldexpf((float)(i % 13) - 6.3f, (i * 7) % 40 - 20);
+  for (int i = 0; i < N; i++)
+    x[i] = (i / GS_WIRE_BLOCK == 1) ? 0.0f : ldexpf((float)(i % 13) - 6.3f, (i * 7) % 40 - 20);
   gs_wire_encode(wire, x, N, buf, lost);
   gs_wire_decode(wire, buf, N, back);
   long long bad = 0;
@@ -76,8 +85,8 @@ static void test_shard(gs_wire_t wire, const char *name) {
     uint8_t want = to_fp8(f, ldexp((double)x[i], -s));
     float want_back = from_fp8(f, want) * ldexpf(1.0f, s);
     if ((elems[i] != want || back[i] != want_back || lost[i] != x[i] - want_back) && bad++ < 5)
-      CHECK(0, "%s shard element %d: 0x%02x (want 0x%02x), decoded %a (want %a)", name, i,
-            elems[i], want, (double)back[i], (double)want_back);
+      CHECK(0, "%s shard element %d: 0x%02x (want 0x%02x), decoded %a (want %a)", name, i, elems[i],
+            want, (double)back[i], (double)want_back);
   }
   CHECK(bad == 0, "%s: %lld shard elements differ", name, bad);
 }
@@ -93,8 +102,8 @@ int main(int argc, char **argv) {
   for (int k = 0; k < 2; k++) {
     SECTION(formats[k].name);
     if (rank_ == 0) {
-      CHECK(to_fp8_bits(fp8(formats[k].wire), 1.0f) == (uint8_t)(fp8(formats[k].wire)->bias
-                                                                 << fp8(formats[k].wire)->mbits),
+      CHECK(to_fp8_bits(fp8(formats[k].wire), 1.0f) ==
+                (uint8_t)(fp8(formats[k].wire)->bias << fp8(formats[k].wire)->mbits),
             "1.0 is the bias as exponent, significand 0");
       test_edges(formats[k].wire, formats[k].name);
       test_shard(formats[k].wire, formats[k].name);
