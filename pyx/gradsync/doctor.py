@@ -169,18 +169,25 @@ def newest_call(cm):
                default=0)
 
 
-def first_disagreement(cm):
-    """(seq, {rank: call}) of the first call recorded on every rank with
-    differing signatures, or a call that failed as a mismatch."""
+def disagreement(cm):
+    """(seq, {rank: call}) of the disagreement to report on cm: the newest
+    call recorded on every rank that gradsync failed as a mismatch (the
+    ranks stay in step after one, so an older one was survived and the
+    newest is what the dump is about); else, with the check off, the first
+    call recorded on every rank with differing signatures (the later ones
+    follow from it)."""
     ranks = sorted(cm.by_rank)
     if not ranks:
         return None
     seqs = sorted(set().union(*(set(cm.by_rank[r]) for r in ranks)))
-    for s in seqs:
-        calls = {r: cm.by_rank[r][s] for r in ranks if s in cm.by_rank[r]}
-        if len(calls) == len(ranks) and len({signature(c) for c in calls.values()}) > 1:
-            return s, calls
-        if any(c["status"] == "mismatch" for c in calls.values()) and len(calls) == len(ranks):
+    everywhere = [(s, {r: cm.by_rank[r][s] for r in ranks}) for s in seqs
+                  if all(s in cm.by_rank[r] for r in ranks)]
+    detected = [(s, calls) for s, calls in everywhere
+                if any(c["status"] == "mismatch" for c in calls.values())]
+    if detected:
+        return detected[-1]
+    for s, calls in everywhere:
+        if len({signature(c) for c in calls.values()}) > 1:
             return s, calls
     return None
 
@@ -278,7 +285,7 @@ def show_stacks(rep, ranks, calls):
 
 
 def judge_mismatch(rep, cm, ranks):
-    found = first_disagreement(cm)
+    found = disagreement(cm)
     if not found:
         return
     s, calls = found
@@ -294,7 +301,7 @@ def judge_mismatch(rep, cm, ranks):
     rep.verdict = "ranks disagree at call #%d on %s: %s" % (s, cm.label, " vs ".join(parts))
     rep.code = MISMATCH
     rep.say("")
-    rep.say("first disagreement: #%d on %s" % (s, cm.label))
+    rep.say("disagreement: #%d on %s" % (s, cm.label))
     for r, c in sorted(calls.items()):
         rep.say("  rank %d: %s (%s)" % (r, describe(c), c["status"]))
     show_stacks(rep, ranks, calls)

@@ -80,6 +80,20 @@ def test_ranks_disagree(tmp_path, capsys):
                        "train.py:88 vs rank 1 allgather float32[100] at train.py:95"), verdict
 
 
+def test_the_newest_detected_mismatch_is_reported(tmp_path, capsys):
+    """A mismatch the job survived (gradsync fails the call on every rank
+    and the ranks go on in step), then another one: the dump is about the
+    newer one."""
+    old = lambda r: call(3, "allreduce", "mismatch", count=4 - r)  # noqa: E731
+    new = lambda r, op: call(9, op, "mismatch", site=r)  # noqa: E731
+    write(tmp_path, 0, 2, history(2) + [old(0)] + history(8)[3:] + [new(0, "allreduce")])
+    write(tmp_path, 1, 2, history(2) + [old(1)] + history(8)[3:] + [new(1, "broadcast")])
+    code, verdict, _ = run(tmp_path, capsys)
+    assert code == doctor.MISMATCH
+    assert verdict.startswith("ranks disagree at call #9 on WORLD: rank 0 allreduce"), verdict
+    assert "rank 1 broadcast" in verdict, verdict
+
+
 def test_shapes_differ(tmp_path, capsys):
     write(tmp_path, 0, 2, history(4) + [call(5, "allreduce", site=0, count=100)])
     write(tmp_path, 1, 2, history(4) + [call(5, "allreduce", site=0, count=50)])
