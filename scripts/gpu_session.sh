@@ -81,7 +81,10 @@ PY=${PYTHON:-python3}
 PYTEST="$PY -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider -rs"
 # the dry run proves the command lines, not the suites (make test-emulated runs them)
 GPU_TESTS=${GS_GPU_TESTS:-tests/gpu tests/python/test_dlpack.py}
-[ "$DRY" = 1 ] && GPU_TESTS=${GS_GPU_TESTS:-tests/gpu/test_device_arrays.py}
+# the dry run proves the step, not the suite (test-emulated runs the suite)
+[ "$DRY" = 1 ] && GPU_TESTS=${GS_GPU_TESTS:-tests/gpu/test_device_arrays.py::test_build_info_reports_cuda \
+tests/gpu/test_device_arrays.py::test_device_array_round_trip \
+tests/gpu/test_device_arrays.py::test_broadcast}
 
 note() { echo "[gpu_session $(date +%H:%M:%S) +$(($(date +%s) - T0))s] $*" | tee -a "$SESSION_LOG"; }
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
