@@ -102,7 +102,7 @@ def main(argv=None):
     p.add_argument("--rev", default="HEAD", help="revision, for a git directory")
     p.add_argument("--ranks", default="2")
     p.add_argument("--timeout", type=float, default=900, help="seconds per job")
-    p.add_argument("--mnist-train", type=int, default=6000)
+    p.add_argument("--mnist-train", type=int, default=24000)
     p.add_argument("--mnist-test", type=int, default=1000)
     p.add_argument("--min-accuracy", type=float, default=80.0)
     p.add_argument("--pythonpath", default=os.path.join(HERE, "..", "pyx"),
