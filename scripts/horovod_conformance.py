@@ -85,6 +85,35 @@ def pytest_runtest_logreport(report):
 '''
 
 
+def common_arguments(p, prefix):
+    """The arguments every Horovod-checkout script here takes (this one and
+    horovod_examples.py); ``prefix`` names its temporary folder."""
+    p.add_argument("--horovod", required=True,
+                   help="a Horovod checkout: work tree or git directory")
+    p.add_argument("--rev", default="HEAD", help="revision, for a git directory")
+    p.add_argument("--pythonpath", default=os.path.join(HERE, "..", "pyx"),
+                   help="where gradsync is (default: this checkout's pyx)")
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--mpiexec", default=os.environ.get("MPIEXEC", "mpiexec"))
+    p.add_argument("--keep", help="export into this folder and keep it")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.set_defaults(folder_prefix=prefix)
+
+
+def prepare(args, paths):
+    """(folder, environment): ``paths`` of the checkout exported into a
+    temporary folder (or --keep), and the jobs' environment, in which
+    ``import horovod`` is gradsync's opt-in alias (first on PYTHONPATH)."""
+    root = args.keep or tempfile.mkdtemp(prefix=args.folder_prefix)
+    export(os.path.abspath(args.horovod), args.rev, root, paths)
+    pypath = os.path.abspath(args.pythonpath)
+    alias = os.path.join(pypath, "gradsync", "horovod", "alias")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [alias, pypath] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return root, env
+
+
 def export(horovod, rev, dest, paths=FILES + SUPPORT):
     """Files of a Horovod work tree or git directory (by default the ones
     this script runs), copied under dest at their paths."""
@@ -234,9 +263,7 @@ def summary(results):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--horovod", required=True,
-                   help="a Horovod checkout: work tree or git directory")
-    p.add_argument("--rev", default="HEAD", help="revision, for a git directory")
+    common_arguments(p, "gs-hvd-conformance-")
     p.add_argument("--ranks", default="1,2,3,4")
     p.add_argument("--mode", choices=("per-test", "file", "both"), default="both")
     p.add_argument("--files", default=",".join(os.path.basename(f) for f in FILES))
@@ -245,24 +272,13 @@ def main(argv=None):
     p.add_argument("--file-timeout", type=float, default=1200, help="seconds per file job")
     p.add_argument("--stall-shutdown", type=float, default=60,
                    help="HOROVOD_STALL_SHUTDOWN_TIME_SECONDS for the jobs (0: unset)")
-    p.add_argument("--pythonpath", default=os.path.join(HERE, "..", "pyx"),
-                   help="where gradsync is (default: this checkout's pyx)")
-    p.add_argument("--python", default=sys.executable)
-    p.add_argument("--mpiexec", default=os.environ.get("MPIEXEC", "mpiexec"))
     p.add_argument("--json", help="write every test's outcome here")
-    p.add_argument("--keep", help="export into this folder and keep it")
-    p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
 
-    root = args.keep or tempfile.mkdtemp(prefix="gs-hvd-conformance-")
-    export(os.path.abspath(args.horovod), args.rev, root)
+    root, env = prepare(args, FILES + SUPPORT)
     shim_dir = os.path.join(root, "gs_shims")
     shims(shim_dir)
-    pypath = os.path.abspath(args.pythonpath)
-    alias = os.path.join(pypath, "gradsync", "horovod", "alias")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [alias, pypath, shim_dir] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-    env.setdefault("OMP_NUM_THREADS", "1")
+    env["PYTHONPATH"] += os.pathsep + shim_dir
     if args.stall_shutdown:
         env["HOROVOD_STALL_SHUTDOWN_TIME_SECONDS"] = str(args.stall_shutdown)
 

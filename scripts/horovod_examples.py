@@ -30,14 +30,13 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from horovod_conformance import export  # noqa: E402
+from horovod_conformance import common_arguments, prepare  # noqa: E402
 
 EXAMPLES = ("examples/pytorch/pytorch_synthetic_benchmark.py",
             "examples/pytorch/pytorch_mnist.py")
@@ -97,31 +96,17 @@ def judge(kind, rc, out, min_accuracy):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--horovod", required=True,
-                   help="a Horovod checkout: work tree or git directory")
-    p.add_argument("--rev", default="HEAD", help="revision, for a git directory")
+    common_arguments(p, "gs-hvd-examples-")
     p.add_argument("--ranks", default="2")
     p.add_argument("--timeout", type=float, default=900, help="seconds per job")
     p.add_argument("--mnist-train", type=int, default=24000)
     p.add_argument("--mnist-test", type=int, default=1000)
     p.add_argument("--min-accuracy", type=float, default=80.0)
-    p.add_argument("--pythonpath", default=os.path.join(HERE, "..", "pyx"),
-                   help="where gradsync is (default: this checkout's pyx)")
-    p.add_argument("--python", default=sys.executable)
-    p.add_argument("--mpiexec", default=os.environ.get("MPIEXEC", "mpiexec"))
-    p.add_argument("--keep", help="export into this folder and keep it")
-    p.add_argument("-v", "--verbose", action="store_true")
     args = p.parse_args(argv)
 
-    root = args.keep or tempfile.mkdtemp(prefix="gs-hvd-examples-")
-    export(os.path.abspath(args.horovod), args.rev, root, EXAMPLES)
+    root, env = prepare(args, EXAMPLES)
     data = os.path.join(root, "data")
     write_mnist(data, args.mnist_train, args.mnist_test)
-    pypath = os.path.abspath(args.pythonpath)
-    alias = os.path.join(pypath, "gradsync", "horovod", "alias")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [alias, pypath] + [x for x in [os.environ.get("PYTHONPATH")] if x]))
-    env.setdefault("OMP_NUM_THREADS", "1")
     # pytorch_mnist.py takes a FileLock in the home folder around the download
     env["HOME"] = root
     folder = os.path.join(root, "examples", "pytorch")

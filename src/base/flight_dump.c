@@ -58,9 +58,8 @@ const char *gs_flight_dir(void) {
 }
 
 const char *gs_flight_file(void) {
-  if (!gs_flight_capacity()) return "";
+  if (!*gs_flight_dir()) return ""; /* off; else the directory is named */
   pthread_mutex_lock(&gs_flight.lock);
-  name_dir();
   snprintf(flight_file, sizeof flight_file, "%s/rank-%d.jsonl", flight_dir, world_rank());
   pthread_mutex_unlock(&gs_flight.lock);
   return flight_file;

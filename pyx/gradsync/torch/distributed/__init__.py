@@ -75,14 +75,20 @@ class _NoStore(dist.Store):
         return self._timeout
 
 
-def _mpi_rendezvous(url, timeout=timedelta(minutes=30), **kwargs):
-    """Rank and world size from MPI; checked against RANK/WORLD_SIZE when set."""
+def _mpi_numbering():
+    """MPI's rank and world size; RANK/WORLD_SIZE, when set, must agree."""
     rank, size = gs.MPI.COMM_WORLD.Get_rank(), gs.MPI.COMM_WORLD.Get_size()
     for var, mpi_value in (("RANK", rank), ("WORLD_SIZE", size)):
         given = os.environ.get(var)
         if given not in (None, "") and int(given) != mpi_value:
             raise ValueError(f"gradsync rendezvous: {var}={given} in the environment but MPI "
                              f"says {mpi_value}; unset it, or launch with mpiexec only")
+    return rank, size
+
+
+def _mpi_rendezvous(url, timeout=timedelta(minutes=30), **kwargs):
+    """Rank and world size from MPI; checked against RANK/WORLD_SIZE when set."""
+    rank, size = _mpi_numbering()
     yield _NoStore(timeout), rank, size
     raise RuntimeError("gradsync rendezvous: cannot re-rendezvous")
 
@@ -91,12 +97,7 @@ def _with_mpi_numbering(url):
     """env:// under an MPI launcher with MASTER_ADDR/MASTER_PORT set: the
     rank and world size torch's rendezvous reads come from MPI when RANK or
     WORLD_SIZE is unset (checked against MPI when set)."""
-    rank, size = gs.MPI.COMM_WORLD.Get_rank(), gs.MPI.COMM_WORLD.Get_size()
-    for var, mpi_value in (("RANK", rank), ("WORLD_SIZE", size)):
-        given = os.environ.get(var)
-        if given not in (None, "") and int(given) != mpi_value:
-            raise ValueError(f"gradsync rendezvous: {var}={given} in the environment but MPI "
-                             f"says {mpi_value}; unset it, or launch with mpiexec only")
+    rank, size = _mpi_numbering()
     query = [q for q in ([url.split("?", 1)[1]] if "?" in url else []) if q]
     if "rank=" not in url:
         query.append(f"rank={rank}")
