@@ -77,6 +77,7 @@ typedef struct gs_comm_stats {
   uint64_t messages;      /* data messages sent: one per fused message        */
   uint64_t bytes;         /* bytes in those messages                          */
   uint64_t hierarchical;  /* of those, allreduces made host by host           */
+  uint64_t peer_reads;    /* allreduces inside one host read from the peers   */
 } gs_comm_stats_t;
 
 GS_API gs_status_t gs_comm_get_stats(gs_comm_t comm, gs_comm_stats_t *stats);

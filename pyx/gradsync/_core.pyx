@@ -237,7 +237,7 @@ cdef class Comm:
         CHKERR(gs_comm_get_stats(self.live(), &st))
         return {"calls": st.calls, "validations": st.validations,
                 "rode_in_check": st.rode_in_check, "messages": st.messages, "bytes": st.bytes,
-                "hierarchical": st.hierarchical}
+                "hierarchical": st.hierarchical, "peer_reads": st.peer_reads}
 
     def device_transport(self):
         cdef const char *name = NULL

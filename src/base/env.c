@@ -37,6 +37,11 @@ int64_t gs_env_pipeline_bytes_for(int spans_hosts) {
   return spans_hosts ? GS_DEFAULT_PIPELINE_BYTES_HOSTS : GS_DEFAULT_PIPELINE_BYTES;
 }
 
+int64_t gs_env_cma_bytes(void) {
+  int64_t v;
+  return (env_int64("GRADSYNC_CMA_BYTES", &v) && v >= 0) ? v : GS_DEFAULT_CMA_BYTES;
+}
+
 int gs_env_simd_portable(void) {
   const char *s = getenv("GRADSYNC_SIMD");
   return s && (strcmp(s, "portable") == 0 || strcmp(s, "none") == 0);

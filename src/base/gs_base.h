@@ -63,6 +63,10 @@ void gs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)
 int64_t gs_env_direct_bytes_for(int spans_hosts); /* GRADSYNC_DIRECT_BYTES */
 int64_t gs_env_pipeline_bytes_for(int spans_hosts); /* GRADSYNC_PIPELINE_BYTES (0: off) */
 int64_t gs_env_stage_chunk_bytes(void);           /* GRADSYNC_STAGE_CHUNK_BYTES */
+/* Allreduces inside one host from this many bytes read the peers' memory
+ * (cma.c); 0: never. */
+#define GS_DEFAULT_CMA_BYTES ((int64_t)1 << 20)
+int64_t gs_env_cma_bytes(void);                   /* GRADSYNC_CMA_BYTES */
 int64_t gs_env_fusion_threshold(void);            /* GRADSYNC_FUSION_THRESHOLD */
 int gs_env_check(void);                           /* GRADSYNC_CHECK */
 double gs_env_stall_seconds(void);                /* GRADSYNC_STALL_SECONDS */

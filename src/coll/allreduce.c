@@ -1,4 +1,6 @@
 /* Fused allreduce. */
+#include <stdlib.h>
+
 #include "coll/gs_collective.h"
 
 /* Where reduce_message works: `in` is the input laid out as the message
@@ -46,6 +48,45 @@ static int64_t piece_count(const gs_engine_t *e, const gs_message_t *m) {
   return bytes / es;
 }
 
+/* allreduce's state across its messages. */
+typedef struct allreduce_state {
+  int sum_levels;      /* hierarchical Adasum: levels inside a group only sum */
+  int64_t done_through; /* messages up to this index went with an earlier one */
+} allreduce_state_t;
+
+/* Message m and the messages after it of its dtype (the plan's grouping
+ * serves packing, and nothing is packed here) by the transport's
+ * allreduce_segments, when it takes them: every tensor where it is (inside
+ * one host the peers read it there, transport/cma.c). */
+static gs_status_t segments_message(const gs_engine_t *e, const gs_plan_t *plan,
+                                    const gs_message_t *m, gs_coll_t *d, int *taken) {
+  *taken = 0;
+  if (!e->transport->allreduce_segments || gs_engine_on_device(e)) return GS_SUCCESS;
+  const gs_message_t *last = m;
+  while (last + 1 < plan->msgs + plan->nmsgs && last[1].dtype == m->dtype) last++;
+  int64_t nseg = last->first + last->nslots - m->first, count = 0;
+  gs_seg_t *seg = malloc(2 * (size_t)nseg * sizeof *seg);
+  if (!seg) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
+  gs_seg_t *in = seg, *out = seg + nseg;
+  for (int64_t k = 0; k < nseg; k++) {
+    const gs_slot_t *s = &plan->slots[m->first + k];
+    in[k] = (gs_seg_t){d->in[s->tensor].data, s->count};
+    out[k] = (gs_seg_t){(d->out ? d->out : d->in)[s->tensor].data, s->count};
+    count += s->count;
+  }
+  double t0 = GS_TL_START();
+  gs_status_t st = e->transport->allreduce_segments(e->comm, d->out ? in : NULL, out, nseg,
+                                                    m->dtype, d->op, d->pre, d->post, taken);
+  if (*taken) {
+    ((allreduce_state_t *)d->extra)->done_through = last - plan->msgs;
+    gs_count_message(e->comm, count, m->dtype);
+    GS_TL_END("communicate", e->call, 1 + (m - plan->msgs), t0,
+              count * (int64_t)gs_dtype_size(m->dtype));
+  }
+  free(seg);
+  return st;
+}
+
 /* One message, reduced where the memory already lies like the message, or
  * in a window of the fusion buffer. Large host messages go in pieces of the
  * communicator's pipeline size, each packed, reduced and scaled or unpacked
@@ -59,7 +100,11 @@ static int64_t piece_count(const gs_engine_t *e, const gs_message_t *m) {
  * and two more copies would slow the common path). The pieces and so MPI's
  * calls are the same either way, and so are the results, bit for bit. */
 static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
-                                  const gs_message_t *m, const gs_coll_t *d) {
+                                  const gs_message_t *m, gs_coll_t *d) {
+  if (m - plan->msgs <= ((allreduce_state_t *)d->extra)->done_through) return GS_SUCCESS;
+  int taken = 0;
+  GS_CHECK(segments_message(e, plan, m, d, &taken));
+  if (taken) return GS_SUCCESS;
   void *ibase = NULL, *obase = NULL;
   int icontig = gs_plan_contiguous(plan, m, d->in, &ibase);
   int ocontig = d->out ? gs_plan_contiguous(plan, m, d->out, &obase) : icontig;
@@ -156,9 +201,9 @@ static gs_status_t small_allreduce(gs_comm_t c, gs_coll_t *d, int *taken) {
 /* Per message: Adasum, or a reduction. */
 static gs_status_t allreduce_message(const gs_engine_t *e, const gs_plan_t *plan,
                                      const gs_message_t *m, gs_coll_t *d) {
-  const int *sum_levels = d->extra;
+  const allreduce_state_t *state = d->extra;
   if (gs_op_is_adasum(d->op))
-    return adasum_message(e, plan, m, d->in, d->out, d->pre, d->post, *sum_levels);
+    return adasum_message(e, plan, m, d->in, d->out, d->pre, d->post, state->sum_levels);
   return reduce_message(e, plan, m, d);
 }
 
@@ -166,15 +211,16 @@ static gs_status_t allreduce_message(const gs_engine_t *e, const gs_plan_t *plan
 static gs_status_t allreduce_check(gs_comm_t c, gs_coll_t *d) {
   if (d->out) GS_CHECK(gs_check_outputs(d->fn, d->in, d->out, d->n));
   if (d->op != GS_OP_ADASUM_HIERARCHICAL) return GS_SUCCESS;
-  int group = 1, *sum_levels = d->extra; /* levels inside a group only sum */
+  int group = 1;
+  allreduce_state_t *state = d->extra;
   GS_CHECK(gs_adasum_group_size(c, d->fn, &group));
-  while ((1 << *sum_levels) < group) (*sum_levels)++;
+  while ((1 << state->sum_levels) < group) state->sum_levels++;
   return GS_SUCCESS;
 }
 
 gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,
                          gs_op_t op, double prescale, double postscale) {
-  int sum_levels = 0;
+  allreduce_state_t state = {0, -1};
   gs_coll_t d = {.fn = "gs_allreduce",
                  .kind = GS_CALL_ALLREDUCE,
                  .in = in,
@@ -183,7 +229,7 @@ gs_status_t gs_allreduce(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *
                  .op = op,
                  .pre = prescale,
                  .post = postscale,
-                 .extra = &sum_levels,
+                 .extra = &state,
                  .check = allreduce_check,
                  .op_checked = 1,
                  .allow_adasum = 1,

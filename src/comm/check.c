@@ -103,6 +103,7 @@ gs_status_t gs_check_call(gs_comm_t c, const gs_call_t *call, gs_status_t local,
   v[F_THRESHOLD] = c->fusion_threshold;
   v[F_DIRECT] = c->direct_bytes;
   v[F_PIPELINE] = c->pipeline_bytes;
+  v[F_CMA] = c->cma_bytes; /* whether a large call reads the peers: all or none */
   v[F_ERROR] = local != GS_SUCCESS;
   v[F_PAYLOAD] = payload != NULL;
   /* every field is sent negated too: INT64_MIN (a hostile n) has no negation */

@@ -126,6 +126,7 @@ static const struct scalar_field {
     {F_THRESHOLD, "the fusion threshold (bytes)", name_int},
     {F_DIRECT, "the direct-send size (bytes, GRADSYNC_DIRECT_BYTES)", name_int},
     {F_PIPELINE, "the pipeline piece size (bytes, GRADSYNC_PIPELINE_BYTES)", name_int},
+    {F_CMA, "the smallest allreduce read from the peers (bytes, GRADSYNC_CMA_BYTES)", name_int},
 };
 
 static const struct scalar_field *first_scalar_difference(const int *differs) {
@@ -202,6 +203,7 @@ gs_status_t gs_check_explain(gs_comm_t c, const gs_call_t *call, gs_status_t loc
   mine.f[F_THRESHOLD] = c->fusion_threshold;
   mine.f[F_DIRECT] = c->direct_bytes;
   mine.f[F_PIPELINE] = c->pipeline_bytes;
+  mine.f[F_CMA] = c->cma_bytes;
   mine.f[F_ERROR] = local != GS_SUCCESS;
   mine.f[F_PAYLOAD] = 0; /* derived from the fields above; never the first difference */
   if (local != GS_SUCCESS) snprintf(mine.reason, GS_REASON_LEN, "%s", gs_last_error());

@@ -92,6 +92,7 @@ enum {
   F_THRESHOLD,
   F_DIRECT,
   F_PIPELINE,
+  F_CMA,
   F_ERROR,
   F_PAYLOAD,
   NFIELDS

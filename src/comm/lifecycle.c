@@ -121,6 +121,7 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
                         ? cfg->direct_bytes
                         : gs_env_direct_bytes_for(c->host_max < c->size);
   c->pipeline_bytes = gs_env_pipeline_bytes_for(c->host_max < c->size);
+  c->cma_bytes = gs_env_cma_bytes();
   c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
   c->stall_seconds =
       (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds : gs_env_stall_seconds();
@@ -209,6 +210,7 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
   }
   gs_adasum_free(c);
   gs_hier_free(c);
+  gs_cma_free(c);
   if (init && !fin) {
     drain_notices(c->notice);
     MPI_Comm_free(&c->notice);

@@ -53,6 +53,11 @@ struct gs_comm {
   MPI_Comm hier_node;      /* this host's ranks; made on first use */
   MPI_Comm hier_cross;     /* the ranks of my local rank on every host */
   int hier_group;          /* ranks per host they were made for (< 0: MPI's hosts) */
+  /* reading the peers' memory inside one host (cma.c) */
+  int cma_state;           /* 0 not probed yet, 1 usable, -1 refused somewhere */
+  int64_t cma_bytes;       /* smallest message read so (0: never) */
+  int64_t *cma_pids;       /* every rank's process id, once usable */
+  char *cma_scratch;       /* two pieces: a peer's data, the running fold */
 };
 enum { GS_PATH_NONE = 0, GS_PATH_NCCL = 1, GS_PATH_STAGED = 2, GS_PATH_CUDA_AWARE = 3 };
 #define GS_COMM_MAGIC 0x67736331u /* "gsc1" */

@@ -65,13 +65,11 @@ static int aware_poll(gs_comm_t c, void *event, const char *what, gs_status_t *e
 }
 
 const gs_transport_t gs_cuda_aware_transport = {
-    "mpi-cuda-aware",
-    aware_allreduce,
-    aware_broadcast,
-    aware_allgatherv,
-    aware_reduce_scatter,
-    aware_exchange,
-    aware_poll,
-    NULL,
-    NULL,
+    .name = "mpi-cuda-aware",
+    .allreduce = aware_allreduce,
+    .broadcast = aware_broadcast,
+    .allgatherv = aware_allgatherv,
+    .reduce_scatter = aware_reduce_scatter,
+    .exchange = aware_exchange,
+    .poll = aware_poll,
 };

@@ -10,6 +10,13 @@
 
 #include "mpi/gs_mpi.h"
 
+/* One piece of a message's memory: `count` elements at `at`; a message is
+ * its segments back to back. in == NULL: in place on out. */
+typedef struct gs_seg {
+  void *at;
+  int64_t count;
+} gs_seg_t;
+
 typedef gs_status_t (*gs_exchange_fn)(gs_comm_t, const void *send, int64_t scount, void *recv,
                                       int64_t rcount, gs_dtype_t, int peer);
 
@@ -30,6 +37,14 @@ typedef struct gs_transport {
   /* Sends scount elements to `peer` and receives rcount from it (either may
    * be 0): Adasum's halving and the exchange collectives' pairwise rounds. */
   gs_exchange_fn exchange;
+  /* May be NULL. An allreduce of a message lying in segments (a fused
+   * list's tensors where they are: nothing packed), each input times `pre`
+   * (rounded to the dtype, as packing does), the result times `post`; sets
+   * *taken = 0 without touching anything when it declines the message
+   * (the same answer on every rank), which then goes through allreduce. */
+  gs_status_t (*allreduce_segments)(gs_comm_t, const struct gs_seg *in, const struct gs_seg *out,
+                                    int64_t nseg, gs_dtype_t, gs_op_t, double pre, double post,
+                                    int *taken);
   /* Device transports (NULL for host memory): whether the work queued on the
    * communicator's stream up to `event` has finished (1), not yet (0), or
    * failed (-1, *err set, message recorded, naming `what`: the operation
@@ -84,6 +99,19 @@ void gs_hier_free(gs_comm_t c);
  * format across them (hierarchical.c). */
 gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire_t wire,
                                    double post, float *lost);
+
+/* ---- the allreduce inside one host, reading the peers' memory (cma.c) ---- */
+
+/* Whether an allreduce of `bytes` reads the peers' memory directly: every
+ * rank on one host, from GRADSYNC_CMA_BYTES up, unless a probe found it
+ * refused (the same answer on every rank). */
+int gs_cma_wanted(gs_comm_t c, int64_t bytes);
+/* The MPI transport's allreduce_segments: reduce-scatter by slices read
+ * from the peers, then an allgather of the reduced slices; *taken = 0 when
+ * not wanted or refused (probed collectively at the first call). */
+gs_status_t gs_cma_allreduce(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *out, int64_t nseg,
+                             gs_dtype_t dtype, gs_op_t op, double pre, double post, int *taken);
+void gs_cma_free(gs_comm_t c);
 
 /* ---- the allreduce in a low-precision wire format (wire.c) -------------- */
 

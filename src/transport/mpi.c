@@ -57,6 +57,12 @@ static gs_status_t rd_allreduce(gs_comm_t c, void *buf, int64_t count, gs_dtype_
 
 static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
                                  gs_dtype_t dtype, gs_op_t op) {
+  if (gs_cma_wanted(c, count * (int64_t)gs_dtype_size(dtype))) {
+    gs_seg_t in = {(void *)send, count}, out = {recv, count};
+    int taken = 0;
+    GS_CHECK(gs_cma_allreduce(c, send ? &in : NULL, &out, 1, dtype, op, 1.0, 1.0, &taken));
+    if (taken) return GS_SUCCESS;
+  }
   if (gs_hier_wanted(c, count * (int64_t)gs_dtype_size(dtype)))
     return gs_hier_allreduce(c, send, recv, count, dtype, op);
   if (count * (int64_t)gs_dtype_size(dtype) <= RD_MAX_BYTES &&
@@ -296,6 +302,12 @@ static gs_status_t mpi_exchange(gs_comm_t c, const void *sbuf, int64_t scount, v
 }
 
 const gs_transport_t gs_mpi_transport = {
-    "mpi",        mpi_allreduce, mpi_broadcast, mpi_allgatherv, mpi_reduce_scatter,
-    mpi_exchange, NULL,          NULL,          NULL,
+    .name = "mpi",
+    .allreduce = mpi_allreduce,
+    .broadcast = mpi_broadcast,
+    .allgatherv = mpi_allgatherv,
+    .reduce_scatter = mpi_reduce_scatter,
+    .exchange = mpi_exchange,
+    /* the host's own memory: inside one host, read where it lies (cma.c) */
+    .allreduce_segments = gs_cma_allreduce,
 };

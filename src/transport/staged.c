@@ -143,13 +143,11 @@ static int staged_poll(gs_comm_t c, void *event, const char *what, gs_status_t *
 }
 
 const gs_transport_t gs_staged_transport = {
-    "mpi-staged",
-    staged_allreduce,
-    staged_broadcast,
-    staged_allgatherv,
-    staged_reduce_scatter,
-    staged_exchange,
-    staged_poll,
-    NULL,
-    NULL,
+    .name = "mpi-staged",
+    .allreduce = staged_allreduce,
+    .broadcast = staged_broadcast,
+    .allgatherv = staged_allgatherv,
+    .reduce_scatter = staged_reduce_scatter,
+    .exchange = staged_exchange,
+    .poll = staged_poll,
 };

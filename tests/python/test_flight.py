@@ -264,27 +264,7 @@ import numpy as np
 import gradsync as gs
 
 
-class DirStore:
-    # the rendezvous gs.init needs (set, get, check), as files in a folder
-    def __init__(self, path):
-        self.path = path
-
-    def _file(self, key):
-        return os.path.join(self.path, key.replace("/", "%"))
-
-    def set(self, key, value):
-        tmp = self._file(key) + ".%d.tmp" % os.getpid()
-        with open(tmp, "wb") as f:
-            f.write(value if isinstance(value, bytes) else str(value).encode())
-        os.replace(tmp, self._file(key))
-
-    def get(self, key):
-        with open(self._file(key), "rb") as f:
-            return f.read()
-
-    def check(self, keys):
-        return all(os.path.exists(self._file(k)) for k in keys)
-
+from joined import DirStore  # tests/python: the child's PYTHONPATH has it
 
 rank, store = int(sys.argv[1]), DirStore(sys.argv[2])
 gs.init(store, rank=rank, world_size=3)

@@ -1,0 +1,115 @@
+"""The allreduce inside one host against MPI and the memory bandwidth, same run.
+
+    mpiexec -n 2 python -m bench.intrahost [--repeats 7] [--cases resnet50,64Mi,200x768,16]
+
+For each case (ResNet-50's 161 float32 gradients, one 64 MiB tensor, 200
+tensors of 768 floats, 16 floats) it times, interleaved per repeat so that
+load falls on all alike, the slowest rank's time of:
+
+  direct   gradsync's ``allreduce_`` of the list in place (inside one host
+           the ranks read each other's memory: transport/cma.c)
+  mpi      the same call on a communicator made with GRADSYNC_CMA_BYTES=0
+           (gradsync's MPI path, as before issue 33)
+  mpi4py   one pre-fused MPI ``Allreduce`` of the same bytes (MPI_IN_PLACE)
+
+and a NumPy copy of the message on every rank at once, from which it
+derives the memory bandwidth each rank gets (bytes read + written per
+second) and the bound for the direct path: the bytes it touches per rank,
+(3p - 1)/p times the message (peers' slices read for the reduction, its own
+read and written, the others' reduced slices read and written), over that
+bandwidth. Prints medians, ratios to mpi4py and the bound's share of the
+time (1.0: at the bandwidth limit). A benchmark, not a test.
+"""
+import argparse
+import os
+import time
+
+import numpy as np
+
+import gradsync as gs
+from gradsync.bench.data import load_shapes
+
+
+def case_counts(name):
+    if name == "resnet50":
+        shapes, _ = load_shapes("resnet50")
+        return [int(np.prod(s)) for s in shapes]
+    if "x" in name:
+        k, n = name.split("x")
+        return [int(n)] * int(k)
+    units = {"Mi": 1 << 20, "Ki": 1 << 10}
+    for suffix, mult in units.items():
+        if name.endswith(suffix):
+            return [int(name[: -len(suffix)]) * mult // 4]  # bytes -> float32 elements
+    return [int(name)]
+
+
+def timed(world, fn):
+    world.Barrier()
+    t0 = time.perf_counter()
+    fn()
+    return world.allreduce(time.perf_counter() - t0, op=gs.MPI.MAX)
+
+
+def run_case(name, counts, direct, through_mpi, world, repeats):
+    rng = np.random.default_rng(world.rank)
+    base = [rng.standard_normal(n).astype(np.float32) for n in counts]
+    grads = [b.copy() for b in base]
+    flat = np.concatenate(base) if base else np.zeros(0, np.float32)
+    fused = flat.copy()
+    src, dst = flat.copy(), np.empty_like(flat)
+    variants = {
+        "direct": lambda: direct.allreduce_(grads),
+        "mpi": lambda: through_mpi.allreduce_(grads),
+        "mpi4py": lambda: world.Allreduce(gs.MPI.IN_PLACE, fused, op=gs.MPI.SUM),
+        "copy": lambda: np.copyto(dst, src),
+    }
+    times = {v: [] for v in variants}
+    for fn in variants.values():  # warm-up: buffers, pages, the probe
+        fn()
+    for _ in range(repeats):
+        for v, fn in variants.items():
+            for g, b in zip(grads, base):
+                g[...] = b
+            fused[...] = flat
+            times[v].append(timed(world, fn))
+    med = {v: float(np.median(t)) for v, t in times.items()}
+    nbytes = 4 * sum(counts)
+    p = world.size
+    bandwidth = 2 * nbytes / med["copy"] if med["copy"] > 0 else float("nan")
+    touched = (3 * p - 1) / p * nbytes
+    bound = touched / bandwidth
+    return med, nbytes, touched, bound
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--cases", default="resnet50,64Mi,200x768,16")
+    args = ap.parse_args(argv)
+    direct = gs.Communicator()
+    os.environ["GRADSYNC_CMA_BYTES"] = "0"  # read when a communicator is made
+    through_mpi = gs.Communicator()
+    del os.environ["GRADSYNC_CMA_BYTES"]
+    world = gs.world()
+    if world.rank == 0:
+        print(f"{world.size} ranks on one host, medians of {args.repeats} (slowest rank per call)")
+        print(f"{'case':10s} {'MiB':>7s} {'direct ms':>10s} {'mpi ms':>8s} {'mpi4py ms':>10s} "
+              f"{'direct/mpi4py':>14s} {'mpi/mpi4py':>11s} {'touched/msg':>12s} "
+              f"{'GB/s copy':>10s} {'bound/direct':>13s}")
+    for name in args.cases.split(","):
+        med, nbytes, touched, bound = run_case(name, case_counts(name), direct, through_mpi,
+                                               world, args.repeats)
+        if world.rank == 0:
+            bw = 2 * nbytes / med["copy"] / 1e9 if med["copy"] else float("nan")
+            print(f"{name:10s} {nbytes / 2**20:7.2f} {1e3 * med['direct']:10.3f} "
+                  f"{1e3 * med['mpi']:8.3f} {1e3 * med['mpi4py']:10.3f} "
+                  f"{med['direct'] / med['mpi4py']:14.2f} {med['mpi'] / med['mpi4py']:11.2f} "
+                  f"{touched / max(nbytes, 1):12.2f} {bw:10.1f} {bound / med['direct']:13.2f}",
+                  flush=True)
+    through_mpi.close()
+    direct.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,360 @@
+/* The allreduce inside one host by cross-memory attach (DESIGN section 15).
+ *
+ * MPI's shared-memory path copies every byte into a cell and out again
+ * (about 5.5 times the message per rank at 2 ranks). Here each rank reads
+ * its peers' memory where it lies, with Linux's process_vm_readv:
+ *
+ *   1. the ranks exchange the addresses of their inputs and outputs (the
+ *      message's segments: a fused list's tensors, each where it is);
+ *   2. reduce-scatter: rank r owns slice r of the message and folds every
+ *      rank's slice r into its own output, a cache-sized piece at a time
+ *      (a peer's piece is read into a scratch piece, then reduced while
+ *      both are in cache);
+ *   3. allgather: every rank reads the other slices from their owners'
+ *      outputs straight into its own.
+ *
+ * Per rank that touches about 2.5 times the message at 2 ranks (peer half
+ * read twice, own half read once and written, the rest written once),
+ * docs/DECISIONS.md has the counts. Each slice is reduced by one rank, in
+ * rank order (x0 op x1 op ... from the left), and copied to the others, so
+ * every rank holds the same bits; at 2 ranks that is MPI's x0 op x1.
+ *
+ * Synchronisation is three small MPI collectives (the address exchange,
+ * then an agreement after each phase): each completes only when every rank
+ * has finished the phase before, so no rank reads memory a peer may still
+ * write, and no rank returns (and frees or reuses its memory) while a peer
+ * may still read it. The agreements carry each rank's read errors, so a
+ * failed read (a peer gone: ESRCH) fails the call on every rank, and a dead
+ * peer leaves the others in an MPI wait that ends in its timeout: never a
+ * read of freed memory reported as success. No memory is shared, so nothing
+ * is ever left in /dev/shm.
+ *
+ * Whether the ranks may read each other (ptrace rules, a container's
+ * seccomp filter without CMA) is probed collectively at the first call that
+ * wants it; a refusal anywhere turns it off for the communicator, logged
+ * once at debug level, and the calls go through MPI as before. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "transport/gs_transport.h"
+
+/* A fold step's piece: the peer's piece, the running fold and the output's
+ * piece stay inside a 512 KiB L2 together. */
+#define CMA_PIECE_BYTES ((int64_t)64 << 10)
+/* iovecs per system call (Linux's IOV_MAX is 1024). */
+#define CMA_IOV 256
+#define CMA_PROBE_MAGIC 0x676d61636d610000ull
+
+typedef struct cma_call {
+  gs_comm_t c;
+  int64_t nseg, count;
+  const int64_t *offs; /* nseg + 1 prefix sums of the segments' counts */
+  const uint64_t *at;  /* per rank: nseg input addresses, then nseg output addresses */
+  size_t es;
+  gs_dtype_t dtype;
+  gs_op_t op;
+  double pre, post;    /* each input's scale (rounded to the dtype), the result's */
+  char *fold, *peer;   /* scratch pieces */
+  int err_no, err_peer;
+} cma_call_t;
+
+enum { CMA_IN = 0, CMA_OUT = 1 };
+
+static const uint64_t *table(const cma_call_t *k, int rank, int which) {
+  return k->at + ((size_t)rank * 2 + (size_t)which) * (size_t)k->nseg;
+}
+
+int gs_cma_wanted(gs_comm_t c, int64_t bytes) {
+  return c->size > 1 && c->cma_state >= 0 && c->host_max == c->size && c->cma_bytes > 0 &&
+         bytes >= c->cma_bytes && !gs_hier_wanted(c, bytes);
+}
+
+/* The segment holding message element `e` (the last one starting at or before it). */
+static int64_t segment_of(const cma_call_t *k, int64_t e) {
+  int64_t lo = 0, hi = k->nseg - 1;
+  while (lo < hi) {
+    int64_t mid = (lo + hi + 1) / 2;
+    if (k->offs[mid] <= e) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+/* iovecs over message elements [first, first + count) of a rank's segments
+ * (`at`: their addresses), at most CMA_IOV; *covered: the elements they hold.
+ * Every rank's segments have the same counts, so two ranks' lists for one
+ * range pair up iovec by iovec. */
+static int iovs(const cma_call_t *k, const uint64_t *at, int64_t first, int64_t count,
+                struct iovec *v, int64_t *covered) {
+  int n = 0;
+  int64_t done = 0;
+  for (int64_t s = segment_of(k, first); done < count && n < CMA_IOV && s < k->nseg; s++) {
+    int64_t from = first + done, take = k->offs[s + 1] - from;
+    if (take > count - done) take = count - done;
+    if (take <= 0) continue;
+    v[n].iov_base = (char *)(uintptr_t)at[s] + (size_t)(from - k->offs[s]) * k->es;
+    v[n].iov_len = (size_t)take * k->es;
+    n++;
+    done += take;
+  }
+  *covered = done;
+  return n;
+}
+
+/* Copies elements [first, first + count) of `rank`'s segments (which: its
+ * inputs or outputs) into `dst` (contiguous) or, when dst is NULL, into the
+ * same elements of this rank's outputs. Records the first failure. */
+static int read_peer(cma_call_t *k, int rank, int which, int64_t first, int64_t count, char *dst) {
+  pid_t pid = (pid_t)k->c->cma_pids[rank];
+  while (count > 0 && !k->err_no) {
+    struct iovec rv[CMA_IOV], lv[CMA_IOV];
+    int64_t got = 0, mine = 0;
+    int nr = iovs(k, table(k, rank, which), first, count, rv, &got), nl = 1;
+    if (dst) lv[0] = (struct iovec){dst, (size_t)got * k->es};
+    else nl = iovs(k, table(k, k->c->rank, CMA_OUT), first, got, lv, &mine);
+    ssize_t b = process_vm_readv(pid, lv, (unsigned long)nl, rv, (unsigned long)nr, 0);
+    int64_t moved = b > 0 ? (int64_t)((size_t)b / k->es) : 0;
+    if (moved == 0) { /* a partial read resumes; none at all is the peer's fault */
+      k->err_no = b < 0 ? errno : EFAULT;
+      k->err_peer = rank;
+      return -1;
+    }
+    first += moved;
+    count -= moved;
+    if (dst) dst += (size_t)moved * k->es;
+  }
+  return k->err_no ? -1 : 0;
+}
+
+/* On this rank's outputs over [first, first + count): `src` (contiguous)
+ * folded in (out = src op out), or, src NULL, the inputs copied there
+ * (out of place) or the post scale applied. */
+enum { CMA_FOLD, CMA_COPY_IN, CMA_SCALE };
+static void local_pass(cma_call_t *k, int what, const char *src, int64_t first, int64_t count,
+                       double post) {
+  while (count > 0) {
+    struct iovec out[CMA_IOV], in[CMA_IOV];
+    int64_t got = 0, same = 0;
+    int n = iovs(k, table(k, k->c->rank, CMA_OUT), first, count, out, &got);
+    if (what == CMA_COPY_IN) iovs(k, table(k, k->c->rank, CMA_IN), first, got, in, &same);
+    for (int i = 0; i < n; i++) {
+      int64_t len = (int64_t)(out[i].iov_len / k->es);
+      if (what == CMA_FOLD) {
+        gs_cpu_reduce(k->dtype, k->op, src, out[i].iov_base, len);
+        src += out[i].iov_len;
+      } else if (what == CMA_COPY_IN && in[i].iov_base != out[i].iov_base) {
+        memcpy(out[i].iov_base, in[i].iov_base, out[i].iov_len);
+      } else if (what == CMA_SCALE) {
+        gs_cpu_scale_copy(k->dtype, out[i].iov_base, out[i].iov_base, len, post);
+      }
+    }
+    first += got;
+    count -= got;
+  }
+}
+
+/* Slice r of the message: whole cache lines, the last slices possibly empty. */
+static void slice(const cma_call_t *k, int r, int64_t *first, int64_t *count) {
+  int64_t line = 64 / (int64_t)k->es, p = k->c->size;
+  int64_t per = (k->count + p - 1) / p;
+  per = (per + line - 1) / line * line;
+  int64_t lo = per * r < k->count ? per * r : k->count;
+  int64_t hi = lo + per < k->count ? lo + per : k->count;
+  *first = lo;
+  *count = hi - lo;
+}
+
+/* One piece of this rank's slice: x0 op x1 op ... op x(p-1) from the left.
+ * The ranks below this one fold into scratch first; its own values (in its
+ * output) join next, then the ranks above, one by one, in place. */
+static void reduce_piece(cma_call_t *k, int64_t first, int64_t n) {
+  int me = k->c->rank;
+  local_pass(k, CMA_COPY_IN, NULL, first, n, 1.0);
+  if (k->pre != 1.0) local_pass(k, CMA_SCALE, NULL, first, n, k->pre);
+  for (int r = 0; r < me && !k->err_no; r++) {
+    char *to = r == 0 ? k->fold : k->peer;
+    if (read_peer(k, r, CMA_IN, first, n, to)) return;
+    if (k->pre != 1.0) gs_cpu_scale_copy(k->dtype, to, to, n, k->pre);
+    if (r > 0) gs_cpu_reduce(k->dtype, k->op, k->peer, k->fold, n);
+  }
+  if (me > 0) local_pass(k, CMA_FOLD, k->fold, first, n, 1.0);
+  for (int r = me + 1; r < k->c->size && !k->err_no; r++) {
+    if (read_peer(k, r, CMA_IN, first, n, k->peer)) return;
+    if (k->pre != 1.0) gs_cpu_scale_copy(k->dtype, k->peer, k->peer, n, k->pre);
+    local_pass(k, CMA_FOLD, k->peer, first, n, 1.0);
+  }
+  if (k->post != 1.0) local_pass(k, CMA_SCALE, NULL, first, n, k->post);
+}
+
+/* Completes when every rank has finished the phase before; fails on every
+ * rank when a read failed on any. */
+static gs_status_t agree(cma_call_t *k, const char *phase) {
+  int mine = k->err_no != 0, any = 0;
+  MPI_Request req;
+  GS_MPI_CHECK(MPI_Iallreduce(&mine, &any, 1, MPI_INT, MPI_MAX, k->c->mpi, &req), phase);
+  GS_CHECK(gs_mpi_wait(&req, phase, NULL, NULL));
+  if (k->err_no)
+    return gs_fail(GS_ERR_MPI, "%s: reading rank %d's memory (process_vm_readv): %s", phase,
+                   k->err_peer, strerror(k->err_no));
+  if (any)
+    return gs_fail(GS_ERR_MPI,
+                   "%s: another rank could not read a peer's memory "
+                   "(process_vm_readv); its error names the peer",
+                   phase);
+  return GS_SUCCESS;
+}
+
+/* The scratch pieces, kept per communicator. */
+static gs_status_t scratch(gs_comm_t c, char **fold, char **peer) {
+  if (!c->cma_scratch) {
+    c->cma_scratch = aligned_alloc(64, 2 * (size_t)CMA_PIECE_BYTES);
+    if (!c->cma_scratch) return gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
+  }
+  *fold = c->cma_scratch;
+  *peer = *fold + CMA_PIECE_BYTES;
+  return GS_SUCCESS;
+}
+
+static gs_status_t probe(gs_comm_t c);
+
+/* Every rank's segment addresses, inputs then outputs (in == NULL: in place). */
+static gs_status_t exchange(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *out, int64_t n,
+                            uint64_t *all) {
+  uint64_t *mine = all + (size_t)c->rank * 2 * (size_t)n;
+  for (int64_t s = 0; s < n; s++) {
+    mine[s] = (uint64_t)(uintptr_t)(in ? in[s].at : out[s].at);
+    mine[n + s] = (uint64_t)(uintptr_t)out[s].at;
+  }
+  MPI_Request req;
+  GS_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, (int)(2 * n), MPI_UINT64_T,
+                              c->mpi, &req),
+               "allreduce (in the host): exchanging addresses");
+  return gs_mpi_wait(&req, "allreduce (in the host): exchanging addresses", NULL, NULL);
+}
+
+static gs_status_t run(cma_call_t *k, const gs_seg_t *in, const gs_seg_t *out) {
+  gs_comm_t c = k->c;
+  uint64_t *all = (uint64_t *)k->at;
+  GS_CHECK(exchange(c, in, out, k->nseg, all));
+  GS_CHECK(scratch(c, &k->fold, &k->peer));
+  int64_t lo, n, piece = CMA_PIECE_BYTES / (int64_t)k->es;
+  slice(k, c->rank, &lo, &n);
+  for (int64_t at = lo; at < lo + n && !k->err_no; at += piece)
+    reduce_piece(k, at, lo + n - at < piece ? lo + n - at : piece);
+  GS_CHECK(agree(k, "allreduce (in the host): reduce-scatter"));
+  for (int r = 1; r < c->size && !k->err_no; r++) {
+    int peer = (c->rank + r) % c->size; /* ranks start at different owners */
+    slice(k, peer, &lo, &n);
+    read_peer(k, peer, CMA_OUT, lo, n, NULL);
+  }
+  return agree(k, "allreduce (in the host): allgather");
+}
+
+gs_status_t gs_cma_allreduce(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *out, int64_t nseg,
+                             gs_dtype_t dtype, gs_op_t op, double pre, double post, int *taken) {
+  cma_call_t k = {.c = c,
+                  .nseg = nseg,
+                  .es = gs_dtype_size(dtype),
+                  .dtype = dtype,
+                  .op = op,
+                  .pre = pre,
+                  .post = post};
+  *taken = 0;
+  int64_t *offs = malloc(((size_t)nseg + 1) * sizeof *offs);
+  if (!offs) return gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
+  offs[0] = 0;
+  for (int64_t s = 0; s < nseg; s++) offs[s + 1] = offs[s] + out[s].count;
+  k.count = offs[nseg];
+  gs_status_t st = GS_SUCCESS;
+  if (!gs_cma_wanted(c, k.count * (int64_t)k.es) || 2 * nseg > INT32_MAX) goto done;
+  if (c->cma_state == 0) st = probe(c);
+  if (st != GS_SUCCESS || c->cma_state < 0) goto done;
+  uint64_t *all = malloc((size_t)c->size * 2 * (size_t)nseg * sizeof *all);
+  if (!all) {
+    st = gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
+    goto done;
+  }
+  *taken = 1;
+  c->stats.peer_reads++;
+  k.offs = offs;
+  k.at = all;
+  st = run(&k, in, out);
+  free(all);
+done:
+  free(offs);
+  return st;
+}
+
+/* The probe's verdict, the same on every rank: the peers' process ids, or
+ * the mechanism off, said once at debug level. */
+static gs_status_t adopt(gs_comm_t c, int every, const uint64_t *all, int why, int peer) {
+  if (!every) {
+    c->cma_state = -1;
+    if (peer >= 0)
+      gs_log(GS_LOG_DEBUG,
+             "allreduce in the host: this rank cannot read rank %d's memory "
+             "(process_vm_readv: %s); large allreduces go through MPI",
+             peer, strerror(why));
+    else
+      gs_log(GS_LOG_DEBUG,
+             "allreduce in the host: another rank cannot read its peers' "
+             "memory; large allreduces go through MPI");
+    return GS_SUCCESS;
+  }
+  c->cma_pids = malloc((size_t)c->size * sizeof *c->cma_pids);
+  if (!c->cma_pids) return gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
+  for (int r = 0; r < c->size; r++) c->cma_pids[r] = (int64_t)all[2 * r];
+  c->cma_state = 1;
+  gs_log(GS_LOG_DEBUG,
+         "allreduce in the host: ranks read each other's memory "
+         "(process_vm_readv) from %lld bytes",
+         (long long)c->cma_bytes);
+  return GS_SUCCESS;
+}
+
+void gs_cma_free(gs_comm_t c) {
+  free(c->cma_pids);
+  free(c->cma_scratch);
+  c->cma_pids = NULL;
+  c->cma_scratch = NULL;
+}
+
+/* Collective: every rank reads one word from every other; any refusal
+ * turns the mechanism off on all of them. */
+static gs_status_t probe(gs_comm_t c) {
+  /* Yama's ptrace scope 1 lets only ancestors read a process: allow any
+   * (no effect, EINVAL, without Yama). */
+  (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
+  volatile uint64_t word = CMA_PROBE_MAGIC ^ (uint64_t)c->rank;
+  uint64_t *all = malloc((size_t)c->size * 2 * sizeof *all);
+  if (!all) return gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
+  all[2 * c->rank] = (uint64_t)getpid();
+  all[2 * c->rank + 1] = (uint64_t)(uintptr_t)&word;
+  MPI_Request req;
+  int e = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, 2, MPI_UINT64_T, c->mpi, &req);
+  gs_status_t s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "allreduce: probing peer reads", NULL, NULL)
+                                   : gs_mpi_fail(e, "allreduce: probing peer reads");
+  int ok = 1, why = 0, peer = -1, every = 0;
+  for (int r = 0; s == GS_SUCCESS && ok && r < c->size; r++) {
+    uint64_t got = 0;
+    struct iovec lv = {&got, sizeof got}, rv = {(void *)(uintptr_t)all[2 * r + 1], sizeof got};
+    if (r == c->rank) continue;
+    ok = process_vm_readv((pid_t)all[2 * r], &lv, 1, &rv, 1, 0) == (ssize_t)sizeof got &&
+         got == (CMA_PROBE_MAGIC ^ (uint64_t)r);
+    if (!ok) why = errno, peer = r;
+  }
+  /* `word` is read until every rank is past this point */
+  if (s == GS_SUCCESS) {
+    e = MPI_Iallreduce(&ok, &every, 1, MPI_INT, MPI_MIN, c->mpi, &req);
+    s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "allreduce: probing peer reads", NULL, NULL)
+                         : gs_mpi_fail(e, "allreduce: probing peer reads");
+  }
+  if (s == GS_SUCCESS) s = adopt(c, every, all, why, peer);
+  free(all);
+  return s;
+}
