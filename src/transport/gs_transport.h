@@ -37,14 +37,6 @@ typedef struct gs_transport {
   /* Sends scount elements to `peer` and receives rcount from it (either may
    * be 0): Adasum's halving and the exchange collectives' pairwise rounds. */
   gs_exchange_fn exchange;
-  /* May be NULL. An allreduce of a message lying in segments (a fused
-   * list's tensors where they are: nothing packed), each input times `pre`
-   * (rounded to the dtype, as packing does), the result times `post`; sets
-   * *taken = 0 without touching anything when it declines the message
-   * (the same answer on every rank), which then goes through allreduce. */
-  gs_status_t (*allreduce_segments)(gs_comm_t, const struct gs_seg *in, const struct gs_seg *out,
-                                    int64_t nseg, gs_dtype_t, gs_op_t, double pre, double post,
-                                    int *taken);
   /* Device transports (NULL for host memory): whether the work queued on the
    * communicator's stream up to `event` has finished (1), not yet (0), or
    * failed (-1, *err set, message recorded, naming `what`: the operation
@@ -55,6 +47,15 @@ typedef struct gs_transport {
   int (*poll)(gs_comm_t, void *event, const char *what, gs_status_t *err);
   void (*abort)(gs_comm_t, gs_status_t why);
   const char *(*detail)(gs_comm_t);
+  /* Last, so tables listing the fields above in order need not name it.
+   * May be NULL. An allreduce of a message lying in segments (a fused
+   * list's tensors where they are: nothing packed), each input times `pre`
+   * (rounded to the dtype, as packing does), the result times `post`; sets
+   * *taken = 0 without touching anything when it declines the message
+   * (the same answer on every rank), which then goes through allreduce. */
+  gs_status_t (*allreduce_segments)(gs_comm_t, const struct gs_seg *in, const struct gs_seg *out,
+                                    int64_t nseg, gs_dtype_t, gs_op_t, double pre, double post,
+                                    int *taken);
 } gs_transport_t;
 
 /* Host memory through MPI (transport_mpi.c). */

@@ -479,15 +479,8 @@ static gs_status_t nccl_exchange(gs_comm_t c, const void *sbuf, int64_t scount, 
 }
 
 const gs_transport_t gs_nccl_transport = {
-    .name = "nccl",
-    .allreduce = nccl_allreduce,
-    .broadcast = nccl_broadcast,
-    .allgatherv = nccl_allgatherv,
-    .reduce_scatter = nccl_reduce_scatter,
-    .exchange = nccl_exchange,
-    .poll = nccl_poll,
-    .abort = abort_comm,
-    .detail = detail,
+    "nccl",        nccl_allreduce, nccl_broadcast, nccl_allgatherv, nccl_reduce_scatter,
+    nccl_exchange, nccl_poll,      abort_comm,     detail,          NULL,
 };
 
 #else /* no NCCL header at build time */
