@@ -49,8 +49,13 @@ static gs_status_t staged_allreduce(gs_comm_t c, const void *send, void *recv, i
   GS_CHECK(down(c, host[0], src, (size_t)CHUNK_LEN(0) * es));
   GS_CHECK(wait_copies(c));
   for (int64_t k = 0; k < nchunks; k++) {
-    MPI_Request req;
-    int e = MPI_Iallreduce(MPI_IN_PLACE, host[k % 2], (int)CHUNK_LEN(k), dt, mop, c->mpi, &req);
+    MPI_Request req = MPI_REQUEST_NULL;
+    /* inside one host the peers read the chunk where it lies (cma.c), on
+     * this thread, while the copies below run on the stream */
+    int direct = gs_cma_wanted(c, CHUNK_LEN(k) * (int64_t)es);
+    int e = direct ? MPI_SUCCESS
+                   : MPI_Iallreduce(MPI_IN_PLACE, host[k % 2], (int)CHUNK_LEN(k), dt, mop, c->mpi,
+                                    &req);
     if (e != MPI_SUCCESS) return gs_mpi_fail(e, "gradsync: staged MPI_Iallreduce");
     /* meanwhile: chunk k-1 back to the device, then chunk k+1 into its buffer */
     if (k > 0)
@@ -59,7 +64,8 @@ static gs_status_t staged_allreduce(gs_comm_t c, const void *send, void *recv, i
     if (k + 1 < nchunks)
       GS_CHECK(down(c, host[(k + 1) % 2], src + (size_t)CHUNK_AT(k + 1) * es,
                     (size_t)CHUNK_LEN(k + 1) * es));
-    GS_CHECK(gs_mpi_wait(&req, "staged allreduce", NULL, NULL));
+    if (direct) GS_CHECK(gs_mpi_transport.allreduce(c, NULL, host[k % 2], CHUNK_LEN(k), dtype, op));
+    else GS_CHECK(gs_mpi_wait(&req, "staged allreduce", NULL, NULL));
     GS_CHECK(wait_copies(c));
   }
   GS_CHECK(up(c, (char *)recv + (size_t)CHUNK_AT(nchunks - 1) * es, host[(nchunks - 1) % 2],
