@@ -59,6 +59,7 @@ typedef struct cma_call {
   gs_dtype_t dtype;
   gs_op_t op;
   double pre, post;    /* each input's scale (rounded to the dtype), the result's */
+  const int64_t *counts, *displs; /* the ranks' slices (NULL: even; displs NULL: back to back) */
   char *fold, *peer;   /* scratch pieces */
   int err_no, err_peer;
 } cma_call_t;
@@ -158,8 +159,16 @@ static void local_pass(cma_call_t *k, int what, const char *src, int64_t first, 
   }
 }
 
-/* Slice r of the message: whole cache lines, the last slices possibly empty. */
+/* Slice r of the message: the caller's blocks (counts, at displs or back to
+ * back), else whole cache lines, the last slices possibly empty. */
 static void slice(const cma_call_t *k, int r, int64_t *first, int64_t *count) {
+  if (k->counts) {
+    int64_t at = 0;
+    for (int q = 0; q < r && !k->displs; q++) at += k->counts[q];
+    *first = k->displs ? k->displs[r] : at;
+    *count = k->counts[r];
+    return;
+  }
   int64_t line = 64 / (int64_t)k->es, p = k->c->size;
   int64_t per = (k->count + p - 1) / p;
   per = (per + line - 1) / line * line;
@@ -237,22 +246,52 @@ static gs_status_t exchange(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *out
   return gs_mpi_wait(&req, "allreduce (in the host): exchanging addresses", NULL, NULL);
 }
 
-static gs_status_t run(cma_call_t *k, const gs_seg_t *in, const gs_seg_t *out) {
+/* The call's tables: the segments' offsets, every rank's addresses
+ * (exchanged) and the scratch pieces; *taken = 0, nothing done, when the
+ * reads are not wanted or refused. `name` names the call in errors. */
+static gs_status_t open_call(cma_call_t *k, const gs_seg_t *in, const gs_seg_t *out,
+                             const char *name, int *taken) {
   gs_comm_t c = k->c;
-  uint64_t *all = (uint64_t *)k->at;
+  *taken = 0;
+  int64_t *offs = malloc(((size_t)k->nseg + 1) * sizeof *offs);
+  if (!offs) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", name);
+  offs[0] = 0;
+  for (int64_t s = 0; s < k->nseg; s++) offs[s + 1] = offs[s] + out[s].count;
+  k->offs = offs;
+  k->count = offs[k->nseg];
+  if (!gs_cma_wanted(c, k->count * (int64_t)k->es) || 2 * k->nseg > INT32_MAX) return GS_SUCCESS;
+  if (c->cma_state == 0) GS_CHECK(probe(c));
+  if (c->cma_state < 0) return GS_SUCCESS;
+  uint64_t *all = malloc((size_t)c->size * 2 * (size_t)k->nseg * sizeof *all);
+  if (!all) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", name);
+  k->at = all;
+  *taken = 1;
+  c->stats.peer_reads++;
   GS_CHECK(exchange(c, in, out, k->nseg, all));
-  GS_CHECK(scratch(c, &k->fold, &k->peer));
+  return scratch(c, &k->fold, &k->peer);
+}
+
+static void close_call(cma_call_t *k) {
+  free((void *)k->offs);
+  free((void *)k->at);
+}
+
+/* Reduce-scatter: this rank's slice, folded piece by piece. */
+static void reduce_slice(cma_call_t *k) {
   int64_t lo, n, piece = CMA_PIECE_BYTES / (int64_t)k->es;
-  slice(k, c->rank, &lo, &n);
+  slice(k, k->c->rank, &lo, &n);
   for (int64_t at = lo; at < lo + n && !k->err_no; at += piece)
     reduce_piece(k, at, lo + n - at < piece ? lo + n - at : piece);
-  GS_CHECK(agree(k, "allreduce (in the host): reduce-scatter"));
-  for (int r = 1; r < c->size && !k->err_no; r++) {
-    int peer = (c->rank + r) % c->size; /* ranks start at different owners */
+}
+
+/* Allgather: every other slice, from its owner's output into this rank's. */
+static void gather_slices(cma_call_t *k) {
+  int64_t lo, n;
+  for (int r = 1; r < k->c->size && !k->err_no; r++) {
+    int peer = (k->c->rank + r) % k->c->size; /* ranks start at different owners */
     slice(k, peer, &lo, &n);
     read_peer(k, peer, CMA_OUT, lo, n, NULL);
   }
-  return agree(k, "allreduce (in the host): allgather");
 }
 
 gs_status_t gs_cma_allreduce(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *out, int64_t nseg,
@@ -264,30 +303,66 @@ gs_status_t gs_cma_allreduce(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *ou
                   .op = op,
                   .pre = pre,
                   .post = post};
-  *taken = 0;
-  int64_t *offs = malloc(((size_t)nseg + 1) * sizeof *offs);
-  if (!offs) return gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
-  offs[0] = 0;
-  for (int64_t s = 0; s < nseg; s++) offs[s + 1] = offs[s] + out[s].count;
-  k.count = offs[nseg];
-  gs_status_t st = GS_SUCCESS;
-  if (!gs_cma_wanted(c, k.count * (int64_t)k.es) || 2 * nseg > INT32_MAX) goto done;
-  if (c->cma_state == 0) st = probe(c);
-  if (st != GS_SUCCESS || c->cma_state < 0) goto done;
-  uint64_t *all = malloc((size_t)c->size * 2 * (size_t)nseg * sizeof *all);
-  if (!all) {
-    st = gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
-    goto done;
+  gs_status_t s = open_call(&k, in, out, "allreduce", taken);
+  if (s == GS_SUCCESS && *taken) {
+    reduce_slice(&k);
+    s = agree(&k, "allreduce (in the host): reduce-scatter");
+    if (s == GS_SUCCESS) gather_slices(&k);
+    if (s == GS_SUCCESS) s = agree(&k, "allreduce (in the host): allgather");
   }
-  *taken = 1;
-  c->stats.peer_reads++;
-  k.offs = offs;
-  k.at = all;
-  st = run(&k, in, out);
-  free(all);
-done:
-  free(offs);
-  return st;
+  close_call(&k);
+  return s;
+}
+
+gs_status_t gs_cma_reduce_scatter(gs_comm_t c, const void *send, void *recv, const int64_t *counts,
+                                  gs_dtype_t dtype, gs_op_t op, int *taken) {
+  int64_t total = 0, mine = 0;
+  for (int r = 0; r < c->size; r++) {
+    if (r == c->rank) mine = total;
+    total += counts[r];
+  }
+  cma_call_t k = {.c = c,
+                  .nseg = 1,
+                  .es = gs_dtype_size(dtype),
+                  .dtype = dtype,
+                  .op = op,
+                  .pre = 1.0,
+                  .post = 1.0,
+                  .counts = counts};
+  /* this rank's output holds its block only: addressed as if it were the
+   * whole message (uintptr_t arithmetic: no pointer outside an object) */
+  gs_seg_t in = {(void *)send, total},
+           out = {(void *)((uintptr_t)recv - (uintptr_t)mine * k.es), total};
+  gs_status_t s = open_call(&k, &in, &out, "reduce_scatter", taken);
+  if (s == GS_SUCCESS && *taken) {
+    reduce_slice(&k);
+    s = agree(&k, "reduce_scatter (in the host)");
+  }
+  close_call(&k);
+  return s;
+}
+
+gs_status_t gs_cma_allgatherv(gs_comm_t c, void *recv, const int64_t *counts, const int64_t *displs,
+                              gs_dtype_t dtype, int *taken) {
+  int64_t end = 0;
+  for (int r = 0; r < c->size; r++)
+    if (counts[r] > 0 && displs[r] + counts[r] > end) end = displs[r] + counts[r];
+  cma_call_t k = {.c = c,
+                  .nseg = 1,
+                  .es = gs_dtype_size(dtype),
+                  .dtype = dtype,
+                  .pre = 1.0,
+                  .post = 1.0,
+                  .counts = counts,
+                  .displs = displs};
+  gs_seg_t out = {recv, end};
+  gs_status_t s = open_call(&k, NULL, &out, "allgather", taken);
+  if (s == GS_SUCCESS && *taken) {
+    gather_slices(&k);
+    s = agree(&k, "allgather (in the host)");
+  }
+  close_call(&k);
+  return s;
 }
 
 /* The probe's verdict, the same on every rank: the peers' process ids, or

@@ -164,6 +164,13 @@ static gs_status_t mpi_allgatherv(gs_comm_t c, void *recv, const int64_t *counts
   size_t es = gs_dtype_size(dtype);
   int p = c->size, me = c->rank;
   size_t bytes = (size_t)extent(counts, displs, p) * es;
+  int taken = 0;
+  if (gs_cma_wanted(c, (int64_t)bytes)) /* inside one host: read where it lies */
+    GS_CHECK(gs_cma_allgatherv(c, recv, counts, displs, dtype, &taken));
+  if (taken) {
+    gs_count_message(c, displs[p - 1] + counts[p - 1], dtype);
+    return GS_SUCCESS;
+  }
   if (gs_mpi_owned(c, recv, bytes)) return allgatherv_at(c, recv, counts, displs, dtype);
   char *b = NULL;
   GS_CHECK(gs_bounce_reserve(c, bytes, (void **)&b));
@@ -217,6 +224,13 @@ static gs_status_t mpi_reduce_scatter(gs_comm_t c, const void *send, void *recv,
   int64_t total = 0;
   for (int r = 0; r < c->size; r++) total += counts[r];
   size_t sbytes = (size_t)total * es, rbytes = (size_t)counts[c->rank] * es;
+  int taken = 0;
+  if (gs_cma_wanted(c, (int64_t)sbytes)) /* inside one host: read where it lies */
+    GS_CHECK(gs_cma_reduce_scatter(c, send, recv, counts, dtype, op, &taken));
+  if (taken) {
+    gs_count_message(c, total, dtype);
+    return GS_SUCCESS;
+  }
   if (gs_mpi_owned(c, send, sbytes) && gs_mpi_owned(c, recv, rbytes))
     return reduce_scatter_at(c, send, recv, counts, dtype, op);
   size_t at = (sbytes + 63) / 64 * 64; /* the received block, 64-byte aligned */

@@ -17,6 +17,7 @@ import pytest
 from mpi4py import MPI
 
 import gradsync as gs
+from gradsync.bench.data import cut_at_shards
 from gsutil import ALL_DTYPES, BF16, child_env, collectively, is_int
 
 pytestmark = pytest.mark.mpi
@@ -290,3 +291,51 @@ def test_killed_peer_is_an_error_and_leaves_no_segment(tmp_path):
     assert "rank 0 raised" in outs[0], outs[0][-3000:]
     assert "never raised" not in outs[0] and "wrong result" not in outs[0], outs[0][-3000:]
     assert shm_entries() - before == set()
+
+
+def _reads(c, fn):
+    before = c.stats()["peer_reads"]
+    out = fn()
+    return out, c.stats()["peer_reads"] - before
+
+
+@pytest.mark.parametrize("rows", [0, 1, 7, 5000], ids=lambda r: f"rows{r}")
+def test_allgather_and_reduce_scatter_read_the_peers(direct, through_mpi, inputs, rows):
+    """allgather (rows differing by rank) gives MPI's result exactly;
+    reduce_scatter gives each rank its block of the rank-order fold."""
+    p, me = WORLD.size, WORLD.rank
+    shapes = [(rows + r, 3) for r in range(p)]
+    per_rank = [inputs.arrays(r, [shapes[r]], np.float32)[0] for r in range(p)]
+    n = p * (rows + 2)
+    full = [inputs.arrays(r, [(n, 5)], np.float32, tag="rs")[0] for r in range(p)]
+    with collectively() as blk:
+        gathered, reads = _reads(direct, lambda: direct.allgather(per_rank[me]))
+        got = gathered
+        assert got.tobytes() == np.concatenate(per_rank).tobytes()
+        assert got.tobytes() == through_mpi.allgather(per_rank[me]).tobytes()
+        assert reads == (1 if p > 1 else 0), reads
+        got, reads = _reads(direct, lambda: direct.reduce_scatter(full[me]))
+        block = n // p
+        assert got.tobytes() == left_fold(full, "sum")[me * block:(me + 1) * block].tobytes()
+        assert reads == (1 if p > 1 else 0), reads
+        if p == 2:
+            assert got.tobytes() == through_mpi.reduce_scatter(full[me]).tobytes()
+        blk.same([gathered])
+
+
+def test_shard_collectives_read_the_peers(direct, inputs):
+    """The ZeRO shard collectives ride on the same transport calls: the
+    owner's block of the fold in place, then every rank every owner's."""
+    p, me = WORLD.size, WORLD.rank
+    # sizes 1, odd and larger, cut where they cross an owner's range
+    shapes = [(n,) for n in cut_at_shards([1000, 1, 4097, 33, 20000], p)]
+    per_rank = inputs.all_ranks(shapes, np.float32)
+    mine = [a.copy() for a in per_rank[me]]
+    with collectively() as blk:
+        _, reads = _reads(direct, lambda: direct.reduce_scatter_shards_(mine))
+        assert reads >= (1 if p > 1 else 0), reads
+        _, reads = _reads(direct, lambda: direct.allgather_shards_(mine))
+        assert reads >= (1 if p > 1 else 0), reads
+        for i, out in enumerate(mine):
+            assert out.tobytes() == left_fold([r[i] for r in per_rank], "sum").tobytes(), i
+        blk.same(mine)

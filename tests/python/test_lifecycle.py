@@ -53,9 +53,11 @@ def _fusion_buffer_freed(drop):
     before = rss_mb()
     with collectively():
         # no pipelining: the list goes through the fusion buffer whole (pieces
-        # would use a window of one piece, 1 MiB, too small to see in RSS)
+        # would use a window of one piece, 1 MiB, too small to see in RSS);
+        # no peer reads inside the host (they pack nothing: no fusion buffer)
         with pytest.MonkeyPatch.context() as mp:
             mp.setenv("GRADSYNC_PIPELINE_BYTES", "0")
+            mp.setenv("GRADSYNC_CMA_BYTES", "0")
             c = gs.Communicator(WORLD)
         ok = fill_buffers(c, xs)
         assert ok, "wrong sums"
