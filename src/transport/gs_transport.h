@@ -116,8 +116,8 @@ gs_status_t gs_cma_allreduce(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *ou
  * allgatherv (their layouts); *taken = 0 as above. */
 gs_status_t gs_cma_reduce_scatter(gs_comm_t c, const void *send, void *recv, const int64_t *counts,
                                   gs_dtype_t dtype, gs_op_t op, int *taken);
-gs_status_t gs_cma_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
-                              const int64_t *displs, gs_dtype_t dtype, int *taken);
+gs_status_t gs_cma_allgatherv(gs_comm_t c, void *recv, const int64_t *counts, const int64_t *displs,
+                              gs_dtype_t dtype, int *taken);
 void gs_cma_free(gs_comm_t c);
 
 /* ---- the allreduce in a low-precision wire format (wire.c) -------------- */
