@@ -245,6 +245,7 @@ def run_pair(tmp_path, mode, extra_env=None):
     store.mkdir()
     env = child_env()
     env["GRADSYNC_TIMEOUT_SECONDS"] = "60"  # the join's
+    env["GRADSYNC_FLIGHT_DIR"] = str(tmp_path / "flight")  # a timeout's dump: removed with tmp_path
     env.update(extra_env or {})
     procs = [subprocess.Popen([sys.executable, "-c", JOB, str(r), str(store), mode], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
