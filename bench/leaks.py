@@ -17,8 +17,15 @@ Sizes (float32 elements): small 1Ki (4 KiB: the recursive-doubling
 allreduce), mid 48Ki (192 KiB: below the direct threshold, above MPI's
 registration size), direct 128Ki (512 KiB: above the direct threshold,
 below the pipeline's 1 MiB), large 512Ki (2 MiB: in pipeline pieces).
+
+--fronts soak: scripts/soak.py's mixed-phase kinds one at a time, each call
+drawing the soak's random dtypes (float16 to int64), sizes (log-uniform up
+to 2**--max-log2 elements), lists and ops (Adasum, prod, prescale ...), after
+the soak's warm-up at the largest sizes; where the soak's slope comes from.
 """
 import argparse
+import gc
+import importlib.util
 import os
 import sys
 
@@ -39,9 +46,28 @@ def slope(xs, ys):
     return float((x * (y - y.mean())).sum() / (x * x).sum())
 
 
+_RING_FULL = [False]  # the ring is the process's, whichever communicator
+
+
+def fill_flight_ring(comm):
+    """Records a full ring's worth of barriers into the flight recorder, once
+    a process. Its ring (GRADSYNC_FLIGHT_ENTRIES, 4096 records of 136 bytes)
+    is calloc'd: each page enters RSS when the first record lands in it, so
+    until the ring has wrapped every call reads as 136.5 bytes kept (a page
+    per 30 calls), whatever the call -- bounded at the ring's 544 KiB, and a
+    job's steady state after its first 4096 calls."""
+    if _RING_FULL[0]:
+        return
+    get = getattr(getattr(gs, "_core", None), "flight_record_capacity", None)
+    for _ in range(get() if get else 4096):
+        comm.barrier()
+    _RING_FULL[0] = True
+
+
 def growth(call, comm, calls=400, samples=6):
     """Bytes per call kept by ``call()`` (a slope over ``samples`` readings
     after ``calls`` warm-up calls), the largest over comm's ranks."""
+    fill_flight_ring(comm)
     for _ in range(calls):
         call()
     xs, ys = [], []
@@ -50,6 +76,9 @@ def growth(call, comm, calls=400, samples=6):
             call()
         comm.barrier()
         xs.append((s + 1) * calls)
+        # live memory: not CPython's free lists or cycles awaiting collection
+        # (bounded; filled by the first calls of kinds that make many tuples)
+        gc.collect()
         ys.append(rss_mb(pin=False) * 1048576.0)
     return MPI.COMM_WORLD.allreduce(slope(xs, ys), op=MPI.MAX)
 
@@ -175,8 +204,26 @@ def jax_kinds(comm):
     }
 
 
+def soak_kinds(comm, max_log2=18, seed=7):
+    """scripts/soak.py's mixed kinds (a shared seed: the same draws on every
+    rank), after its warm-up at the largest sizes. The Mixed object (its two
+    communicators) is soak_kinds.mixed, for main to close."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "scripts", "soak.py")
+    spec = importlib.util.spec_from_file_location("gradsync_soak", path)
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    mixed = soak_kinds.mixed = soak.Mixed(seed, max_log2)
+    mixed.largest = True
+    for _ in range(3):
+        for kind in soak.Mixed.KINDS:
+            mixed.step(kind)
+    mixed.largest = False
+    return {"soak " + k: (lambda k=k: mixed.step(k)) for k in dict.fromkeys(soak.Mixed.KINDS)}
+
+
 FRONTS = {"numpy": numpy_kinds, "device": device_kinds, "torch": torch_kinds,
-          "horovod": horovod_kinds, "jax": jax_kinds}
+          "horovod": horovod_kinds, "jax": jax_kinds, "soak": soak_kinds}
 
 
 def main(argv=None):
@@ -185,12 +232,14 @@ def main(argv=None):
     ap.add_argument("--samples", type=int, default=6)
     ap.add_argument("--fronts", default="numpy", help="comma list of " + ",".join(FRONTS))
     ap.add_argument("--kinds", default="", help="only kinds whose name contains one of these")
+    ap.add_argument("--max-log2", type=int, default=18, help="soak: largest tensor, 2**N elements")
     args = ap.parse_args(argv)
     comm = gs.Communicator()
     rows = []
     for front in args.fronts.split(","):
         try:
-            kinds = FRONTS[front](comm)
+            kinds = (soak_kinds(comm, args.max_log2) if front == "soak" else
+                     FRONTS[front](comm))
         except ImportError as e:
             if comm.rank == 0:
                 print("%s: skipped (%s)" % (front, e), flush=True)
@@ -202,6 +251,8 @@ def main(argv=None):
             rows.append((name, b))
             if comm.rank == 0:
                 print("%-52s %8.1f B/call" % (name, b), flush=True)
+        if front == "soak":
+            soak_kinds.mixed.close()
     comm.close()
     return rows
 

@@ -9,11 +9,12 @@ module changes nothing: the threshold is pinned at the first rss_mb() call,
 by the process that asked for a reading.
 
 rss_mb(pin=False) trims but leaves the threshold alone: malloc as a user's
-process has it. Per-call leak checks (bench/leaks.py, scripts/soak.py's
-slope) read it so: with the threshold pinned, every temporary buffer MPICH
-allocates inside a large reduction is a new mapping, and MPI over UCX keeps
-about 150 bytes per new mapping it moves data through (issue 34) -- a
-growth the pin itself would cause, which no user sees."""
+process has it. The per-call leak checks (bench/leaks.py) read it so;
+scripts/soak.py pins it, for its ResNet-50 lists. With the threshold
+pinned, every temporary buffer MPICH allocates inside a large reduction is
+a new mapping, and MPI over UCX keeps about 150 bytes per new mapping it
+moves data through (issue 34) -- a growth the pin itself would cause,
+which no user sees."""
 import ctypes
 
 _LIBC = None

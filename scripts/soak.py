@@ -19,7 +19,8 @@ Three phases, every result checked (the run fails on the first wrong one):
    fusion threshold, used and closed -- on lists of random dtypes and sizes
    (0 to 2**20 elements, log-uniform).
 3. memory: resident set size (VmRSS) after the warm-up (every kind of call at
-   the largest sizes, twice, and two ResNet-50 lists), sampled during the
+   the largest size, in 8-byte dtypes and the longest lists, three times; every
+   kind at random sizes twice; two ResNet-50 lists), sampled during the
    mixed phase (about 20 readings, at the same step on every rank), and at
    the end; the run fails if the end is more than ``--rss-bound-mb`` above
    the warm-up figure on any rank, or if on any rank the least-squares
@@ -28,7 +29,9 @@ Three phases, every result checked (the run fails on the first wrong one):
    ``--slope-bound`` bytes per operation by more than twice its standard
    error (a steady leak too small to reach the bound in one run, which a
    job of days would still hit: issue 34). The slope is printed in bytes
-   per operation and in MB per hour at the run's rate.
+   per operation and in MB per hour at the run's rate. Each reading follows
+   a full garbage collection and a heap trim (live memory, not what the
+   allocators hold for reuse).
 
 Inputs are built so that every rank knows the exact answer without
 communicating: rank r holds ``v + r`` (v small integers drawn from the shared
@@ -38,6 +41,7 @@ values in {1, 2} (or {-1, 1, 2}); Adasum gets the same tensor on every rank
 non-zero on a wrong result or memory growth.
 """
 import argparse
+import gc
 import os
 import sys
 import time
@@ -144,6 +148,7 @@ class Mixed:
     def __init__(self, seed, max_log2):
         self.rng = np.random.default_rng(seed)
         self.max_log2 = max_log2
+        self.largest = False  # the warm-up's first rounds: see main()
         self.counts = {}
         self.comms = {None: gs.Communicator(WORLD), 4096: gs.Communicator(
             WORLD, fusion_threshold=4096)}
@@ -153,12 +158,21 @@ class Mixed:
             c.close()
 
     def size(self, big=False):
+        if self.largest:
+            return 2 ** self.max_log2 - 1
         hi = self.max_log2 if big or self.rng.random() < 0.2 else min(12, self.max_log2)
         return int(2 ** self.rng.uniform(0, hi)) - 1  # 0 .. 2**hi - 1
 
     def dtype(self, floats=False):
         pool = FLOATS if floats else FLOATS + INTS
+        if self.largest:  # the widest: the most bytes for a size
+            pool = [d for d in pool if d.itemsize == 8]
         return pool[int(self.rng.integers(len(pool)))]
+
+    def upto(self, lo, hi):
+        """A list length or row count in lo .. hi - 1: the longest while
+        warming up at the largest sizes."""
+        return hi - 1 if self.largest else int(self.rng.integers(lo, hi))
 
     def v(self, n, dt, kind="sum"):
         """Shared small-integer values: exact in every dtype, sums of P
@@ -181,7 +195,7 @@ class Mixed:
     def do_allreduce(self, big, asynchronous=False):
         c = self.comm()
         op = ["sum", "average", "min", "max", "prod", "adasum"][int(self.rng.integers(6))]
-        n = int(self.rng.integers(1, 9))
+        n = self.upto(1, 9)
         dts = [self.dtype(floats=op in ("average", "adasum")) for _ in range(n)]
         vs = [self.v(self.size(big), dt, "prod" if op == "prod" else "sum") for dt in dts]
         pre = post = 1.0
@@ -230,7 +244,7 @@ class Mixed:
     def do_broadcast(self, big):
         c = self.comm()
         root = int(self.rng.integers(P))
-        vs = [self.v(self.size(big), self.dtype()) for _ in range(int(self.rng.integers(1, 6)))]
+        vs = [self.v(self.size(big), self.dtype()) for _ in range(self.upto(1, 6))]
         xs = [(v + (ME == root)).astype(v.dtype) for v in vs]
         if self.rng.random() < 0.5:
             c.broadcast_(xs, root=root)
@@ -243,7 +257,7 @@ class Mixed:
         c = self.comm()
         dt = self.dtype()
         trail = [(), (3,)][int(self.rng.integers(2))]
-        rows = [int(self.rng.integers(0, 2 + self.size(big) // 8)) for _ in range(P)]
+        rows = [self.upto(0, 2 + self.size(big) // 8) for _ in range(P)]
         x = np.full((rows[ME],) + trail, ME, dt)
         out = c.allgather(x)
         want = np.concatenate([np.full((rows[r],) + trail, r, dt) for r in range(P)])
@@ -264,7 +278,7 @@ class Mixed:
     def do_shards(self, big, asynchronous=False):
         c = self.comms[None]
         dt = self.dtype()
-        counts = [self.size(big) for _ in range(int(self.rng.integers(1, 7)))]
+        counts = [self.size(big) for _ in range(self.upto(1, 7))]
         try:
             lay = gs.ShardLayout(counts, P)
         except ValueError:  # a tensor crosses a rank boundary: a valid layout instead
@@ -294,7 +308,7 @@ class Mixed:
         self.do_shards(big, asynchronous=True)
 
     def do_kernels(self, big):
-        n = int(self.rng.integers(1, 6))
+        n = self.upto(1, 6)
         accs = [self.v(self.size(big), self.dtype(floats=True)) for _ in range(n)]
         grads = [self.v(a.size, self.dtype(floats=True)) for a in accs]
         want = [(a.astype(np.float64) + g.astype(np.float64)).astype(a.dtype)
@@ -329,6 +343,17 @@ class Mixed:
                 expect(np.all(x == sub.size), "split allreduce")
             finally:
                 sub.close()
+
+
+def rss_reading():
+    """RSS in MB as the memory check reads it: after a full garbage
+    collection (which also empties CPython's free lists of tuples, floats,
+    dicts ...: memory kept for reuse up to fixed counts, and cycles the
+    collector's thresholds let wait), then rss_mb's heap trim. Both are
+    bounded by design; without them a reading includes how far they have
+    filled, which creeps up over the first minutes of random sizes."""
+    gc.collect()
+    return rss_mb()
 
 
 def rss_slope(samples):
@@ -367,8 +392,21 @@ def main():
     mixed = Mixed(seed, args.max_log2)
     figures = {}
     try:
-        # warm-up: every kind of call at the largest sizes, twice, so every
-        # buffer has grown to its final size before the first RSS sample
+        # warm-up: every kind of call at the largest size (2**max_log2 - 1
+        # elements, 8-byte dtypes, the longest lists), three times for the
+        # random op, mode and dtype choices, so that every buffer a
+        # communicator keeps (fusion, bounce, Adasum scratch; they grow to the
+        # largest call and are kept) has reached its final size and has had
+        # its pages touched before the first RSS sample. A long job's steady
+        # state has seen its largest calls; before this (issue 34) the
+        # warm-up drew log-uniform sizes, the buffers went on growing through
+        # the mixed phase as larger calls came, and the slope read that as
+        # +309 B/op. Then every kind at random sizes, twice.
+        mixed.largest = True
+        for _ in range(3):
+            for kind in Mixed.KINDS:
+                mixed.step(kind)
+        mixed.largest = False
         for _ in range(2):
             for kind in Mixed.KINDS:
                 mixed.step(kind, big=True)
@@ -376,7 +414,7 @@ def main():
         if args.resnet:
             resnet_lists(mixed.comms[None], 2)
         WORLD.Barrier()
-        rss_warm = rss_mb()
+        rss_warm = rss_reading()
         figures["rss_warm"] = rss_warm
 
         t = small_allreduces(mixed.comms[None], args.small)
@@ -388,7 +426,7 @@ def main():
                 "in %.1f s (%.3f s each), 0 wrong; RSS %.1f MB" % (
                     args.resnet, adasums, t, t / args.resnet, rss_mb()))
         WORLD.Barrier()
-        rss_after_counts = rss_mb()
+        rss_after_counts = rss_reading()
 
         t0 = time.monotonic()
         steps, samples, last_sample = 0, [], t0
@@ -402,13 +440,13 @@ def main():
                 sample = now - last_sample >= max(args.seconds / 20, 0.5)
                 sample, stop = WORLD.bcast((sample, now - t0 >= args.seconds), root=0)
                 if sample:
-                    samples.append((steps, rss_mb()))
+                    samples.append((steps, rss_reading()))
                     last_sample = now
                 if stop:
                     break
         elapsed = time.monotonic() - t0
         WORLD.Barrier()
-        rss_end = rss_mb()
+        rss_end = rss_reading()
         say("phase 2: %d mixed operations in %.0f s, 0 wrong: %s" % (
             steps, elapsed, ", ".join("%s %d" % kv for kv in sorted(mixed.counts.items()))))
         say("phase 2: rank 0 RSS samples (MB): %s" % [round(m, 1) for _, m in samples])
