@@ -45,7 +45,7 @@
 
 /* A fold step's piece: the peer's piece, the running fold and the output's
  * piece stay inside a 512 KiB L2 together. */
-#define CMA_PIECE_BYTES ((int64_t)64 << 10)
+#define CMA_PIECE_BYTES ((int64_t)128 << 10)
 /* iovecs per system call (Linux's IOV_MAX is 1024). */
 #define CMA_IOV 256
 #define CMA_PROBE_MAGIC 0x676d61636d610000ull
