@@ -2,8 +2,9 @@
 
     mpiexec -n 2 python -m bench.intrahost [--repeats 7] [--cases resnet50,64Mi,200x768,16]
 
-For each case (ResNet-50's 161 float32 gradients, one 64 MiB tensor, 200
-tensors of 768 floats, 16 floats) it times, interleaved per repeat so that
+For each case (ResNet-50's 161 float32 gradients, each its own array, or
+``resnet50-views``: the same list as views of one array; one 64 MiB
+tensor; 200 tensors of 768 floats; 16 floats) it times, interleaved per repeat so that
 load falls on all alike, the slowest rank's time of:
 
   direct   gradsync's ``allreduce_`` of the list in place (inside one host
@@ -31,7 +32,7 @@ from gradsync.bench.data import load_shapes
 
 
 def case_counts(name):
-    if name == "resnet50":
+    if name in ("resnet50", "resnet50-views"):
         shapes, _ = load_shapes("resnet50")
         return [int(np.prod(s)) for s in shapes]
     if "x" in name:
@@ -54,8 +55,11 @@ def timed(world, fn):
 def run_case(name, counts, direct, through_mpi, world, repeats):
     rng = np.random.default_rng(world.rank)
     base = [rng.standard_normal(n).astype(np.float32) for n in counts]
-    grads = [b.copy() for b in base]
     flat = np.concatenate(base) if base else np.zeros(0, np.float32)
+    if name.endswith("-views"):  # the list as views of one allocation
+        grads = np.split(flat.copy(), np.cumsum(counts)[:-1])
+    else:  # one allocation per tensor, as frameworks make them
+        grads = [b.copy() for b in base]
     fused = flat.copy()
     src, dst = flat.copy(), np.empty_like(flat)
     variants = {
