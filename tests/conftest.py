@@ -5,9 +5,10 @@ number their temporary directories in one /tmp/pytest-of-<user> and prune
 each other's old ones at the same moment (pytest then warns that it could
 not remove a directory another rank had just removed). Each rank (and a
 plain pytest run) gets a base directory of its own instead, removed when its
-session ends. The rank is read from the launcher's environment, not from
-MPI, because some suites (tests/cluster/test_cluster_faults.py) must not
-initialize MPI; it only names the directory.
+session ends, and so do the flight records the tests provoke. The rank is
+read from the launcher's environment, not from MPI, because some suites
+(tests/cluster/test_cluster_faults.py) must not initialize MPI; it only
+names the directory.
 
 pytest puts tests/ itself on sys.path (this file is there), so a test folder
 named like a package would be imported in its place whenever the package is
@@ -72,6 +73,11 @@ def pytest_configure(config):
     prefix = "gradsync-pytest-rank%d-" % _launcher_rank()
     config.option.basetemp = tempfile.mkdtemp(prefix=prefix)
     config._gradsync_basetemp = config.option.basetemp
+    # Flight records that tests provoke (mismatches, timeouts) and do not
+    # direct themselves would go to TMPDIR/gradsync-flight-<job> and stay
+    # there: they go under this rank's base directory, removed with it
+    # (children started by the tests inherit it).
+    os.environ.setdefault("GRADSYNC_FLIGHT_DIR", os.path.join(config.option.basetemp, "flight"))
 
 
 def pytest_unconfigure(config):
