@@ -21,6 +21,12 @@ MPIEXEC ?= $(or $(if $(MPICC),$(wildcard $(dir $(MPICC))mpiexec)),$(shell comman
 MPICC_RESOLVED = $(or $(MPICC),$(shell command -v mpicc 2>/dev/null),$(SCRIPTS_DIR)/mpicc)
 export PYTHONPATH := $(CURDIR)/pyx:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHON
+# Flight records the tests provoke (deliberate mismatches, timeouts) go here
+# rather than to TMPDIR/gradsync-flight-<job>, which nothing removes; `make
+# test` removes the folder when it passes (a failing run leaves them there,
+# inside build/, for diagnosis). A GRADSYNC_FLIGHT_DIR already set is kept.
+FLIGHT_RECORDS := $(CURDIR)/build/flight-records
+export GRADSYNC_FLIGHT_DIR ?= $(FLIGHT_RECORDS)
 
 LIB := pyx/gradsync/libgradsync.so
 # The library's sources, named once: one folder per layer under src/
@@ -185,6 +191,7 @@ test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	done
 
 test: lint check-bindings check-layers c-tests py-tests test-emulated gpu-session-dry cluster-smoke
+	@rm -rf $(FLIGHT_RECORDS)
 
 # src/'s layering from the compiler's call graph (scripts/check_layers.py,
 # docs/ARCHITECTURE.md): every call and include goes down a layer or stays,
