@@ -436,3 +436,37 @@ def run_child(script, env_extra=None, timeout=180, args=()):
     env.update(env_extra or {})
     return subprocess.run([sys.executable, "-c", script, *args], env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+def run_joined(script, nprocs, env_extra, args=(), timeout=180):
+    """Starts ``python -c script RANK *args`` nprocs times at once (processes
+    that join one world through gs.init), each with its output merged;
+    returns (processes, outputs), a hung one killed and marked "<hung>"."""
+    env = child_env()
+    env.update(env_extra)
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), *map(str, args)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for r in range(nprocs)]
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0] + "<hung>")
+    return procs, outs
+
+
+@contextlib.contextmanager
+def environment(name, value):
+    """os.environ[name] = str(value) inside the block (gradsync reads its
+    knobs when a communicator is made), restored after."""
+    before = os.environ.get(name)
+    os.environ[name] = str(value)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before

@@ -10,8 +10,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import tempfile
 import time
 
@@ -21,7 +19,7 @@ from mpi4py import MPI
 
 import gradsync as gs
 from gradsync import doctor
-from gsutil import child_env, collectively, run_child
+from gsutil import collectively, run_child, run_joined
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -294,19 +292,10 @@ def test_killed_rank(tmp_path):
     flight, store = tmp_path / "flight", tmp_path / "store"
     flight.mkdir()
     store.mkdir()
-    env = child_env()
-    env["GRADSYNC_FLIGHT_DIR"] = str(flight)
-    env["GRADSYNC_TIMEOUT_SECONDS"] = "60"  # the join's; the collective's is 3 s
-    procs = [subprocess.Popen([sys.executable, "-c", KILLED_JOB, str(r), str(store)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(3)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=180)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            outs.append(p.communicate()[0] + "<hung>")
+    procs, outs = run_joined(KILLED_JOB, 3, {
+        "GRADSYNC_FLIGHT_DIR": str(flight),
+        "GRADSYNC_TIMEOUT_SECONDS": "60"},  # the join's; the collective's is 3 s
+        args=(store,))
     dumps = sorted(os.listdir(flight))
     rep = doctor.diagnose(str(flight))
     assert procs[2].returncode == -signal.SIGKILL, outs[2]

@@ -9,8 +9,6 @@ of a reduction leaves the others with an error, never a result; nothing
 left in /dev/shm."""
 import os
 import signal
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -18,7 +16,7 @@ from mpi4py import MPI
 
 import gradsync as gs
 from gradsync.bench.data import cut_at_shards
-from gsutil import ALL_DTYPES, BF16, child_env, collectively, is_int
+from gsutil import ALL_DTYPES, BF16, collectively, environment, is_int, run_joined
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -29,15 +27,8 @@ HALF = (np.dtype(np.float16), BF16)
 def make_comm(cma_bytes, **kw):
     """A communicator made with GRADSYNC_CMA_BYTES=cma_bytes (read when a
     communicator is made)."""
-    old = os.environ.get("GRADSYNC_CMA_BYTES")
-    os.environ["GRADSYNC_CMA_BYTES"] = str(cma_bytes)
-    try:
+    with environment("GRADSYNC_CMA_BYTES", cma_bytes):
         return gs.Communicator(MPI.COMM_WORLD, **kw)
-    finally:
-        if old is None:
-            del os.environ["GRADSYNC_CMA_BYTES"]
-        else:
-            os.environ["GRADSYNC_CMA_BYTES"] = old
 
 
 @pytest.fixture(scope="module")
@@ -243,21 +234,10 @@ def shm_entries():
 def run_pair(tmp_path, mode, extra_env=None):
     store = tmp_path / "store"
     store.mkdir()
-    env = child_env()
-    env["GRADSYNC_TIMEOUT_SECONDS"] = "60"  # the join's
-    env["GRADSYNC_FLIGHT_DIR"] = str(tmp_path / "flight")  # a timeout's dump: removed with tmp_path
+    # the join's timeout; a timeout's flight dump goes where tmp_path removes it
+    env = {"GRADSYNC_TIMEOUT_SECONDS": "60", "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")}
     env.update(extra_env or {})
-    procs = [subprocess.Popen([sys.executable, "-c", JOB, str(r), str(store), mode], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(2)]
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=180)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            outs.append(p.communicate()[0] + "<hung>")
-    return procs, outs
+    return run_joined(JOB, 2, env, args=(store, mode))
 
 
 one_rank = pytest.mark.skipif(WORLD.size > 1, reason="starts its own 2-process job")

@@ -9,8 +9,6 @@ lie), out of place, with scales. Results are checked against a float64
 (int64) NumPy reference and, bit for bit, against the same call on a
 communicator that sends whole messages; the ranks must agree on the piece
 size like on the fusion threshold."""
-import contextlib
-import os
 
 import numpy as np
 import pytest
@@ -23,24 +21,16 @@ from gsutil import (
     collective_assert,
     collectively,
     dtype_name,
+    environment,
 )
 
 pytestmark = pytest.mark.mpi
 PIECE = 256  # bytes
 
 
-@contextlib.contextmanager
 def pipeline_env(nbytes):
     """GRADSYNC_PIPELINE_BYTES for the communicators created inside."""
-    before = os.environ.get("GRADSYNC_PIPELINE_BYTES")
-    os.environ["GRADSYNC_PIPELINE_BYTES"] = str(nbytes)
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["GRADSYNC_PIPELINE_BYTES"]
-        else:
-            os.environ["GRADSYNC_PIPELINE_BYTES"] = before
+    return environment("GRADSYNC_PIPELINE_BYTES", nbytes)
 
 
 @pytest.fixture(scope="module")
