@@ -232,7 +232,10 @@ check-install:
 
 cluster-smoke: build
 	@$(CLUSTER_CHECK); echo "== cluster 2 hosts x 2 ranks: allreduce and Adasum suites"; \
-	$(SIMCLUSTER) --hosts 2 --ranks-per-host 2 -- $(PYTEST) $(CLUSTER_SMOKE)
+	$(SIMCLUSTER) --hosts 2 --ranks-per-host 2 -- $(PYTEST) $(CLUSTER_SMOKE) || exit 1; \
+	echo "== cluster 2 hosts x 2 ranks: a link taken down, and the doctor's verdict"; \
+	timeout $(TEST_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider \
+	    tests/cluster/test_cluster_faults.py -k "link_down and 2x2-default"
 
 # The acceptance suites across hosts at each layout (the torch optimizer's too
 # when torch imports), the allreduce suite with the hierarchical path forced,

@@ -19,21 +19,39 @@ def flight_stacks(on=None):
     return bool(_flight_stacks)
 
 
-cdef object _site_key(object f):
-    """(code, line) of up to _STACK_DEPTH frames from f outward."""
+cdef tuple _site_key(object f):
+    """(id of the code, instruction offset) of up to _STACK_DEPTH frames from
+    f outward. Ids, not the code objects, because hashing a code object hashes
+    its contents; _intern_site keeps every code object it names alive, so an
+    id in the table is never reused. The offset, not f_lineno, which Python
+    computes by scanning the code's line table at every read; the line is
+    looked up once per distinct site."""
     key = []
     while f is not None and len(key) < 2 * _STACK_DEPTH:
-        key.append(f.f_code)
-        key.append(f.f_lineno)
+        key.append(id(f.f_code))
+        key.append(f.f_lasti)
         f = f.f_back
     return tuple(key)
 
 
-cdef int32_t _intern_site(tuple key):
+cdef object _line_at(object code, int offset):
+    for start, end, line in code.co_lines():
+        if start <= offset < end:
+            return line
+    return code.co_firstlineno
+
+
+cdef list _flight_codes = []  # the code objects the site table names, kept alive
+
+
+cdef int32_t _intern_site(tuple key, object f):
     lines = []
-    for k in range(0, len(key), 2):
-        code = key[k]
-        lines.append("%s:%d in %s" % (code.co_filename, key[k + 1], code.co_name))
+    while f is not None and len(lines) < _STACK_DEPTH:
+        code = f.f_code
+        _flight_codes.append(code)
+        lines.append("%s:%s in %s" % (code.co_filename, _line_at(code, f.f_lasti),
+                                      code.co_name))
+        f = f.f_back
     cdef int32_t site = gs_flight_site("\n".join(lines).encode("utf-8", "replace"))
     _flight_sites[key] = site
     return site
@@ -46,7 +64,7 @@ cdef void flight_mark() except *:
         f = f.f_back
     key = _site_key(f)
     site = _flight_sites.get(key)
-    gs_flight_set_site(_intern_site(key) if site is None else site)
+    gs_flight_set_site(_intern_site(key, f) if site is None else site)
 
 
 def dump_flight_record(reason="on demand"):

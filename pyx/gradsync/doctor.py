@@ -321,6 +321,17 @@ def judge_hang(rep, cm, ranks, missing, comm_name):
     members = cm.members if cm.members is not None else sorted(set(cm.by_rank) | set(missing))
     absent = sorted(r for r in missing if r in members)
     what = "%s #%d on %s" % (call["op"], top, cm.label)
+    cut_off = left_behind(cm, late)
+    if cut_off:
+        s, done_on = cut_off
+        c = cm.by_rank[late[0]][s]
+        rep.verdict = ("%s #%d on %s completed on ranks %s but never on ranks %s, which still "
+                       "wait in it (the others went on to #%d): its data never reached them, "
+                       "a transport or network fault, not the program" % (
+                           c["op"], s, cm.label, fmt_ranks(done_on), fmt_ranks(late), top))
+        rep.code = STUCK
+        show_stacks(rep, ranks, {r: cm.by_rank[r][s] for r in late})
+        return
     if late:
         rk = ranks[late[0]]
         w0 = min(waiting)
@@ -353,6 +364,29 @@ def judge_hang(rep, cm, ranks, missing, comm_name):
                        "or network fault, not the program" % (what, slow))
         rep.code = STUCK
     show_stacks(rep, ranks, waiting)
+
+
+def left_behind(cm, late):
+    """(seq, ranks that completed it) when every late rank waits in one
+    earlier call that the other ranks completed with the same signature:
+    the late ranks did call it, so the program is not at fault (a root's
+    broadcast or a send can finish before its data arrives). Else None."""
+    if not late:
+        return None
+    seqs = {cm.reached(r) for r in late}
+    if len(seqs) != 1:
+        return None
+    s = seqs.pop()
+    mine = [cm.by_rank[r].get(s) for r in late]
+    if any(c is None or c["status"] not in ("in_flight", "timeout", "interrupted")
+           for c in mine):
+        return None
+    done_on = sorted(r for r in cm.by_rank if r not in late and s in cm.by_rank[r]
+                     and cm.by_rank[r][s]["status"] == "ok")
+    if not done_on or len({signature(c) for c in mine} |
+                          {signature(cm.by_rank[r][s]) for r in done_on}) != 1:
+        return None
+    return s, done_on
 
 
 def waiters(ranks):

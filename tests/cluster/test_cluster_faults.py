@@ -3,7 +3,9 @@ link goes down, or a host's ranks are killed, in the middle of a stream of
 collectives (tests/cluster/fault_job.py). Nothing may hang: every rank raises
 a gradsync error naming the operation within the timeout plus a few seconds,
 or the launcher ends the job with a message; no call returns a wrong value
-as success; the simulated cluster is gone afterwards.
+as success; the simulated cluster is gone afterwards. After a link went
+down, `python -m gradsync.doctor` over the ranks' flight records must call it
+a transport or network fault in the call every rank entered.
 
 A plain pytest (one process, root, no MPI of its own):
     python -m pytest tests/cluster/test_cluster_faults.py
@@ -77,7 +79,8 @@ def assert_no_bad_success(ranks_out, events):
 @pytest.mark.parametrize("hosts,ranks,hier_mode", [(2, 2, None), (2, 2, "0"), (3, 1, None)],
                          ids=["2x2-default", "2x2-flat", "3x1"])
 def test_link_down_raises_on_every_rank(tmp_path, hosts, ranks, hier_mode):
-    env = {"GRADSYNC_TIMEOUT_SECONDS": str(TIMEOUT)}
+    flight = tmp_path / "flight"
+    env = {"GRADSYNC_TIMEOUT_SECONDS": str(TIMEOUT), "GRADSYNC_FLIGHT_DIR": str(flight)}
     if hier_mode is not None:
         env["GRADSYNC_HIERARCHICAL"] = hier_mode
     rc, after_fault, fault_at, recs, events, log, prefix = run_faulty_job(
@@ -96,6 +99,27 @@ def test_link_down_raises_on_every_rank(tmp_path, hosts, ranks, hier_mode):
     assert rc != 0 and rc != 124, "the job should end with the ranks' failure: rc %d" % rc
     assert after_fault < TIMEOUT + SLACK + 30, after_fault
     assert_cleaned_up(prefix, log)
+    assert_doctor_says_network(flight, n, recs)
+
+
+def assert_doctor_says_network(flight, n, recs):
+    """Every rank dumped on its timeout, and the doctor (run as a user would,
+    on the files alone) names the call every rank entered and never finished
+    as a transport or network fault (its exit status 4)."""
+    r = subprocess.run([sys.executable, "-m", "gradsync.doctor", str(flight)],
+                       capture_output=True, text=True, timeout=60,
+                       env=dict(os.environ, PYTHONPATH=os.path.join(ROOT, "pyx")))
+    verdict = r.stdout.split("\n")[0]
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "ranks 0-%d of %d" % (n - 1, n) in r.stdout, r.stdout
+    # all ranks wait in one call, or (a broadcast's root side done, say) the
+    # ranks of one host wait in the call the others completed
+    m = re.match(r"(.+?) #(\d+) on WORLD (was entered by every rank but never completed|"
+                 r"completed on ranks [-0-9,]+ but never on ranks [-0-9,]+, which still wait)"
+                 r".*a transport or network fault", verdict)
+    assert m, r.stdout
+    # the call the doctor names is one the ranks were in
+    assert any(m.group(1).split()[0] in rec["message"] for rec in recs.values()), (verdict, recs)
 
 
 def test_killed_host_ends_the_job_with_a_message(tmp_path):

@@ -113,6 +113,34 @@ def test_entered_everywhere_never_completed(tmp_path, capsys):
         verdict
 
 
+def test_data_that_never_arrived(tmp_path, capsys):
+    """A broadcast's root side completed and went on; the receivers still
+    wait in it: they did call it, so the data was lost on the way."""
+    done = history(8) + [call(9, "broadcast", root=2)]
+    for r in (2, 3):
+        write(tmp_path, r, 4, done + [call(10, "allgather", "timeout", sent=False, done=False)])
+    for r in (0, 1):
+        write(tmp_path, r, 4, history(8) + [call(9, "broadcast", "timeout", root=2, done=False)])
+    code, verdict, _ = run(tmp_path, capsys)
+    assert code == doctor.STUCK
+    assert verdict.startswith("broadcast #9 on WORLD completed on ranks 2-3 but never on ranks "
+                              "0-1, which still wait in it (the others went on to #10)"), verdict
+    assert verdict.endswith("a transport or network fault, not the program"), verdict
+
+
+def test_straggler_in_another_call_is_not_lost_data(tmp_path, capsys):
+    """The straggler waits in a call with another root than the others
+    completed: a program that diverged, not data lost on the way."""
+    for r in (1, 2):
+        write(tmp_path, r, 3, history(8) + [call(9, "broadcast", root=1),
+                                            call(10, "allreduce", "timeout", done=False)])
+    write(tmp_path, 0, 3, history(8) + [call(9, "broadcast", "timeout", root=0, done=False)])
+    code, verdict, _ = run(tmp_path, capsys)
+    assert code == doctor.MISMATCH, verdict
+    assert verdict.startswith("ranks disagree at call #9 on WORLD: rank 0 broadcast "
+                              "float32[100] root 0 vs ranks 1-2"), verdict
+
+
 def test_rank_without_dump(tmp_path, capsys):
     for r in (0, 1, 3):
         write(tmp_path, r, 4, history(20) + [call(21, "allreduce", "timeout", done=False)])
