@@ -94,7 +94,8 @@ def main(argv=None):
         med = {v: {k: statistics.median(r[k] for r in runs) for k in runs[0]
                    if isinstance(runs[0][k], float)} for v, runs in got.items()}
         print("%d rank(s), median of %d jobs per variant" % (ranks, args.repeats))
-        for key, unit in (("tiny_us", "us per 16-float call"), ("list_ms", "ms per ResNet-50 list")):
+        for key, unit in (("tiny_us", "us per 16-float call"),
+                          ("list_ms", "ms per ResNet-50 list")):
             if key not in med["off"]:
                 continue
             off = med["off"][key]

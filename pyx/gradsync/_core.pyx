@@ -8,6 +8,7 @@ from cpython.mem cimport PyMem_Malloc, PyMem_Free
 cimport numpy as cnp
 import os
 import sys
+import threading
 import numpy as np
 
 from gradsync.gs_status cimport *

@@ -57,14 +57,76 @@ cdef int32_t _intern_site(tuple key, object f):
     return site
 
 
-cdef void flight_mark() except *:
-    """Sets this thread's call site to its first frame outside gradsync."""
-    f = sys._getframe(0)
-    while f is not None and f.f_code.co_filename.startswith(_PKG_DIR):
-        f = f.f_back
+_LIBRARY_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python3", "<frozen")
+_REENTRY_DEPTH = 4  # library frames between two gradsync frames, at most
+
+
+cdef bint _in_gradsync(object f):
+    return f.f_code.co_filename.startswith(_PKG_DIR)
+
+
+cdef bint _in_library(object f):
+    cdef str name = f.f_code.co_filename
+    for m in _LIBRARY_MARKS:
+        if m in name:
+            return True
+    return False
+
+
+cdef object _user_frame(object f):
+    """The first frame outside gradsync, passing over library frames that
+    gradsync called and that call back into it (torch.autograd.Function's
+    apply between a Horovod op and its autograd function)."""
+    cdef int k
+    while True:
+        while f is not None and _in_gradsync(f):
+            f = f.f_back
+        g, k = f, 0
+        while g is not None and k < _REENTRY_DEPTH and _in_library(g):
+            g, k = g.f_back, k + 1
+        if g is None or k == 0 or not _in_gradsync(g):
+            return f
+        f = g
+
+
+cdef int32_t _caller_site() except -3:
+    """The site of this thread's first frame outside gradsync (_user_frame);
+    -2 when there is none (a gradsync thread)."""
+    f = _user_frame(sys._getframe(0))
+    if f is None:
+        return -2
     key = _site_key(f)
     site = _flight_sites.get(key)
-    gs_flight_set_site(_intern_site(key, f) if site is None else site)
+    return _intern_site(key, f) if site is None else site
+
+
+_flight_pinned = threading.local()  # .site: this thread runs others' work (flight_use_site)
+
+
+cdef void flight_mark() except *:
+    """Sets this thread's call site to its first frame outside gradsync, or
+    to the site a thread running others' work was given (flight_use_site)."""
+    pinned = getattr(_flight_pinned, "site", None)
+    cdef int32_t site = _caller_site() if pinned is None else pinned
+    if site != -2:
+        gs_flight_set_site(site)
+
+
+def flight_site_here():
+    """The caller's site in the flight record (an integer) while stacks are
+    recorded, else -1: for work queued now and run later on another thread
+    (flight_use_site there), so the record names the line that queued it."""
+    if not _flight_stacks:
+        return -1
+    cdef int32_t site = _caller_site()
+    return -1 if site == -2 else site
+
+
+def flight_use_site(site):
+    """This thread's next gradsync calls are recorded at ``site`` (from
+    flight_site_here; -1 none), not at their own caller; None undoes it."""
+    _flight_pinned.site = site
+    gs_flight_set_site(-1 if site is None else site)
 
 
 def dump_flight_record(reason="on demand"):

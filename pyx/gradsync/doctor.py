@@ -29,6 +29,7 @@ class Rank:
     def __init__(self, path):
         self.path = path
         self.header, self.comms, self.sites, self.calls = {}, {}, {}, []
+        self.pending = []  # Horovod drop-in: operations queued and not run
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
                 try:
@@ -46,6 +47,8 @@ class Rank:
                     self.sites[rec["site"]] = rec["stack"]
                 elif kind == "call":
                     self.calls.append(rec)
+                elif kind == "pending":
+                    self.pending.append(rec)
         self.rank = self.header.get("rank", -1)
         self.calls.sort(key=lambda c: c["id"])
 
@@ -171,23 +174,29 @@ def newest_call(cm):
 
 def disagreement(cm):
     """(seq, {rank: call}) of the disagreement to report on cm: the newest
-    call recorded on every rank that gradsync failed as a mismatch (the
-    ranks stay in step after one, so an older one was survived and the
-    newest is what the dump is about); else, with the check off, the first
-    call recorded on every rank with differing signatures (the later ones
-    follow from it)."""
+    call recorded on every rank that gradsync failed as a mismatch and that
+    no call completed on every rank followed (the ranks stay in step after
+    one, so an older one was survived and the newest is what the dump is
+    about); else, with the check off, the first call recorded on every rank
+    with differing signatures (the later ones follow from it)."""
     ranks = sorted(cm.by_rank)
     if not ranks:
         return None
     seqs = sorted(set().union(*(set(cm.by_rank[r]) for r in ranks)))
     everywhere = [(s, {r: cm.by_rank[r][s] for r in ranks}) for s in seqs
                   if all(s in cm.by_rank[r] for r in ranks)]
-    detected = [(s, calls) for s, calls in everywhere
-                if any(c["status"] == "mismatch" for c in calls.values())]
+    # one the ranks went on from (a later call completed on every rank) was
+    # survived: the Horovod drop-in, for one, negotiates after every
+    # mismatch of submission order
+    survived = max((s for s, calls in everywhere
+                    if all(c["status"] == "ok" for c in calls.values())), default=0)
+    detected = [(s, calls) for s, calls in everywhere if s > survived and
+                any(c["status"] == "mismatch" for c in calls.values())]
     if detected:
         return detected[-1]
     for s, calls in everywhere:
-        if len({signature(c) for c in calls.values()}) > 1:
+        if len({signature(c) for c in calls.values()}) > 1 and \
+                not any(c["status"] == "mismatch" for c in calls.values()):
             return s, calls
     return None
 
@@ -244,6 +253,7 @@ def diagnose(directory):
         evidence_of_comm(rep, cm, ranks)
     # the newest problem first: a dump holds the calls of communicators long
     # gone too; one every rank freed is waited on by nobody
+    judge_pending(rep, ranks)
     order = sorted(comms.values(), key=newest_call, reverse=True)
     for cm in order:
         if rep.verdict is None:
@@ -305,6 +315,69 @@ def judge_mismatch(rep, cm, ranks):
     for r, c in sorted(calls.items()):
         rep.say("  rank %d: %s (%s)" % (r, describe(c), c["status"]))
     show_stacks(rep, ranks, calls)
+
+
+def describe_pending(rec):
+    """'allreduce.metric float32[3] sum' for a Horovod drop-in's queued operation."""
+    tensors = rec.get("tensors") or []
+    text = rec["name"]
+    if tensors:
+        dtype, shape = tensors[0]
+        text += " %s[%s]" % (dtype, ",".join(str(d) for d in shape))
+        if len(tensors) > 1:
+            text += " (+%d more tensors)" % (len(tensors) - 1)
+    if rec.get("redop"):
+        text += " " + rec["redop"]
+    if rec.get("root") is not None:
+        text += " root %s" % rec["root"]
+    return text
+
+
+def judge_pending(rep, ranks):
+    """The Horovod drop-in matches operations by name: names some members
+    queued and others never submitted stall them all while every
+    collective succeeds. From the "pending" records its stall report adds,
+    per process set: which ranks queued which name where, and which did
+    not (a rank that queued nothing the others lack is in its own code)."""
+    sets = {}
+    for r, rk in ranks.items():
+        for rec in rk.pending:
+            sets.setdefault(tuple(rec["set"]), {}).setdefault(r, {})[rec["name"]] = rec
+    for members, by_rank in sorted(sets.items()):
+        dumped = [r for r in members if r in ranks]
+        names = sorted(set().union(*by_rank.values()),
+                       key=lambda n: -max(q[n]["age"] for q in by_rank.values() if n in q))
+        parts, lacking = [], set()
+        for name in names:
+            holders = [r for r in dumped if name in by_rank.get(r, {})]
+            absent = [r for r in dumped if r not in holders]
+            if not absent:
+                continue
+            lacking.update(absent)
+            rec = by_rank[holders[0]][name]
+            where = ranks[holders[0]].site(rec)
+            parts.append("rank%s %s queued %s%s, which rank%s %s never submitted" % (
+                "s" if len(holders) > 1 else "", fmt_ranks(holders), describe_pending(rec),
+                " at " + where if where else "", "s" if len(absent) > 1 else "",
+                fmt_ranks(absent)))
+        if not parts:
+            continue
+        idle = sorted(r for r in lacking if not by_rank.get(r))
+        rep.verdict = ("Horovod operations differ by name on process set %s: %s; the ranks wait "
+                       "for each other (a stall)" % (fmt_ranks(list(members)),
+                                                     "; ".join(parts[:3])))
+        if idle:
+            rep.verdict += "; rank%s %s queued nothing (in its own code)" % (
+                "s" if len(idle) > 1 else "", fmt_ranks(idle))
+        rep.code = NEVER_CALLED if idle else MISMATCH
+        rep.say("")
+        rep.say("Horovod operations queued and not run, process set %s:" % fmt_ranks(list(members)))
+        for r in dumped:
+            for _name, rec in sorted(by_rank.get(r, {}).items()):
+                rep.say("  rank %d: %s, queued %.1f s before its dump" % (
+                    r, describe_pending(rec), rec["age"]))
+                show_stacks(rep, ranks, {r: rec})
+        return
 
 
 def judge_hang(rep, cm, ranks, missing, comm_name):

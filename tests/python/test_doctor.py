@@ -94,6 +94,16 @@ def test_the_newest_detected_mismatch_is_reported(tmp_path, capsys):
     assert "rank 1 broadcast" in verdict, verdict
 
 
+def test_a_survived_mismatch_is_not_the_verdict(tmp_path, capsys):
+    """The ranks went on in step after a mismatch (the Horovod drop-in
+    negotiates after each one): a dump on demand later finds nothing wrong."""
+    old = lambda r: call(3, "allreduce", "mismatch", count=4 - r)  # noqa: E731
+    for r in range(2):
+        write(tmp_path, r, 2, history(2) + [old(r)] + history(8)[3:], reason="on demand")
+    code, verdict, _ = run(tmp_path, capsys)
+    assert code == doctor.OK, verdict
+
+
 def test_shapes_differ(tmp_path, capsys):
     write(tmp_path, 0, 2, history(4) + [call(5, "allreduce", site=0, count=100)])
     write(tmp_path, 1, 2, history(4) + [call(5, "allreduce", site=0, count=50)])
@@ -139,6 +149,40 @@ def test_straggler_in_another_call_is_not_lost_data(tmp_path, capsys):
     assert code == doctor.MISMATCH, verdict
     assert verdict.startswith("ranks disagree at call #9 on WORLD: rank 0 broadcast "
                               "float32[100] root 0 vs ranks 1-2"), verdict
+
+
+def pending(name, site, shape=(3,), redop="sum", age=5.0):
+    return {"v": 1, "type": "pending", "set": [0, 1, 2], "name": name, "op": "allreduce",
+            "tensors": [["float32", list(shape)]], "redop": redop, "root": None, "age": age,
+            "site": site}
+
+
+def test_horovod_names_differ(tmp_path, capsys):
+    """The Horovod drop-in's stall report: ranks 0-1 queued the gradients'
+    name, rank 2 a metric of its own; every collective succeeded."""
+    for r in (0, 1):
+        write(tmp_path, r, 3, history(6) + [pending("allreduce.noname.0", 0, (67,), "average")],
+              reason="horovod stall", last_seq=6)
+    write(tmp_path, 2, 3, history(6) + [pending("allreduce.metric", 1, age=6.0)],
+          reason="horovod stall", last_seq=6)
+    code, verdict, out = run(tmp_path, capsys)
+    assert code == doctor.MISMATCH
+    assert verdict == (
+        "Horovod operations differ by name on process set 0-2: rank 2 queued allreduce.metric "
+        "float32[3] sum at train.py:95, which ranks 0-1 never submitted; ranks 0-1 queued "
+        "allreduce.noname.0 float32[67] average at train.py:88, which rank 2 never submitted; "
+        "the ranks wait for each other (a stall)"), verdict
+    assert "rank 2: allreduce.metric float32[3] sum, queued 6.0 s before its dump" in out
+
+
+def test_horovod_rank_that_queued_nothing(tmp_path, capsys):
+    for r in (0, 1):
+        write(tmp_path, r, 3, history(6) + [pending("allreduce.loss", 0)], last_seq=6)
+    write(tmp_path, 2, 3, history(6), last_seq=6)
+    code, verdict, _ = run(tmp_path, capsys)
+    assert code == doctor.NEVER_CALLED
+    assert verdict.endswith("which rank 2 never submitted; the ranks wait for each other "
+                            "(a stall); rank 2 queued nothing (in its own code)"), verdict
 
 
 def test_rank_without_dump(tmp_path, capsys):

@@ -57,6 +57,8 @@ import numpy as np
 
 import gradsync as gs
 
+from . import stall_record
+
 log = logging.getLogger("gradsync.horovod")
 
 _QUEUED, _RUNNING, _DONE, _RAISED = range(4)
@@ -122,7 +124,7 @@ class Call:
     does, its result, and what becomes of it."""
 
     __slots__ = ("kind", "arrays", "ndata", "args", "name", "result", "error", "state",
-                 "finish", "done", "observed", "submitted", "context", "unnamed")
+                 "finish", "done", "observed", "submitted", "context", "unnamed", "site")
 
     def __init__(self, kind, arrays, ndata, args, name, finish, context, unnamed):
         self.kind, self.arrays, self.ndata, self.args = kind, arrays, ndata, args
@@ -132,6 +134,7 @@ class Call:
         self.done = threading.Event()
         self.observed = False
         self.submitted = time.monotonic()
+        self.site = gs._core.flight_site_here()  # the submitting line, for the record
 
     def describe(self):
         """What a rank that joined needs to take part: kind, arguments, the
@@ -326,6 +329,7 @@ class Engine:
 
     # ---- the executor thread ----------------------------------------------------
     def _executor(self):
+        gs._core.flight_use_site(-1)  # its negotiation calls have no user line
         try:
             while True:
                 with self._cv:
@@ -373,6 +377,9 @@ class Engine:
             self.timeline.start_call(call)
         if mine:
             call.state = _RUNNING
+        # the flight record names the line that submitted it (the rounds' own
+        # collectives, none)
+        gs._core.flight_use_site(call.site if mine else -1)
         try:
             ctx = call.context() if (mine and call.context is not None) else None
             if ctx is not None:
@@ -479,6 +486,7 @@ class Engine:
         return out
 
     def _round(self):
+        gs._core.flight_use_site(-1)  # the round's own collectives have no user line
         with self._cv:
             queued = [c for c in self._queue if c.state == _QUEUED]
         join_call = next((c for c in queued if c.kind == "join"), None)
@@ -577,21 +585,28 @@ class Engine:
         for r, lst in enumerate(left):
             for name, _desc, age, _err in lst:
                 ages.setdefault(name, []).append((r, age))
-        stalled = []
+        stalled, newly = [], []
         for name, seen in ages.items():
             age = max(a for _, a in seen)
             missing = [self.ranks[r] for r in active if r not in {x for x, _ in seen}]
             if not missing:
                 continue
-            if self._stall_shutdown > 0 and age > self._stall_shutdown:
-                stalled.append(f"{name} waited {age:.0f} s for rank(s) {missing} (submitted "
-                               f"by {[self.ranks[r] for r, _ in seen]})")
-            elif self._stall_warn > 0 and age > self._stall_warn and \
-                    name not in self._warned and self.comm.rank == 0:
+            what = (f"{name} waited {age:.0f} s for rank(s) {missing} (submitted "
+                    f"by {[self.ranks[r] for r, _ in seen]})")
+            shut = self._stall_shutdown > 0 and age > self._stall_shutdown
+            if shut:
+                stalled.append(what)
+            if (shut or self._stall_warn > 0 and age > self._stall_warn) and \
+                    name not in self._warned:
                 self._warned.add(name)
-                log.warning("gradsync.horovod: %s has waited %.0f s: rank(s) %s have not "
-                            "submitted it (submitted by %s)", name, age, missing,
-                            [self.ranks[r] for r, _ in seen])
+                newly.append(what)
+        if newly:  # every member: the doctor compares their queued names
+            path = stall_record.write(self.ranks, list(mine.values()),
+                                      "horovod stall: " + "; ".join(newly[:4]))
+            if self.comm.rank == 0:
+                log.warning("gradsync.horovod: stalled: %s%s",
+                            "; ".join(newly[:4]), "" if path is None else
+                            " (python -m gradsync.doctor %s)" % gs.flight_record_dir())
         if not stalled:
             return False
         why = ("; ".join(stalled[:4]) + ": HOROVOD_STALL_SHUTDOWN_TIME_SECONDS passed; every "
