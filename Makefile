@@ -190,7 +190,8 @@ test-emulated: build $(EMU_C_TESTS) $(CPU_ONLY_LIB)
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1;; esac; \
 	done
 
-test: lint check-bindings check-layers c-tests py-tests test-emulated gpu-session-dry cluster-smoke
+test: lint check-bindings check-layers c-tests py-tests test-emulated gpu-session-dry cluster-smoke \
+      slurm-smoke
 	@rm -rf $(FLIGHT_RECORDS)
 
 # src/'s layering from the compiler's call graph (scripts/check_layers.py,
@@ -236,6 +237,22 @@ cluster-smoke: build
 	echo "== cluster 2 hosts x 2 ranks: a link taken down, and the doctor's verdict"; \
 	timeout $(TEST_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider \
 	    tests/cluster/test_cluster_faults.py -k "link_down and 2x2-default"
+
+# srun on a one-node Slurm of this machine (scripts/slurmlocal; Debian's
+# slurm-wlm and munge, installed when missing and this is root on Debian):
+# srun --mpi=pmi2, srun without PMI joined through MASTER_ADDR, and the error
+# without either (tests/cluster/test_slurm.py). Skipped where it cannot run.
+slurm-smoke: build
+	@if [ "$$(id -u)" = 0 ] && ! command -v slurmd >/dev/null 2>&1 && \
+	    ! [ -x /usr/sbin/slurmd ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "== slurm-smoke: installing slurm-wlm and munge (Debian)"; \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	        slurm-wlm munge >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	        slurm-wlm munge >/dev/null 2>&1; } || true; fi; \
+	if ! $(PYTHON) scripts/slurmlocal --check; then echo "== slurm-smoke: skipped"; exit 0; fi; \
+	echo "== srun on a one-node Slurm: --mpi=pmi2, without PMI, the torch backend"; \
+	timeout $(TEST_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider tests/cluster/test_slurm.py
 
 # The acceptance suites across hosts at each layout (the torch optimizer's too
 # when torch imports), the allreduce suite with the hierarchical path forced,

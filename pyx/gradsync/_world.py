@@ -329,6 +329,40 @@ def _env_int(var):
         raise ValueError(f"{var} must be an integer, got {value!r}") from None
 
 
+def _slurm_step():
+    """(task id, tasks) of an srun step of several tasks, else None.
+    SLURM_STEP_NUM_TASKS is srun's, not the batch script's: a script run
+    directly in an allocation is one process."""
+    tasks = _env_int("SLURM_STEP_NUM_TASKS")
+    task = _env_int("SLURM_PROCID")
+    return (task, tasks) if tasks is not None and tasks > 1 and task is not None else None
+
+
+def _singleton_numbering(rank, world_size):
+    """The rank and size a launcher of singletons gave this process:
+    arguments, else torch's RANK and WORLD_SIZE, else an srun step's task
+    id and count (srun without PMI starts MPI singletons too)."""
+    rank = _env_int("RANK") if rank is None else int(rank)
+    world_size = _env_int("WORLD_SIZE") if world_size is None else int(world_size)
+    step = None if mpi_launched() else _slurm_step()
+    if step is not None:
+        rank = step[0] if rank is None else rank
+        world_size = step[1] if world_size is None else world_size
+    return rank, world_size
+
+
+def _no_rendezvous(world_size):
+    if _slurm_step() is not None:
+        return ValueError(
+            f"gradsync: srun started {world_size} tasks (SLURM_STEP_NUM_TASKS) but gave MPI no "
+            "PMI, so each is an MPI world of 1 (srun --mpi=none, or this Slurm's MpiDefault): "
+            "launch with srun --mpi=pmi2 (MPICH; srun --mpi=list shows what this Slurm offers) or "
+            "--mpi=pmix (Open MPI), or set MASTER_ADDR and MASTER_PORT and gradsync joins the "
+            "tasks itself")
+    return ValueError("gradsync join: WORLD_SIZE>1 but no rendezvous: set MASTER_ADDR and "
+                      "MASTER_PORT (torchrun does), pass store=, or launch with mpiexec")
+
+
 def init(store=None, *, rank=None, world_size=None, timeout=None):
     """gradsync's world for this process, made once: under an MPI launcher
     MPI_COMM_WORLD; for MPI singletons with a rendezvous (``store``, else
@@ -340,8 +374,7 @@ def init(store=None, *, rank=None, world_size=None, timeout=None):
             raise ValueError(f"gradsync's world is already joined as rank {_world.Get_rank()} of "
                              f"{_world.Get_size()}, not rank {rank} of {world_size}")
         return _world
-    rank = _env_int("RANK") if rank is None else int(rank)
-    world_size = _env_int("WORLD_SIZE") if world_size is None else int(world_size)
+    rank, world_size = _singleton_numbering(rank, world_size)
     if mpi_launched() or (world_size in (None, 1) and store is None):
         _check_mpi_world(rank, world_size)
         return MPI.COMM_WORLD
@@ -352,8 +385,7 @@ def init(store=None, *, rank=None, world_size=None, timeout=None):
         return MPI.COMM_WORLD
     if store is None:
         if not (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")):
-            raise ValueError("gradsync join: WORLD_SIZE>1 but no rendezvous: set MASTER_ADDR and "
-                             "MASTER_PORT (torchrun does), pass store=, or launch with mpiexec")
+            raise _no_rendezvous(world_size)
         store = env_store(rank, world_size, _timeout() if timeout is None else timeout)
     return join(store, rank, world_size, timeout)
 
@@ -370,8 +402,15 @@ def _check_mpi_world(rank, size):
 def auto_world():
     """The world for a plain ``Communicator()``: the joined one when the
     environment describes a launch of singletons (torchrun's RANK,
-    WORLD_SIZE>1, MASTER_ADDR, MASTER_PORT), else MPI's."""
-    if _world is None and not mpi_launched() and (_env_int("WORLD_SIZE") or 1) > 1 and \
-            os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-        return init()
+    WORLD_SIZE>1, MASTER_ADDR, MASTER_PORT; or an srun step's tasks with
+    MASTER_ADDR and MASTER_PORT), else MPI's. An srun step of several tasks
+    without PMI and without a rendezvous raises: each task alone would be
+    a world of 1 and train on its own."""
+    if _world is None and not mpi_launched():
+        _rank, size = _singleton_numbering(None, None)
+        if (size or 1) > 1:
+            if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+                return init()
+            if _slurm_step() is not None:
+                raise _no_rendezvous(size)
     return world()

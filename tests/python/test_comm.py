@@ -217,3 +217,38 @@ def test_unknown_op_string(comm):
     with collectively():
         with pytest.raises(ValueError):
             comm.reduce_scatter(np.ones(2, np.float32), "nope")
+
+
+SLURM_TASK = """
+import gradsync as gs
+try:
+    c = gs.Communicator()
+    print("world", c.rank, c.size)
+except ValueError as e:
+    print("raised", e)
+"""
+
+
+@pytest.mark.parametrize("env,want", [
+    # an srun step of 2 tasks without PMI: alone, a world of 1 would train on its own
+    ({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1", "SLURM_NTASKS": "2"},
+     "raised gradsync: srun started 2 tasks"),
+    # a batch script run directly in an allocation: one process, a world of 1
+    ({"SLURM_NTASKS": "4", "SLURM_PROCID": "0", "SLURM_JOB_ID": "7"}, "world 0 1"),
+    # a step of one task
+    ({"SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}, "world 0 1"),
+], ids=["srun-without-pmi", "batch-script", "one-task-step"])
+def test_slurm_environment_without_pmi(env, want):
+    """What a singleton makes of Slurm's variables (the real srun runs in
+    tests/cluster/test_slurm.py): one process per rank of the step, never a
+    silent world of 1 for a step of several tasks."""
+    from gsutil import run_child
+    got = None
+    if WORLD.rank == 0:
+        res = run_child(SLURM_TASK, env)
+        got = res.stdout.strip() or res.stderr[-2000:]
+    got = WORLD.bcast(got)
+    with collectively():
+        assert got.startswith(want), got
+        if "raised" in want:
+            assert "srun --mpi=pmi2" in got and "MASTER_ADDR and MASTER_PORT" in got, got
