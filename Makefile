@@ -80,11 +80,18 @@ c-tests: build $(C_TESTS) $(C_EXAMPLES) tests/c/bin/test_cuda_pieces
 # test_flight.py runs in processes of its own: the doctor reads the whole
 # flight record, and the suite's deliberate mismatches on the world earlier
 # in the same processes would be part of it.
+# Modules whose tests involve no communication (rank-independent kernels,
+# subprocess checks made on rank 0): at 1 and 2 ranks only, since 3 and 4
+# ranks would repeat them on the same two cores (about 70 s of make test).
+PROCESS_LOCAL_TESTS = test_kernels test_gpu_session test_gpu_visible test_import_check \
+    test_no_shadowing
 py-tests: build
 	@for n in $(NP_LIST); do \
 	    echo "== pytest at $$n ranks"; \
+	    skip=""; if [ $$n -gt 2 ]; then for t in $(PROCESS_LOCAL_TESTS); do \
+	        skip="$$skip --ignore=tests/python/$$t.py"; done; fi; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python \
-	        --ignore=tests/python/test_flight.py || exit 1; \
+	        --ignore=tests/python/test_flight.py $$skip || exit 1; \
 	    echo "== pytest tests/python/test_flight.py at $$n ranks"; \
 	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_flight.py || exit 1; \
 	done

@@ -88,13 +88,18 @@ def test_divergence_named_by_the_doctor(stalls_in_seconds):
 
 
 def test_no_stall_no_pending_records(stalls_in_seconds):
-    """Names that match never stall: no pending record, a healthy verdict."""
+    """Names that match never stall: no pending record, and no Horovod
+    verdict. (Not "nothing wrong": in this process the ring still holds the
+    deliberate divergences of earlier test modules.)"""
     folder = stalls_in_seconds
     out = hvd.allreduce(torch.ones(5), op=hvd.Sum, name="fine")
-    gs.dump_flight_record("on demand")
+    path = gs.dump_flight_record("on demand")
+    with open(path) as f:
+        pending = [line for line in f if '"type": "pending"' in line]
     WORLD.Barrier()
     rep = doctor.diagnose(folder) if WORLD.rank == 0 else None
-    code, verdict = WORLD.bcast((rep.code, rep.verdict) if rep else None)
+    verdict = WORLD.bcast(rep.verdict if rep else None)
     with collectively():
         assert torch.equal(out, torch.full((5,), float(hvd.size()))), out
-        assert code == doctor.OK, verdict
+        assert not pending, pending
+        assert not verdict.startswith("Horovod"), verdict
