@@ -117,16 +117,26 @@ def _copies(leaves, paths):
 
 # ------------------------------------------------------------- collectives
 
-def allreduce(x, comm=None, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
+def allreduce(x, comm=None, op="sum", *, prescale=1.0, postscale=1.0, adasum=None,
+              wire=None, residual=None):
     """The reduction over ranks of every array of the pytree ``x``, as new
     JAX arrays in the same structure (one fused call). ``op``: "sum",
     "average", "min", "max", "prod" or "adasum"; prescale and postscale as
-    in ``Communicator.allreduce``."""
+    in ``Communicator.allreduce``. ``wire``: a wire format ("bfloat16",
+    "float16", "float8_e4m3", "float8_e5m2"; sum and average of float32
+    leaves, and bfloat16/float16 leaves for the float8 formats): the leaves
+    cross the network in it, summed in float32 and rounded once
+    (docs/GUIDE.md section 2.15); ``residual``: a ``gs.ErrorFeedback`` kept
+    from step to step (its float32 residuals are host arrays: a JAX array
+    cannot be written in place), or a list of float32 NumPy arrays, one per
+    leaf in ``jax.tree_util.tree_leaves`` order."""
     comm = default_communicator(comm)
     leaves, treedef, paths = _leaves(x, "x")
     outs = comm._checked(lambda: _new_like(leaves, paths))  # a bad leaf: others fail too
+    if residual is not None and hasattr(residual, "residuals"):
+        residual = comm._checked(lambda: residual.residuals(leaves))
     _named(paths, comm.handle.allreduce, leaves, outs, op, float(prescale), float(postscale),
-           adasum)
+           adasum, wire, residual)
     return _answer(treedef, outs)
 
 

@@ -114,6 +114,36 @@ def test_allreduce(dtype, op, small_comm, zero_copy):
         blk.same(got)
 
 
+@pytest.mark.parametrize("wire", ["bfloat16", "float8_e4m3"])
+def test_allreduce_wire_matches_the_numpy_path(wire, small_comm):
+    """gsj.allreduce(..., wire=) is the communicator's wire allreduce on the
+    leaves: bit for bit what comm.allreduce gives on the same float32 NumPy
+    arrays, two steps with error feedback (each path its own ErrorFeedback),
+    and the residuals agree too. The float64 error bound is test_wire.py's."""
+    comm = small_comm
+    with collectively() as blk:
+        ef_jax, ef_np = gs.ErrorFeedback(), gs.ErrorFeedback()
+        got = []
+        for step in range(2):
+            x = tree_of(comm.rank, np.float32, ("wire", step), normal)
+            out = gsj.allreduce(x, comm, op="average", wire=wire, residual=ef_jax)
+            check_jax(out, x)
+            ref = comm.allreduce(np_leaves(x), "average", wire=wire, residual=ef_np)
+            for i, (g, r) in enumerate(zip(np_leaves(out), ref)):
+                assert g.tobytes() == r.tobytes(), (step, i)
+            got += np_leaves(out)
+        for a, b in zip(ef_jax.state, ef_np.state):
+            assert a.tobytes() == b.tobytes()
+        blk.same(got)
+
+
+def test_allreduce_wire_refuses_max(comm):
+    x = {"w": jnp.ones(5, jnp.float32)}
+    with pytest.raises(gs.ArgumentError, match="wire"):
+        gsj.allreduce(x, comm, op="max", wire="bfloat16")
+    comm.barrier()
+
+
 @pytest.mark.parametrize("dtype", FLOATS, ids=lambda d: np.dtype(d).name)
 def test_allreduce_prescale_postscale(dtype, comm):
     x = [jnp.asarray(normal(comm.rank, (33,), dtype, "scale"))]
