@@ -58,7 +58,7 @@ tests/c/bin/%: tests/c/%.c $(LIB) tests/c/gs_test.h
 	    -Lpyx/gradsync -lgradsync -Wl,-rpath,$(CURDIR)/pyx/gradsync -lm
 
 # test_wire_kernels includes the converters' source itself (they are static)
-tests/c/bin/test_wire_kernels: src/kernels/cpu_wire.c src/kernels/gs_kernels.h src/base/half.h
+tests/c/bin/test_wire_kernels: src/kernels/cpu_wire.c src/kernels/gs_kernels.h src/kernels/wire_format.h src/base/half.h
 
 # The CUDA kernels' per-thread code on the host, against the host kernels
 # (no GPU, no MPI).

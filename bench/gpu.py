@@ -18,6 +18,9 @@ timed with CUDA events on the current stream (host clock on the CPU).
   latency      allreduce latency from 4 B to 1 MiB, gradsync against
                torch.distributed NCCL in the same run, median of many calls
                (bench.gpu_latency). Needs one GPU per rank (2+).
+  wire         the wire allreduce's kernels at one rank over ResNet-50's list
+               (bench.gpu_wire): time per wire format and its bandwidth as a
+               fraction of a device copy's.
   train        a ResNet-50 training step (bench.gpu_train):
                DistributedOptimizer vs torch DDP over gloo vs no
                communication, at 2+ ranks (on one GPU: the staged MPI path),
@@ -51,7 +54,7 @@ from bench.rendezvous import init_process_group
 from gradsync.bench.data import load_shapes
 from gradsync.bench.output import write_json
 
-SECTIONS = ("accumulate", "bert", "allreduce", "train", "latency")
+SECTIONS = ("accumulate", "bert", "allreduce", "train", "latency", "wire")
 
 
 # --------------------------------------------------------------- timing
@@ -353,6 +356,11 @@ def section(name, args, comm, world, dev, clock, dist, log):
                                f"{torch.cuda.device_count()} GPU(s)"}
         group = dist.new_group(backend="nccl") if dev.type == "cuda" else None
         return bench_allreduce(comm, dev, shapes, clock, dist, group)
+    if name == "wire":
+        from bench.gpu_wire import bench_wire
+        shapes = load_shapes("resnet50")[0]
+        return bench_wire(comm, dev, shrink(shapes) if args.dry_run else shapes, clock) \
+            if comm.size == 1 else {"skipped": "one rank: the kernels, not the exchange"}
     if name == "latency":
         if dev.type == "cuda" and comm.size > torch.cuda.device_count():
             return {"skipped": f"NCCL needs one GPU per rank: {comm.size} ranks, "

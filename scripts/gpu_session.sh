@@ -20,6 +20,13 @@
 #   bench        bench.gpu: accumulate_ vs copy, BERT-base list,
 #                ResNet-50 allreduce vs torch.distributed NCCL (1 rank)
 # Also (not in all): pytest_np2, racecheck, bench_train (2-rank training).
+# GROUP wire (issue 32, item 5: the wire allreduce on CUDA memory):
+#   visible pytest_np1, then
+#   wire_np2     tests/gpu/test_device_wire.py at 2 ranks on the GPU (MPI device path)
+#   wire_nccl    the same and test_device_exchange.py at 2 ranks over NCCL on one
+#                GPU (NCCL_MULTI_RANK_GPU_ENABLE=1; the grouped send/receive)
+#   wire_memcheck compute-sanitizer memcheck on test_device_wire.py at 1 rank
+#   wire_bench   bench.gpu --only wire: the kernels' time and bandwidth
 #
 # Each step runs under its own timeout and keeps its log; a failing step
 # never stops the next. A step's timeout is its cap, cut so the steps after
@@ -109,7 +116,12 @@ plan bench 90 40
 plan pytest_np2 150 40
 plan racecheck 150 40
 plan bench_train 200 90
+plan wire_np2 90 30
+plan wire_nccl 90 30
+plan wire_memcheck 120 40
+plan wire_bench 70 30
 ALL="visible c_np1 c_np2 pytest_np1 memcheck initcheck nccl_shared probes bench"
+WIRE="visible pytest_np1 wire_np2 wire_nccl wire_bench wire_memcheck"
 if [ "$DRY" = 1 ]; then # proves the script: each step a few seconds
   for k in "${!CAP[@]}"; do
     CAP[$k]=${GS_DRY_CAP:-60}
@@ -311,6 +323,19 @@ $([ "$DRY" = 1 ] && echo --dry-run --timeout 12 || echo --timeout 35)" ;;
     bench) step bench "$rest" "$MPIEXEC -n 1 $PY -m bench.gpu \
 --only accumulate,bert,allreduce --max-seconds 15 --json $STATE/bench_np1.json \
 $([ "$DRY" = 1 ] && echo --dry-run)" ;;
+    wire_np2) step wire_np2 "$rest" "$MPIEXEC -n 2 $PYTEST tests/gpu/test_device_wire.py" ;;
+    wire_nccl) step wire_nccl "$rest" "NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PYTEST \
+tests/gpu/test_device_wire.py tests/gpu/test_device_exchange.py && \
+NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PY -c 'import gradsync as g, numpy as np; \
+c = g.Communicator(); x = g.to_device(np.ones(4, np.float32)); c.allreduce_(x, wire=\"bfloat16\"); \
+print(\"device transport\", c.device_transport, x.numpy())'" ;;
+    wire_memcheck)
+      if [ -z "$SANITIZER" ]; then skip_step wire_memcheck "compute-sanitizer not found"; else
+        step wire_memcheck "$rest" "$MPIEXEC -n 1 $SANITIZER --tool memcheck --error-exitcode 3 \
+--print-limit 50 $PY -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider tests/gpu/test_device_wire.py -k 'not large'"
+      fi ;;
+    wire_bench) step wire_bench "$rest" "$MPIEXEC -n 1 $PY -m bench.gpu --only wire \
+--max-seconds 10 --json $STATE/bench_np1.json $([ "$DRY" = 1 ] && echo --dry-run)" ;;
     bench_train) step bench_train "$rest" "$MPIEXEC -n 2 $PY -m bench.gpu --only train \
 --max-seconds 90 --json $STATE/bench_np2.json --trace-dir $STATE/traces \
 $([ "$DRY" = 1 ] && echo --dry-run)" ;;
@@ -341,6 +366,7 @@ expand() {
   for w in "$@"; do
     case $w in
       all) echo $ALL ;;
+      wire) echo $WIRE ;;
       *) echo "$w" ;;
     esac
   done

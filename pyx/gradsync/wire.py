@@ -10,9 +10,25 @@ that stays bounded instead of adding up.
 """
 import numpy as np
 
-from gradsync._core import WIRES, ArgumentError
+from gradsync._core import WIRES, ArgumentError, to_device
 
 __all__ = ["ErrorFeedback", "WIRES"]
+
+
+_DLPACK_CUDA = 2
+
+
+def _zeros_like_memory(t, n):
+    """n float32 zeros in t's memory: host (NumPy), or t's CUDA device (a
+    torch tensor for a torch tensor, else a gs.DeviceArray)."""
+    where = getattr(t, "__dlpack_device__", None)
+    kind, index = where() if callable(where) else (1, 0)
+    if kind != _DLPACK_CUDA:
+        return np.zeros(n, np.float32)
+    if type(t).__module__.split(".")[0] == "torch":
+        import torch
+        return torch.zeros(n, dtype=torch.float32, device=t.device)
+    return to_device(np.zeros(n, np.float32), int(index))
 
 
 def _count(t):
@@ -36,11 +52,11 @@ class ErrorFeedback:
         arrays = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
         counts = [_count(t) for t in arrays]
         if self._residuals is None:
-            self._residuals = [np.zeros(n, np.float32) for n in counts]
-        elif [r.size for r in self._residuals] != counts:
+            self._residuals = [_zeros_like_memory(t, n) for t, n in zip(arrays, counts)]
+        elif [_count(r) for r in self._residuals] != counts:
             raise ArgumentError(
                 "residual: this ErrorFeedback holds residuals for element counts "
-                f"{[r.size for r in self._residuals]}, not {counts}; use one ErrorFeedback "
+                f"{[_count(r) for r in self._residuals]}, not {counts}; use one ErrorFeedback "
                 "per list of tensors, or reset() it", 1)
         return self._residuals if isinstance(tensors, (list, tuple)) else self._residuals[0]
 

@@ -2,7 +2,9 @@
  *
  *   host memory        MPI's own collective while counts fit int (x->native),
  *                      else pairwise exchanges in chunks (the transport's exchange)
- *   CUDA, NCCL path    pairwise NCCL send/recv on gradsync's stream
+ *   CUDA, NCCL path    alltoallv: every send and receive in one NCCL group;
+ *                      gatherv, scatterv: pairwise NCCL send/recv, all on
+ *                      gradsync's stream
  *   CUDA-aware MPI     the host algorithm on the device pointers, once the
  *                      stream has drained
  *   CUDA, staged       the host algorithm on pinned copies
@@ -38,6 +40,16 @@ static gs_status_t pairwise_alltoallv(const gs_engine_t *e, gs_exchange_fn exch,
     else GS_CHECK(exch(c, s, x->scounts[peer], r, x->rcounts[peer], x->dtype, peer));
   }
   return GS_SUCCESS;
+}
+
+/* Every peer at once through the transport (NCCL: one group), the own
+ * block copied here. */
+static gs_status_t grouped_alltoallv(const gs_engine_t *e, const gs_xfer_t *x) {
+  int me = e->comm->rank;
+  GS_CHECK(local_copy(e, x->dtype, gs_at(x->recv, bytes_at(x, x->rdispls[me])),
+                      gs_at(x->send, bytes_at(x, x->sdispls[me])), x->scounts[me]));
+  return e->transport->alltoallv(e->comm, x->send, x->scounts, x->sdispls, x->recv, x->rcounts,
+                                 x->rdispls, x->dtype);
 }
 
 static gs_status_t pairwise_gatherv(const gs_engine_t *e, gs_exchange_fn exch, const gs_xfer_t *x) {
@@ -95,12 +107,38 @@ static void totals(gs_comm_t c, kind_t kind, const gs_xfer_t *x, int64_t *sent, 
   }
 }
 
+/* Elements from the buffer's start to the end of its last block. */
+static int64_t extent(const int64_t *counts, const int64_t *displs, int p) {
+  int64_t end = 0;
+  for (int r = 0; r < p; r++)
+    if (counts[r] && displs[r] + counts[r] > end) end = displs[r] + counts[r];
+  return end;
+}
+
+/* How far into send and recv the blocks reach (blocks may repeat or leave
+ * gaps: the wire allreduce sends one block to every peer). */
+static void extents(gs_comm_t c, kind_t kind, const gs_xfer_t *x, int64_t *sent,
+                    int64_t *received) {
+  int root = c->rank == x->root, p = c->size;
+  *sent = *received = 0;
+  if (kind == KIND_GATHERV) {
+    *sent = x->scount;
+    if (root) *received = extent(x->rcounts, x->rdispls, p);
+  } else if (kind == KIND_SCATTERV) {
+    *received = x->rcount;
+    if (root) *sent = extent(x->scounts, x->sdispls, p);
+  } else {
+    *sent = extent(x->scounts, x->sdispls, p);
+    *received = extent(x->rcounts, x->rdispls, p);
+  }
+}
+
 /* Device memory through pinned host copies: inputs down, the host algorithm
- * on the copies, outputs up. */
+ * on the copies, outputs up (each buffer's span of blocks, offsets kept). */
 static gs_status_t staged_run(const gs_engine_t *e, kind_t kind, const gs_xfer_t *x) {
   gs_comm_t c = e->comm;
   int64_t sent, received;
-  totals(c, kind, x, &sent, &received);
+  extents(c, kind, x, &sent, &received);
   size_t sbytes = (bytes_at(x, sent) + 63) & ~(size_t)63;
   GS_CHECK(gs_cu_grow_pinned(&c->pinned, &c->pinned_bytes, sbytes + bytes_at(x, received) + 64,
                              e->stream));
@@ -122,8 +160,10 @@ static gs_status_t run(const gs_engine_t *e, kind_t kind, const gs_xfer_t *x) {
   gs_status_t s;
   if (!gs_engine_on_device(e)) {
     s = host_run(e, kind, e->transport->exchange, x);
+  } else if (c->dev_path == GS_PATH_NCCL && kind == KIND_ALLTOALLV && e->transport->alltoallv) {
+    s = grouped_alltoallv(e, x);
   } else if (c->dev_path == GS_PATH_NCCL) {
-    gs_xfer_t pairwise = *x; /* NCCL has no alltoallv/gatherv/scatterv of its own */
+    gs_xfer_t pairwise = *x; /* NCCL has no gatherv/scatterv of its own */
     pairwise.native = 0;
     s = host_run(e, kind, e->transport->exchange, &pairwise);
   } else if (c->dev_path == GS_PATH_CUDA_AWARE) {

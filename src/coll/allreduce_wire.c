@@ -1,5 +1,6 @@
 /* Allreduce in a low-precision wire format: the call's checks, and per
  * message the float32 work buffer around transport/wire.c's exchange. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -16,16 +17,29 @@ static int wire_takes(gs_wire_t wire, gs_dtype_t dtype) {
   return dtype == GS_FLOAT32 || (fp8 && (dtype == GS_FLOAT16 || dtype == GS_BFLOAT16));
 }
 
+static int same_memory(gs_device_t a, gs_device_t b) {
+  int cuda_a = a.kind == GS_DEVICE_CUDA, cuda_b = b.kind == GS_DEVICE_CUDA;
+  return cuda_a == cuda_b && (!cuda_a || a.id == b.id);
+}
+
+static const char *memory_name(gs_device_t d, char name[32]) {
+  if (d.kind != GS_DEVICE_CUDA) return "host memory";
+  snprintf(name, 32, "CUDA device %d", d.id);
+  return name;
+}
+
 static gs_status_t check_residual(const gs_coll_t *d, const gs_tensor_t *res) {
   GS_CHECK(gs_check_tensors(d->fn, "residual", res, d->n));
+  char a[32], b[32];
   for (int64_t i = 0; i < d->n; i++) {
     if (res[i].dtype != GS_FLOAT32 || res[i].count != d->in[i].count ||
-        res[i].device.kind == GS_DEVICE_CUDA)
+        !same_memory(res[i].device, d->in[i].device))
       return gs_fail(GS_ERR_INVALID_ARGUMENT,
-                     "%s: residual[%lld] must be float32 host memory of in[%lld]'s count (%lld); "
-                     "it is %s, %lld elements",
+                     "%s: residual[%lld] must be float32 of in[%lld]'s count (%lld) in the same "
+                     "memory (%s); it is %s, %lld elements, in %s",
                      d->fn, (long long)i, (long long)i, (long long)d->in[i].count,
-                     gs_dtype_name(res[i].dtype), (long long)res[i].count);
+                     memory_name(d->in[i].device, a), gs_dtype_name(res[i].dtype),
+                     (long long)res[i].count, memory_name(res[i].device, b));
   }
   return gs_check_disjoint(d->fn, d->in, res, d->n);
 }
@@ -44,10 +58,6 @@ static gs_status_t wire_check(gs_comm_t c, gs_coll_t *d) {
                    "%s: op %s does not take wire %s; a wire format sums (op sum or average)", d->fn,
                    gs_op_name(d->op), gs_wire_name(w->wire));
   for (int64_t i = 0; i < d->n; i++) {
-    if (d->in[i].device.kind == GS_DEVICE_CUDA)
-      return gs_fail(GS_ERR_UNSUPPORTED,
-                     "%s: in[%lld] is CUDA memory; wire %s runs on host memory in this version",
-                     d->fn, (long long)i, gs_wire_name(w->wire));
     if (!wire_takes(w->wire, d->in[i].dtype))
       return gs_fail(GS_ERR_TYPE,
                      "%s: in[%lld] is %s, which wire %s does not take (float32 tensors; "
@@ -88,6 +98,12 @@ static gs_status_t wire_message(const gs_engine_t *e, const gs_plan_t *plan, con
                                 gs_coll_t *d) {
   wire_call_t *w = d->extra;
   const gs_tensor_t *out = d->out ? d->out : d->in;
+  if (gs_engine_on_device(e)) {
+    double t0 = GS_TL_START();
+    GS_CHECK(gs_wire_device_message(e, plan, m, d->in, out, w->residual, w->wire, d->pre, d->post));
+    GS_TL_END("communicate (wire)", e->call, 1 + (m - plan->msgs), t0, m->count * 4);
+    return GS_SUCCESS;
+  }
   void *ibase = NULL, *obase = NULL, *buf = NULL;
   int icontig = gs_plan_contiguous(plan, m, d->in, &ibase);
   int ocontig = gs_plan_contiguous(plan, m, out, &obase);

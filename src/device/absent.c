@@ -129,6 +129,15 @@ gs_status_t gs_cu_elementwise(gs_cu_mode_t m, const gs_cu_run_t *r, int64_t n, d
   (void)s;
   return absent("gradsync: CUDA kernel");
 }
+gs_status_t gs_cu_wire_pass(gs_cu_wire_pass_t p, gs_cu_wire_job_t j, const void *src, void *dst,
+                            void *s) {
+  (void)p;
+  (void)j;
+  (void)src;
+  (void)dst;
+  (void)s;
+  return absent("gradsync: CUDA kernel");
+}
 gs_status_t gs_cu_nonfinite(const gs_tensor_t *t, int64_t n, int *bad, void *s) {
   (void)t;
   (void)n;

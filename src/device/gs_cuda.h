@@ -168,6 +168,13 @@ gs_status_t gs_cu_adasum_combine(gs_dtype_t dtype, const void *a, const void *b,
                                  const int64_t *start, const int64_t *count, const double *coef,
                                  int64_t n, void *stream);
 
+/* One pass of the wire allreduce (gs_cu_launch_wire_*) over job.runs, a
+ * host array: encode (dst: packed), reduce (src: received shards, dst:
+ * packed) or decode (src: gathered shards). */
+typedef enum { GS_CU_WIRE_ENCODE, GS_CU_WIRE_REDUCE, GS_CU_WIRE_DECODE } gs_cu_wire_pass_t;
+gs_status_t gs_cu_wire_pass(gs_cu_wire_pass_t pass, gs_cu_wire_job_t job, const void *src,
+                            void *dst, void *stream);
+
 /* ---- the gradient kernels on CUDA memory (device_kernels.c) -------------------
  * On the calling thread's work stream, no host wait (gs_all_finite reads
  * its answer, polling). Arguments are checked by kernels.c. */

@@ -199,4 +199,24 @@ gs_status_t gs_cu_adasum_combine(gs_dtype_t dtype, const void *a, const void *b,
   return s;
 }
 
+/* The wire allreduce's passes: the runs (host) go up through the ring. */
+gs_status_t gs_cu_wire_pass(gs_cu_wire_pass_t pass, gs_cu_wire_job_t job, const void *src,
+                            void *dst, void *stream) {
+  if (job.n == 0) return GS_SUCCESS;
+  part_t parts[1] = {{job.runs, (size_t)job.nruns * sizeof *job.runs}};
+  table_t t;
+  void *dev[1];
+  GS_CHECK(gs_cu_table_open(parts_bytes(parts, 1), stream, &t));
+  gs_status_t s = upload(&t, parts, 1, dev, stream);
+  job.runs = dev[0];
+  if (s == GS_SUCCESS) {
+    int e = pass == GS_CU_WIRE_ENCODE   ? gs_cu_launch_wire_encode(job, dst, stream)
+            : pass == GS_CU_WIRE_REDUCE ? gs_cu_launch_wire_reduce(job, src, dst, stream)
+                                        : gs_cu_launch_wire_decode(job, src, stream);
+    s = gs_cu_launched(e, "gradsync: wire kernel launch");
+  }
+  gs_status_t c = gs_cu_table_close(&t, stream);
+  return s == GS_SUCCESS ? c : s;
+}
+
 #endif

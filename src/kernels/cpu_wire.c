@@ -1,40 +1,22 @@
 /* Low-precision wire formats (gs_allreduce_wire): encoding float32 values
- * for the wire and decoding them back, on the host.
- *
- * bfloat16 and float16 are element by element (half.h's round to nearest
- * even). The float8 formats carry one power-of-two scale per block of
- * GS_WIRE_BLOCK elements, as the OCP MX formats do: a shard of n elements
- * is ceil(n / 32) scale bytes (E8M0: 2^(byte - 127)), then n element bytes.
- * A block's scale is the smallest power of two that brings its largest
- * finite magnitude within the format's largest finite value, so no finite
- * element saturates (docs/DECISIONS.md). Elements convert as ml_dtypes'
- * float8_e4m3fn and float8_e5m2 do: round to nearest even, NaN stays NaN,
- * an infinity is NaN in e4m3 (which has none) and infinity in e5m2. */
+ * for the wire and decoding them back, on the host. The element arithmetic
+ * and the layout are wire_format.h's, shared with the CUDA kernels. */
 #include <math.h>
 #include <pthread.h>
 #include <string.h>
 
 #include "kernels/gs_kernels.h"
-#include "base/half.h"
+#include "kernels/wire_format.h"
 
-typedef struct fp8_format {
-  int mbits, bias, emax; /* emax: the largest finite value's exponent */
-  double max;            /* the largest finite value */
-  uint8_t nan, inf;      /* inf: 0 when the format has none (NaN then) */
-  uint8_t max_code;      /* the largest finite value's bits, sign aside */
-} fp8_format_t;
+typedef gs_fp8_format_t fp8_format_t;
 
-static const fp8_format_t e4m3 = {3, 7, 8, 448.0, 0x7f, 0, 0x7e};
-static const fp8_format_t e5m2 = {2, 15, 15, 57344.0, 0x7e, 0x7c, 0x7b};
+static const fp8_format_t e4m3 = GS_FP8_E4M3, e5m2 = GS_FP8_E5M2;
 
 static const fp8_format_t *fp8(gs_wire_t wire) {
   return wire == GS_WIRE_FLOAT8_E4M3 ? &e4m3 : wire == GS_WIRE_FLOAT8_E5M2 ? &e5m2 : NULL;
 }
 
-int64_t gs_wire_bytes(gs_wire_t wire, int64_t count) {
-  if (fp8(wire)) return count + (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
-  return 2 * count;
-}
+int64_t gs_wire_bytes(gs_wire_t wire, int64_t count) { return gs_wire_shard_bytes(wire, count); }
 
 /* One value to float8, round to nearest even; beyond the largest finite
  * value (after rounding) it is infinity, or NaN in a format without one.
@@ -58,48 +40,9 @@ __attribute__((unused)) static uint8_t to_fp8(const fp8_format_t *f, double v) {
   return sign | (uint8_t)(((e + f->bias) << f->mbits) | ((int)q - (1 << f->mbits)));
 }
 
-/* to_fp8 on float32's bits, the encoder's path (to_fp8 is its reference
- * in tests/c/test_wire_kernels.c, which includes this file): a normal
- * result rounds the significand to nearest even by integer addition; a
- * subnormal one by adding a float whose ulp is the format's subnormal step,
- * which makes the FPU round (to nearest even, the default mode). */
-static inline uint8_t to_fp8_bits(const fp8_format_t *f, float v) {
-  uint32_t u;
-  memcpy(&u, &v, sizeof u);
-  uint8_t sign = (uint8_t)((u >> 24) & 0x80);
-  u &= 0x7fffffffu;
-  if (u > 0x7f800000u) return sign | f->nan;
-  if (u == 0x7f800000u) return sign | (f->inf ? f->inf : f->nan);
-  int shift = 23 - f->mbits;
-  uint32_t min_normal = (uint32_t)(128 - f->bias) << 23; /* 2^(1 - bias) */
-  uint32_t code;
-  if (u < min_normal) {
-    uint32_t magic_bits = (uint32_t)(128 - f->bias - f->mbits + 23) << 23;
-    float magic, a, sum;
-    memcpy(&magic, &magic_bits, sizeof magic);
-    memcpy(&a, &u, sizeof a);
-    sum = a + magic;
-    uint32_t sum_bits;
-    memcpy(&sum_bits, &sum, sizeof sum_bits);
-    code = sum_bits - magic_bits; /* steps of 2^(1 - bias - mbits); 1 << mbits is the min normal */
-  } else {
-    u += ((1u << (shift - 1)) - 1) + ((u >> shift) & 1);
-    code = (u >> shift) - ((uint32_t)(127 - f->bias) << f->mbits);
-    if (code > f->max_code) return sign | (f->inf ? f->inf : f->nan);
-  }
-  return sign | (uint8_t)code;
-}
-
-static float from_fp8(const fp8_format_t *f, uint8_t b) {
-  int exp = (b & 0x7f) >> f->mbits, man = b & ((1 << f->mbits) - 1);
-  int top = (1 << (7 - f->mbits)) - 1;
-  float v;
-  if ((b & 0x7f) == f->nan || (f->inf && exp == top && man)) v = NAN;
-  else if (f->inf && (b & 0x7f) == f->inf) v = INFINITY;
-  else if (exp == 0) v = ldexpf((float)man, 1 - f->bias - f->mbits);
-  else v = ldexpf((float)(man + (1 << f->mbits)), exp - f->bias - f->mbits);
-  return (b & 0x80) ? -v : v;
-}
+/* The encoder's conversion, under the name test_wire_kernels.c checks. */
+static inline uint8_t to_fp8_bits(const fp8_format_t *f, float v) { return gs_to_fp8_bits(f, v); }
+static float from_fp8(const fp8_format_t *f, uint8_t b) { return gs_from_fp8(f, b); }
 
 /* Decoding by table: 256 values per format, made once. */
 static float e4m3_table[256], e5m2_table[256];
@@ -115,19 +58,12 @@ static const float *fp8_table(gs_wire_t wire) {
   return wire == GS_WIRE_FLOAT8_E4M3 ? e4m3_table : e5m2_table;
 }
 
-/* The block's scale exponent: the smallest s with max|x| * 2^-s <= max
- * (finite elements only), within E8M0's [-127, 127]; 0 for a block of
- * zeros and non-finite values. */
+/* The block's scale exponent (gs_wire_scale_exponent of its largest
+ * finite magnitude). */
 static int block_scale(const fp8_format_t *f, const float *x, int64_t n) {
   float m = 0;
-  for (int64_t i = 0; i < n; i++) {
-    float a = fabsf(x[i]);
-    if (a > m && a != INFINITY) m = a; /* NaN fails the comparison */
-  }
-  if (m == 0) return 0;
-  int s = ilogbf(m) - f->emax;
-  if (ldexp((double)m, -s) > f->max) s++;
-  return s < -127 ? -127 : s;
+  for (int64_t i = 0; i < n; i++) m = fmaxf(m, gs_wire_magnitude(x[i]));
+  return gs_wire_scale_exponent(f, m);
 }
 
 /* One shard of float8: its scales, then its elements. `lost` as for
@@ -148,8 +84,7 @@ static void encode_fp8(gs_wire_t wire, const float *x, int64_t count, uint8_t *d
     for (int64_t i = lo; i < lo + n; i++) {
       elems[i] = to_fp8_bits(f, x[i] * down);
       if (lost) {
-        float q = table[elems[i]] * up;
-        lost[i] += isfinite(q) ? x[i] - q : 0.0f;
+        lost[i] += gs_wire_lost(x[i], table[elems[i]] * up);
       }
     }
   }
@@ -165,8 +100,7 @@ void gs_wire_encode(gs_wire_t wire, const float *src, int64_t count, void *dst, 
   for (int64_t i = 0; i < count; i++) {
     h[i] = bf ? gs_float_to_bf16(src[i]) : gs_float_to_half(src[i]);
     if (lost) {
-      float q = bf ? gs_bf16_to_float(h[i]) : gs_half_to_float(h[i]);
-      lost[i] += isfinite(q) ? src[i] - q : 0.0f;
+      lost[i] += gs_wire_lost(src[i], bf ? gs_bf16_to_float(h[i]) : gs_half_to_float(h[i]));
     }
   }
 }

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include "kernels/cuda_pieces.cuh"
+#include "kernels/cuda_wire_pieces.cuh"
 #include "kernels/gs_kernels.h"
 
 namespace {
@@ -138,6 +139,50 @@ __global__ void order_keys_kernel(int dtype, bool max, bool inverse, const void 
 
 int launched() { return (int)cudaGetLastError(); }
 
+/* The wire allreduce: warp w of the grid takes block w of 32 elements
+ * (cuda_wire_pieces.cuh); a float8 block's largest magnitude is a max
+ * across the warp (exact, so any order gives the host's value). */
+constexpr int kWarps = kThreads / 32;
+
+__device__ inline float warp_max(float m) {
+  for (int k = 16; k > 0; k /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, k));
+  return m;
+}
+
+__device__ inline int64_t warp_block() {
+  return (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
+}
+
+__global__ void wire_encode_kernel(gs_cu_wire_job_t j, uint8_t *packed, int64_t nblocks) {
+  int64_t b = warp_block();
+  if (b >= nblocks) return; /* the whole warp */
+  int lane = threadIdx.x % 32;
+  float x;
+  float m = warp_max(gs_wire_pieces::encode_load(j, b, lane, &x));
+  gs_wire_pieces::encode_store(j, packed, b, lane, x, m);
+}
+
+__global__ void wire_reduce_kernel(gs_cu_wire_job_t j, const uint8_t *recv, uint8_t *packed,
+                                   int64_t nblocks) {
+  int64_t b = warp_block();
+  if (b >= nblocks) return;
+  int lane = threadIdx.x % 32;
+  float acc;
+  float m = warp_max(gs_wire_pieces::reduce_load(j, recv, b, lane, &acc));
+  gs_wire_pieces::reduce_store(j, packed, b, lane, acc, m);
+}
+
+__global__ void wire_decode_kernel(gs_cu_wire_job_t j, const uint8_t *gathered, int64_t nblocks) {
+  int64_t b = warp_block();
+  if (b < nblocks) gs_wire_pieces::decode_lane(j, gathered, b, threadIdx.x % 32);
+}
+
+/* Grid for `nblocks` wire blocks (segments are at most 2^23 elements, so
+ * the grid stays far below its limit). */
+inline unsigned wire_grid(int64_t nblocks) { return (unsigned)((nblocks + kWarps - 1) / kWarps); }
+
+inline int64_t wire_blocks(int64_t n) { return (n + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK; }
+
 /* Launches `launch(blocks, first_item)` in chunks of at most 2^31-1 blocks
  * (gridDim.x's limit). */
 template <class Launch>
@@ -204,10 +249,39 @@ extern "C" int gs_cu_launch_order_keys(int dtype, int max, int inverse, const vo
   return launched();
 }
 
+extern "C" int gs_cu_launch_wire_encode(gs_cu_wire_job_t job, void *packed, void *stream) {
+  int64_t nb = wire_blocks(job.n);
+  if (nb == 0) return 0;
+  wire_encode_kernel<<<wire_grid(nb), kThreads, 0, (cudaStream_t)stream>>>(job, (uint8_t *)packed,
+                                                                          nb);
+  return launched();
+}
+
+extern "C" int gs_cu_launch_wire_reduce(gs_cu_wire_job_t job, const void *recv, void *packed,
+                                        void *stream) {
+  int64_t first, count;
+  gs_wire_shard(job.n, job.p, job.rank, &first, &count);
+  int64_t nb = wire_blocks(count);
+  if (nb == 0) return 0;
+  wire_reduce_kernel<<<wire_grid(nb), kThreads, 0, (cudaStream_t)stream>>>(
+      job, (const uint8_t *)recv, (uint8_t *)packed, nb);
+  return launched();
+}
+
+extern "C" int gs_cu_launch_wire_decode(gs_cu_wire_job_t job, const void *gathered, void *stream) {
+  int64_t nb = wire_blocks(job.n);
+  if (nb == 0) return 0;
+  wire_decode_kernel<<<wire_grid(nb), kThreads, 0, (cudaStream_t)stream>>>(
+      job, (const uint8_t *)gathered, nb);
+  return launched();
+}
+
 extern "C" int gs_cu_load_kernels(void) {
   const void *kernels[] = {(const void *)elementwise_kernel, (const void *)nonfinite_kernel,
                            (const void *)dots_kernel,        (const void *)dots_finish_kernel,
-                           (const void *)combine_kernel,     (const void *)order_keys_kernel};
+                           (const void *)combine_kernel,     (const void *)order_keys_kernel,
+                           (const void *)wire_encode_kernel, (const void *)wire_reduce_kernel,
+                           (const void *)wire_decode_kernel};
   for (const void *k : kernels) {
     cudaFuncAttributes attr;
     cudaError_t e = cudaFuncGetAttributes(&attr, k);

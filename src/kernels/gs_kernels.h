@@ -109,6 +109,35 @@ int gs_cu_launch_combine(int dtype, const void *a, const void *b, void *out,
  * inverse, keys -> floats. */
 int gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src, void *dst,
                             int64_t count, void *stream);
+/* The wire allreduce's passes over one segment of a message on CUDA memory
+ * (transport/wire.c's algorithm; wire_format.h's layout and arithmetic, so
+ * a device has the host's bits). Warp w of the grid takes block w of 32
+ * elements. */
+typedef struct gs_cu_wire_run {
+  const void *in;              /* the tensor's elements (the job's dtype) */
+  void *out;                   /* where its result goes (may be in) */
+  float *residual;             /* error feedback (NULL: none) */
+  int64_t offset, count;       /* segment elements [offset, offset + count) */
+} gs_cu_wire_run_t;
+
+typedef struct gs_cu_wire_job {
+  const gs_cu_wire_run_t *runs; /* device table: by offset, none empty, covering the segment */
+  int64_t nruns, n;             /* n: the segment's elements */
+  int32_t wire, dtype, p, rank;
+  float pre, post;              /* applied only when not 1 (the host's rule) */
+} gs_cu_wire_job_t;
+
+/* Every shard of the segment: input times pre, plus the residual, encoded
+ * into `packed` (the shards back to back); residual = what it lost. */
+int gs_cu_launch_wire_encode(gs_cu_wire_job_t job, void *packed, void *stream);
+/* This rank's shard: the p contributions in `recv` (rank q's at q times the
+ * shard's bytes) decoded and summed in rank order in float32, times post,
+ * encoded into its place in `packed`; the residual of each element gains
+ * the output's rounding divided by post. */
+int gs_cu_launch_wire_reduce(gs_cu_wire_job_t job, const void *recv, void *packed, void *stream);
+/* Every shard of `gathered` decoded into the runs' outputs (the job's dtype,
+ * rounded once). */
+int gs_cu_launch_wire_decode(gs_cu_wire_job_t job, const void *gathered, void *stream);
 /* Loads every kernel above into the current context (cudaFuncGetAttributes
  * on each, as NCCL does for its own): under lazy loading (CUDA_MODULE_LOADING
  * =LAZY, the default since CUDA 12.2) a kernel is otherwise loaded at its

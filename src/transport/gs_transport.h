@@ -56,6 +56,13 @@ typedef struct gs_transport {
   gs_status_t (*allreduce_segments)(gs_comm_t, const struct gs_seg *in, const struct gs_seg *out,
                                     int64_t nseg, gs_dtype_t, gs_op_t, double pre, double post,
                                     int *taken);
+  /* May be NULL. Every peer's block of an alltoallv at once (NCCL: all the
+   * sends and receives in one group, run as one operation): scounts[r]
+   * elements at sdispls[r] go to rank r, rcounts[r] from it land at
+   * rdispls[r]; the own block is the caller's to copy. */
+  gs_status_t (*alltoallv)(gs_comm_t, const void *send, const int64_t *scounts,
+                           const int64_t *sdispls, void *recv, const int64_t *rcounts,
+                           const int64_t *rdispls, gs_dtype_t);
 } gs_transport_t;
 
 /* Host memory through MPI (transport_mpi.c). */

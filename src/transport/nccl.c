@@ -478,9 +478,33 @@ static gs_status_t nccl_exchange(gs_comm_t c, const void *sbuf, int64_t scount, 
   return GS_SUCCESS;
 }
 
+/* One group for every peer: NCCL schedules the sends and receives
+ * together, where pairwise groups would run one round after another. */
+static gs_status_t nccl_alltoallv(gs_comm_t c, const void *send, const int64_t *scounts,
+                                  const int64_t *sdispls, void *recv, const int64_t *rcounts,
+                                  const int64_t *rdispls, gs_dtype_t dtype) {
+  size_t es = gs_dtype_size(dtype);
+  NCCL_CALL(c, api.ncclGroupStart(), "ncclGroupStart");
+  ncclResult_t r = ncclSuccess;
+  for (int k = 1; k < c->size && (r == ncclSuccess || r == ncclInProgress); k++) {
+    int to = (c->rank + k) % c->size, from = (c->rank - k + c->size) % c->size;
+    if (scounts[to])
+      r = api.ncclSend((const char *)send + (size_t)sdispls[to] * es, (size_t)scounts[to],
+                       nccl_type(dtype), to, COMM(c), STREAM(c));
+    if ((r == ncclSuccess || r == ncclInProgress) && rcounts[from])
+      r = api.ncclRecv((char *)recv + (size_t)rdispls[from] * es, (size_t)rcounts[from],
+                       nccl_type(dtype), from, COMM(c), STREAM(c));
+  }
+  ncclResult_t g = api.ncclGroupEnd();
+  if (r != ncclSuccess && r != ncclInProgress) return settle(c, r, "ncclSend/ncclRecv (alltoallv)");
+  NCCL_CALL(c, g, "ncclGroupEnd (alltoallv)");
+  return GS_SUCCESS;
+}
+
 const gs_transport_t gs_nccl_transport = {
     "nccl",        nccl_allreduce, nccl_broadcast, nccl_allgatherv, nccl_reduce_scatter,
     nccl_exchange, nccl_poll,      abort_comm,     detail,          NULL,
+    nccl_alltoallv,
 };
 
 #else /* no NCCL header at build time */

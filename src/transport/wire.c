@@ -17,17 +17,9 @@
 #include <string.h>
 
 #include "transport/gs_transport.h"
+#include "kernels/wire_format.h"
 
 #define SEGMENT ((int64_t)GS_WIRE_BLOCK << 18) /* 8 Mi elements */
-
-/* Shard q of n elements over p ranks: whole blocks, balanced. */
-static void shard(int64_t n, int p, int q, int64_t *first, int64_t *count) {
-  int64_t nb = (n + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK, lo = nb / p, extra = nb % p;
-  int64_t b0 = q * lo + (q < extra ? q : extra), nbq = lo + (q < extra);
-  *first = b0 * GS_WIRE_BLOCK < n ? b0 * GS_WIRE_BLOCK : n;
-  int64_t end = (b0 + nbq) * GS_WIRE_BLOCK < n ? (b0 + nbq) * GS_WIRE_BLOCK : n;
-  *count = end - *first;
-}
 
 typedef struct wire_run {
   gs_comm_t c;
@@ -45,7 +37,7 @@ typedef struct wire_run {
 static gs_status_t scatter(wire_run_t *w, const float *x, int64_t n, float *lost) {
   int64_t first, count, at = 0;
   for (int q = 0; q < w->p; q++) {
-    shard(n, w->p, q, &first, &count);
+    gs_wire_shard(n, w->p, q, &first, &count);
     w->bytes[q] = (int)gs_wire_bytes(w->wire, count);
     w->displs[q] = (int)at;
     gs_wire_encode(w->wire, x + first, count, w->packed + at, lost ? lost + first : NULL);
@@ -68,7 +60,7 @@ static gs_status_t scatter(wire_run_t *w, const float *x, int64_t n, float *lost
  * its place among the packed shards; then the allgather and decoding. */
 static gs_status_t reduce_gather(wire_run_t *w, float *x, int64_t n, float *lost) {
   int64_t first, count;
-  shard(n, w->p, w->r, &first, &count);
+  gs_wire_shard(n, w->p, w->r, &first, &count);
   if (count > 0) {
     gs_wire_decode(w->wire, w->recv, count, w->acc);
     for (int q = 1; q < w->p; q++)
@@ -89,7 +81,7 @@ static gs_status_t reduce_gather(wire_run_t *w, float *x, int64_t n, float *lost
                                          MPI_BYTE, w->mc, &req),
                          &req, "allreduce (wire): MPI_Iallgatherv"));
   for (int q = 0; q < w->p; q++) {
-    shard(n, w->p, q, &first, &count);
+    gs_wire_shard(n, w->p, q, &first, &count);
     gs_wire_decode(w->wire, w->packed + w->displs[q], count, x + first);
   }
   return GS_SUCCESS;

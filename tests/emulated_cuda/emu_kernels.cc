@@ -13,6 +13,7 @@ extern "C" {
 #include "emu.h"
 }
 #include "kernels/cuda_pieces.cuh"
+#include "kernels/cuda_wire_pieces.cuh"
 #include "kernels/gs_kernels.h"
 
 extern "C" {
@@ -190,6 +191,69 @@ int queued(cudaError_t e, const char *what) {
   return (int)e;
 }
 
+// The wire allreduce's passes: the lanes of each 32-element block in turn,
+// the block's largest magnitude taken between the two steps as the kernel's
+// warp shuffle does. Every run, the packing and the residuals are checked
+// before anything is touched.
+enum WireKind { WIRE_ENCODE, WIRE_REDUCE, WIRE_DECODE };
+struct Wire {
+  WireKind kind;
+  gs_cu_wire_job_t job;
+  const uint8_t *src; // recv (reduce) or gathered (decode)
+  uint8_t *dst;       // packed (encode, reduce)
+};
+
+cudaError_t check_wire_runs(const Wire *k) {
+  const gs_cu_wire_job_t &j = k->job;
+  int64_t next = 0;
+  for (int64_t i = 0; i < j.nruns; i++) {
+    TRY(check_table(j.runs, i, "wire kernel: run"));
+    const gs_cu_wire_run_t &r = j.runs[i];
+    if (r.offset != next || r.count <= 0) return cudaErrorInvalidValue; // the host's contract
+    next += r.count;
+    if (k->kind == WIRE_ENCODE)
+      TRY(check_elems(r.in, 0, r.count, j.dtype, EMU_READ, "wire kernel: input"));
+    if (k->kind == WIRE_DECODE)
+      TRY(check_elems(r.out, 0, r.count, j.dtype, EMU_WRITE, "wire kernel: output"));
+    if (r.residual && k->kind != WIRE_DECODE)
+      TRY(check_elems(r.residual, 0, r.count, GS_FLOAT32, EMU_WRITE, "wire kernel: residual"));
+  }
+  return next == j.n ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+cudaError_t run_wire(void *arg) {
+  const Wire *k = (const Wire *)arg;
+  const gs_cu_wire_job_t &j = k->job;
+  TRY(check_wire_runs(k));
+  int64_t first, count, all = gs_wire_shard_bytes(j.wire, j.n);
+  gs_wire_shard(j.n, j.p, j.rank, &first, &count);
+  int64_t mine = gs_wire_shard_bytes(j.wire, count);
+  if (k->kind != WIRE_DECODE)
+    TRY(check_elems(k->dst, 0, all, GS_UINT8, EMU_WRITE, "wire kernel: packed shards"));
+  if (k->kind != WIRE_ENCODE)
+    TRY(check_elems(k->src, 0, k->kind == WIRE_REDUCE ? mine * j.p : all, GS_UINT8, EMU_READ,
+                    "wire kernel: received shards"));
+  int64_t nb = ((k->kind == WIRE_REDUCE ? count : j.n) + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
+  for (int64_t b = 0; b < nb; b++) {
+    float x[GS_WIRE_BLOCK], m = 0.0f;
+    for (int lane = 0; lane < GS_WIRE_BLOCK; lane++) {
+      if (k->kind == WIRE_ENCODE) m = fmaxf(m, gs_wire_pieces::encode_load(j, b, lane, &x[lane]));
+      if (k->kind == WIRE_REDUCE)
+        m = fmaxf(m, gs_wire_pieces::reduce_load(j, k->src, b, lane, &x[lane]));
+    }
+    for (int lane = 0; lane < GS_WIRE_BLOCK; lane++) {
+      if (k->kind == WIRE_ENCODE) gs_wire_pieces::encode_store(j, k->dst, b, lane, x[lane], m);
+      if (k->kind == WIRE_REDUCE) gs_wire_pieces::reduce_store(j, k->dst, b, lane, x[lane], m);
+      if (k->kind == WIRE_DECODE) gs_wire_pieces::decode_lane(j, k->src, b, lane);
+    }
+  }
+  return cudaSuccess;
+}
+// Distinct entry points (the kernel table names each kernel once).
+cudaError_t run_wire_encode(void *arg) { return run_wire(arg); }
+cudaError_t run_wire_reduce(void *arg) { return run_wire(arg); }
+cudaError_t run_wire_decode(void *arg) { return run_wire(arg); }
+
 // ---- module loading --------------------------------------------------------
 // Lazy loading, as the runtime does it since CUDA 12.2: a kernel is loaded
 // into a device's context by cudaFuncGetAttributes on it, or else at its
@@ -201,9 +265,11 @@ int queued(cudaError_t e, const char *what) {
 constexpr int kMaxDevices = 8;
 const void *const kKernels[] = {(const void *)run_elementwise, (const void *)run_nonfinite,
                                 (const void *)run_dots, (const void *)run_combine,
-                                (const void *)run_keys};
+                                (const void *)run_keys, (const void *)run_wire_encode,
+                                (const void *)run_wire_reduce, (const void *)run_wire_decode};
 constexpr int kKernelCount = (int)(sizeof kKernels / sizeof *kKernels);
-enum { K_ELEMENTWISE, K_NONFINITE, K_DOTS, K_COMBINE, K_KEYS };
+enum { K_ELEMENTWISE, K_NONFINITE, K_DOTS, K_COMBINE, K_KEYS, K_WIRE_ENCODE, K_WIRE_REDUCE,
+       K_WIRE_DECODE };
 long loads[kMaxDevices][kKernelCount]; // explicit loads (atomics)
 int lazy[kMaxDevices][kKernelCount];   // loaded by a launch
 int nccl_seen[kMaxDevices];            // NCCL work queued on the device
@@ -325,4 +391,31 @@ extern "C" int gs_cu_launch_order_keys(int dtype, int max, int inverse, const vo
   Keys k = {dtype, max, inverse, src, dst, count};
   return queued(emu_enqueue((cudaStream_t)stream, run_keys, &k, sizeof k),
                 "gradsync: min/max order-key kernel launch");
+}
+
+static int queue_wire(int kernel, cudaError_t (*fn)(void *), const Wire &k, void *stream,
+                      const char *what) {
+  launching(kernel);
+  return queued(emu_enqueue((cudaStream_t)stream, fn, &k, sizeof k), what);
+}
+
+extern "C" int gs_cu_launch_wire_encode(gs_cu_wire_job_t job, void *packed, void *stream) {
+  if (job.n == 0) return 0;
+  Wire k = {WIRE_ENCODE, job, NULL, (uint8_t *)packed};
+  return queue_wire(K_WIRE_ENCODE, run_wire_encode, k, stream, "gradsync: wire encode launch");
+}
+
+extern "C" int gs_cu_launch_wire_reduce(gs_cu_wire_job_t job, const void *recv, void *packed,
+                                        void *stream) {
+  int64_t first, count;
+  gs_wire_shard(job.n, job.p, job.rank, &first, &count);
+  if (count == 0) return 0;
+  Wire k = {WIRE_REDUCE, job, (const uint8_t *)recv, (uint8_t *)packed};
+  return queue_wire(K_WIRE_REDUCE, run_wire_reduce, k, stream, "gradsync: wire reduce launch");
+}
+
+extern "C" int gs_cu_launch_wire_decode(gs_cu_wire_job_t job, const void *gathered, void *stream) {
+  if (job.n == 0) return 0;
+  Wire k = {WIRE_DECODE, job, (const uint8_t *)gathered, NULL};
+  return queue_wire(K_WIRE_DECODE, run_wire_decode, k, stream, "gradsync: wire decode launch");
 }
