@@ -21,10 +21,12 @@
 #                ResNet-50 allreduce vs torch.distributed NCCL (1 rank)
 # Also (not in all): pytest_np2, racecheck, bench_train (2-rank training).
 # GROUP wire (issue 32, item 5: the wire allreduce on CUDA memory):
-#   visible pytest_np1, then
-#   wire_np2     tests/gpu/test_device_wire.py at 2 ranks on the GPU (MPI device path)
+#   visible, then
+#   wire_np1     tests/gpu/test_device_wire.py at 1 rank
+#   wire_np2     the same at 2 ranks on the GPU (MPI device path)
 #   wire_nccl    the same and test_device_exchange.py at 2 ranks over NCCL on one
-#                GPU (NCCL_MULTI_RANK_GPU_ENABLE=1; the grouped send/receive)
+#                GPU (NCCL_MULTI_RANK_GPU_ENABLE=1; the grouped send/receive;
+#                skipped when the device's NCCL is older than 2.30)
 #   wire_memcheck compute-sanitizer memcheck on test_device_wire.py at 1 rank
 #   wire_bench   bench.gpu --only wire: the kernels' time and bandwidth
 #
@@ -116,12 +118,13 @@ plan bench 90 40
 plan pytest_np2 150 40
 plan racecheck 150 40
 plan bench_train 200 90
+plan wire_np1 60 20
 plan wire_np2 90 30
 plan wire_nccl 90 30
 plan wire_memcheck 120 40
 plan wire_bench 70 30
 ALL="visible c_np1 c_np2 pytest_np1 memcheck initcheck nccl_shared probes bench"
-WIRE="visible pytest_np1 wire_np2 wire_nccl wire_bench wire_memcheck"
+WIRE="visible wire_np1 wire_np2 wire_nccl wire_bench wire_memcheck"
 if [ "$DRY" = 1 ]; then # proves the script: each step a few seconds
   for k in "${!CAP[@]}"; do
     CAP[$k]=${GS_DRY_CAP:-60}
@@ -209,7 +212,7 @@ setup() {
   if [ "$DRY" = 1 ]; then # a stand-in: runs the program, says what the tool would
     SANITIZER=$STATE/dry-sanitizer
     printf '%s\n' '#!/bin/bash' 'while [ "${1#-}" != "$1" ]; do case $1 in' \
-      '--tool|--print-limit|--error-exitcode|--kernel-name-exclude) shift 2 ;; *) shift ;;' \
+      '--tool|--print-limit|--error-exitcode|--kernel-name-exclude|--report-api-errors) shift 2 ;; *) shift ;;' \
       'esac; done; "$@" && echo "========= ERROR SUMMARY: 0 errors (dry run)"' > "$SANITIZER"
     chmod +x "$SANITIZER"
   fi
@@ -310,9 +313,7 @@ i = g.build_info(); print(\"cuda_devices\", i[\"cuda_devices\"], \"nccl\", i[\"n
     initcheck) sanitize initcheck "$rest" 1 ;;
     racecheck) sanitize racecheck "$rest" 1 ;;
     nccl_shared)
-      if [ "$DRY" != 1 ] && ! "$PY" -c "import gradsync as g, sys; \
-v = (g.build_info()['nccl'] or '0.0').split('.'); sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 30) else 1)" \
-        2> /dev/null; then
+      if ! nccl_shares_gpu; then
         skip_step nccl_shared "the device's NCCL is older than 2.30 (no multi-rank-per-GPU mode)"
       else
         step nccl_shared "$rest" "NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PYTEST \
@@ -323,16 +324,23 @@ $([ "$DRY" = 1 ] && echo --dry-run --timeout 12 || echo --timeout 35)" ;;
     bench) step bench "$rest" "$MPIEXEC -n 1 $PY -m bench.gpu \
 --only accumulate,bert,allreduce --max-seconds 15 --json $STATE/bench_np1.json \
 $([ "$DRY" = 1 ] && echo --dry-run)" ;;
-    wire_np2) step wire_np2 "$rest" "$MPIEXEC -n 2 $PYTEST tests/gpu/test_device_wire.py" ;;
-    wire_nccl) step wire_nccl "$rest" "NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PYTEST \
+    wire_np1) step wire_np1 "$rest" "$MPIEXEC -n 1 $PYTEST tests/gpu/test_device_wire.py \
+tests/gpu/test_device_wire_torch.py" ;;
+    wire_np2) step wire_np2 "$rest" "$MPIEXEC -n 2 $PYTEST tests/gpu/test_device_wire.py \
+tests/gpu/test_device_wire_torch.py" ;;
+    wire_nccl)
+      if ! nccl_shares_gpu; then
+        skip_step wire_nccl "the device's NCCL is older than 2.30 (no multi-rank-per-GPU mode)"
+      else step wire_nccl "$rest" "NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PYTEST \
 tests/gpu/test_device_wire.py tests/gpu/test_device_exchange.py && \
 NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PY -c 'import gradsync as g, numpy as np; \
 c = g.Communicator(); x = g.to_device(np.ones(4, np.float32)); c.allreduce_(x, wire=\"bfloat16\"); \
-print(\"device transport\", c.device_transport, x.numpy())'" ;;
+print(\"device transport\", c.device_transport, x.numpy())'"
+      fi ;;
     wire_memcheck)
       if [ -z "$SANITIZER" ]; then skip_step wire_memcheck "compute-sanitizer not found"; else
-        step wire_memcheck "$rest" "$MPIEXEC -n 1 $SANITIZER --tool memcheck --error-exitcode 3 \
---print-limit 50 $PY -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider tests/gpu/test_device_wire.py -k 'not large'"
+        step wire_memcheck "$rest" "$MPIEXEC -n 1 $SANITIZER --tool memcheck --report-api-errors no \
+--error-exitcode 3 --print-limit 50 $PY -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider tests/gpu/test_device_wire.py -k 'not large'"
       fi ;;
     wire_bench) step wire_bench "$rest" "$MPIEXEC -n 1 $PY -m bench.gpu --only wire \
 --max-seconds 10 --json $STATE/bench_np1.json $([ "$DRY" = 1 ] && echo --dry-run)" ;;
@@ -344,6 +352,13 @@ $([ "$DRY" = 1 ] && echo --dry-run)" ;;
       return 1
       ;;
   esac
+}
+
+# Whether NCCL can put two ranks on one GPU (2.30+, NCCL_MULTI_RANK_GPU_ENABLE).
+nccl_shares_gpu() {
+  [ "$DRY" = 1 ] || "$PY" -c "import gradsync as g, sys; \
+v = (g.build_info()['nccl'] or '0.0').split('.'); sys.exit(0 if (int(v[0]), int(v[1])) >= (2, 30) else 1)" \
+    2> /dev/null
 }
 
 # sanitize TOOL REST RANKS: compute-sanitizer on the C device-path test

@@ -49,6 +49,7 @@ static void segment_runs(dev_wire_t *w, const gs_plan_t *plan, const gs_message_
   }
   w->job.runs = w->runs;
   w->job.nruns = k;
+  w->job.feedback = res != NULL;
   w->job.n = n;
 }
 

@@ -139,47 +139,71 @@ __global__ void order_keys_kernel(int dtype, bool max, bool inverse, const void 
 
 int launched() { return (int)cudaGetLastError(); }
 
-/* The wire allreduce: warp w of the grid takes block w of 32 elements
- * (cuda_wire_pieces.cuh); a float8 block's largest magnitude is a max
- * across the warp (exact, so any order gives the host's value). */
+/* The wire allreduce: each warp takes kBlocksPerWarp blocks of 32 elements
+ * in turn (cuda_wire_pieces.cuh); a float8 block's largest magnitude is a
+ * max across the warp (exact, so any order gives the host's value). */
 constexpr int kWarps = kThreads / 32;
+constexpr int kPerWarp = gs_wire_pieces::kBlocksPerWarp;
 
 __device__ inline float warp_max(float m) {
   for (int k = 16; k > 0; k /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, k));
   return m;
 }
 
-__device__ inline int64_t warp_block() {
-  return (int64_t)blockIdx.x * kWarps + threadIdx.x / 32;
+/* The warp's first block. */
+__device__ inline int64_t warp_first_block() {
+  return ((int64_t)blockIdx.x * kWarps + threadIdx.x / 32) * kPerWarp;
+}
+
+/* A cursor for the lane's elements from e on (clipped to the segment). */
+__device__ inline int64_t cursor_at(const gs_cu_wire_job_t &j, int64_t e) {
+  return gs_wire_pieces::run_index(j, e < j.n ? e : j.n - 1);
 }
 
 __global__ void wire_encode_kernel(gs_cu_wire_job_t j, uint8_t *packed, int64_t nblocks) {
-  int64_t b = warp_block();
-  if (b >= nblocks) return; /* the whole warp */
+  int64_t b0 = warp_first_block();
+  if (b0 >= nblocks) return; /* the whole warp */
   int lane = threadIdx.x % 32;
-  float x;
-  float m = warp_max(gs_wire_pieces::encode_load(j, b, lane, &x));
-  gs_wire_pieces::encode_store(j, packed, b, lane, x, m);
+  gs_wire_pieces::Layout L = gs_wire_pieces::layout(j);
+  int64_t cursor = cursor_at(j, b0 * GS_WIRE_BLOCK + lane);
+  for (int64_t b = b0; b < b0 + kPerWarp && b < nblocks; b++) {
+    float x;
+    float m = warp_max(gs_wire_pieces::encode_load(j, b, lane, &cursor, &x));
+    gs_wire_pieces::encode_store(j, L, packed, b, lane, cursor, x, m);
+  }
 }
 
 __global__ void wire_reduce_kernel(gs_cu_wire_job_t j, const uint8_t *recv, uint8_t *packed,
                                    int64_t nblocks) {
-  int64_t b = warp_block();
-  if (b >= nblocks) return;
+  int64_t b0 = warp_first_block();
+  if (b0 >= nblocks) return;
   int lane = threadIdx.x % 32;
-  float acc;
-  float m = warp_max(gs_wire_pieces::reduce_load(j, recv, b, lane, &acc));
-  gs_wire_pieces::reduce_store(j, packed, b, lane, acc, m);
+  gs_wire_pieces::Layout L = gs_wire_pieces::layout(j);
+  int64_t first, count;
+  gs_wire_layout_shard(&L, j.rank, &first, &count);
+  int64_t cursor = j.feedback ? cursor_at(j, first + b0 * GS_WIRE_BLOCK + lane) : 0;
+  for (int64_t b = b0; b < b0 + kPerWarp && b < nblocks; b++) {
+    float acc;
+    float m = warp_max(gs_wire_pieces::reduce_load(j, count, recv, b, lane, &acc));
+    gs_wire_pieces::reduce_store(j, L, first, count, packed, b, lane, &cursor, acc, m);
+  }
 }
 
 __global__ void wire_decode_kernel(gs_cu_wire_job_t j, const uint8_t *gathered, int64_t nblocks) {
-  int64_t b = warp_block();
-  if (b < nblocks) gs_wire_pieces::decode_lane(j, gathered, b, threadIdx.x % 32);
+  int64_t b0 = warp_first_block();
+  if (b0 >= nblocks) return;
+  int lane = threadIdx.x % 32;
+  gs_wire_pieces::Layout L = gs_wire_pieces::layout(j);
+  int64_t cursor = cursor_at(j, b0 * GS_WIRE_BLOCK + lane);
+  for (int64_t b = b0; b < b0 + kPerWarp && b < nblocks; b++)
+    gs_wire_pieces::decode_lane(j, L, gathered, b, lane, &cursor);
 }
 
 /* Grid for `nblocks` wire blocks (segments are at most 2^23 elements, so
  * the grid stays far below its limit). */
-inline unsigned wire_grid(int64_t nblocks) { return (unsigned)((nblocks + kWarps - 1) / kWarps); }
+inline unsigned wire_grid(int64_t nblocks) {
+  return (unsigned)((nblocks + kWarps * kPerWarp - 1) / (kWarps * kPerWarp));
+}
 
 inline int64_t wire_blocks(int64_t n) { return (n + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK; }
 

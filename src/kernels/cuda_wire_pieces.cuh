@@ -1,10 +1,17 @@
 /* What one lane of a warp does in the wire allreduce's kernels (cuda.cu),
- * as plain C++ over (block, lane): a warp takes one block of GS_WIRE_BLOCK
- * (32) elements, a lane one element. A float8 block's scale needs the
- * block's largest magnitude, so encoding is two steps around a reduction
- * across the lanes: the kernel does it with warp shuffles, the emulated
- * runtime (tests/emulated_cuda) by running the lanes in turn. The element
- * arithmetic and the layout are wire_format.h's, the host encoder's. */
+ * as plain C++ over (block, lane): a warp takes a run of blocks of
+ * GS_WIRE_BLOCK (32) elements one after another, a lane one element of
+ * each. A float8 block's scale needs the block's largest magnitude, so
+ * encoding is two steps around a reduction across the lanes: the kernel
+ * does it with warp shuffles, the emulated runtime (tests/emulated_cuda) by
+ * running the lanes in turn. The element arithmetic and the layout are
+ * wire_format.h's, the host encoder's.
+ *
+ * Speed: the per-warp work is small, so what a block costs is its index
+ * arithmetic and the search for each element's tensor. The shard layout
+ * is worked out once per warp (gs_wire_layout: one division per block after),
+ * and each lane keeps a cursor into the runs that moves forward with its
+ * elements (a binary search only for the warp's first element). */
 #ifndef GRADSYNC_CUDA_WIRE_PIECES_CUH
 #define GRADSYNC_CUDA_WIRE_PIECES_CUH
 
@@ -13,15 +20,29 @@
 
 namespace gs_wire_pieces {
 
+/* Blocks per warp: enough to amortize the warp's setup, few enough that
+ * ResNet-50's list still gives every SM many warps. */
+constexpr int kBlocksPerWarp = 8;
+
+typedef gs_wire_layout_t Layout;
+
+GS_HD inline Layout layout(const gs_cu_wire_job_t &j) { return gs_wire_layout(j.wire, j.n, j.p); }
+
 /* The run holding segment element e (runs sorted by offset, none empty). */
-GS_HD inline const gs_cu_wire_run_t &run_of(const gs_cu_wire_job_t &j, int64_t e) {
+GS_HD inline int64_t run_index(const gs_cu_wire_job_t &j, int64_t e) {
   int64_t lo = 0, hi = j.nruns - 1;
   while (lo < hi) {
     int64_t mid = (lo + hi + 1) / 2;
     if (j.runs[mid].offset <= e) lo = mid;
     else hi = mid - 1;
   }
-  return j.runs[lo];
+  return lo;
+}
+
+/* The run holding e, from a cursor at or before it (moved forward). */
+GS_HD inline const gs_cu_wire_run_t &seek(const gs_cu_wire_job_t &j, int64_t e, int64_t *cursor) {
+  while (j.runs[*cursor].offset + j.runs[*cursor].count <= e) ++*cursor;
+  return j.runs[*cursor];
 }
 
 GS_HD inline float load_float(int dtype, const void *p, int64_t i) {
@@ -78,11 +99,12 @@ GS_HD inline int put_scale(int wire, uint8_t *base, int64_t at, float m, bool wr
 
 /* Step 1: the lane's input (widened, times pre, plus the residual) into *x;
  * returns its magnitude for the block's scale (0 past the segment). */
-GS_HD inline float encode_load(const gs_cu_wire_job_t &j, int64_t b, int lane, float *x) {
+GS_HD inline float encode_load(const gs_cu_wire_job_t &j, int64_t b, int lane, int64_t *cursor,
+                               float *x) {
   int64_t e = b * GS_WIRE_BLOCK + lane;
   *x = 0.0f;
   if (lane >= block_len(j.n, b)) return 0.0f;
-  const gs_cu_wire_run_t &r = run_of(j, e);
+  const gs_cu_wire_run_t &r = seek(j, e, cursor);
   float v = load_float(j.dtype, r.in, e - r.offset);
   if (j.pre != 1.0f) v = v * j.pre;
   if (r.residual) v = v + r.residual[e - r.offset];
@@ -92,30 +114,28 @@ GS_HD inline float encode_load(const gs_cu_wire_job_t &j, int64_t b, int lane, f
 
 /* Step 2, with the block's largest magnitude m: the element (and lane 0 the
  * scale) into the packing; the residual becomes what the encoding lost. */
-GS_HD inline void encode_store(const gs_cu_wire_job_t &j, uint8_t *packed, int64_t b, int lane,
-                               float x, float m) {
-  gs_wire_place_t w = gs_wire_block_place(j.wire, j.n, j.p, b);
+GS_HD inline void encode_store(const gs_cu_wire_job_t &j, const Layout &L, uint8_t *packed,
+                               int64_t b, int lane, int64_t cursor, float x, float m) {
+  gs_wire_place_t w = gs_wire_place(&L, b);
   int s = put_scale(j.wire, packed, w.scale, m, lane == 0);
   if (lane >= block_len(j.n, b)) return;
   float q = encode(j.wire, packed, w.elem, lane, x, s);
-  int64_t e = b * GS_WIRE_BLOCK + lane;
-  const gs_cu_wire_run_t &r = run_of(j, e);
-  if (r.residual) r.residual[e - r.offset] = 0.0f + gs_wire_lost(x, q);
+  const gs_cu_wire_run_t &r = j.runs[cursor]; /* encode_load's */
+  if (r.residual) r.residual[b * GS_WIRE_BLOCK + lane - r.offset] = 0.0f + gs_wire_lost(x, q);
 }
 
 /* ---- reduce: block lb of this rank's shard -------------------------------- */
 
 /* Step 1: the p contributions of the lane's element, decoded and summed in
- * rank order, times post, into *acc; returns its magnitude. */
-GS_HD inline float reduce_load(const gs_cu_wire_job_t &j, const uint8_t *recv, int64_t lb,
-                               int lane, float *acc) {
-  int64_t first, count;
-  gs_wire_shard(j.n, j.p, j.rank, &first, &count);
+ * rank order, times post, into *acc; returns its magnitude. first and
+ * count: this rank's shard. */
+GS_HD inline float reduce_load(const gs_cu_wire_job_t &j, int64_t count, const uint8_t *recv,
+                               int64_t lb, int lane, float *acc) {
   *acc = 0.0f;
   if (lane >= block_len(count, lb)) return 0.0f;
-  int64_t bytes = gs_wire_shard_bytes(j.wire, count), nb = (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
+  int64_t bytes = gs_wire_shard_bytes(j.wire, count);
   int fp8 = gs_wire_is_fp8(j.wire);
-  int64_t elem = fp8 ? nb + lb * GS_WIRE_BLOCK : lb * GS_WIRE_BLOCK;
+  int64_t elem = (fp8 ? (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK : 0) + lb * GS_WIRE_BLOCK;
   float sum = 0.0f;
   for (int q = 0; q < j.p; q++) {
     const uint8_t *c = recv + q * bytes;
@@ -130,30 +150,30 @@ GS_HD inline float reduce_load(const gs_cu_wire_job_t &j, const uint8_t *recv, i
 
 /* Step 2: the sum encoded once into the shard's place in `packed`; the
  * output's rounding, divided by post, added to the element's residual. */
-GS_HD inline void reduce_store(const gs_cu_wire_job_t &j, uint8_t *packed, int64_t lb, int lane,
-                               float acc, float m) {
-  int64_t first, count;
-  gs_wire_shard(j.n, j.p, j.rank, &first, &count);
-  gs_wire_place_t w = gs_wire_block_place(j.wire, j.n, j.p, first / GS_WIRE_BLOCK + lb);
+GS_HD inline void reduce_store(const gs_cu_wire_job_t &j, const Layout &L, int64_t first,
+                               int64_t count, uint8_t *packed, int64_t lb, int lane,
+                               int64_t *cursor, float acc, float m) {
+  gs_wire_place_t w = gs_wire_place(&L, first / GS_WIRE_BLOCK + lb);
   int s = put_scale(j.wire, packed, w.scale, m, lane == 0);
   if (lane >= block_len(count, lb)) return;
   float q = encode(j.wire, packed, w.elem, lane, acc, s);
+  if (!j.feedback || j.post == 0.0f) return;
   int64_t e = first + lb * GS_WIRE_BLOCK + lane;
-  const gs_cu_wire_run_t &r = run_of(j, e);
-  if (r.residual && j.post != 0.0f)
+  const gs_cu_wire_run_t &r = seek(j, e, cursor);
+  if (r.residual)
     r.residual[e - r.offset] = r.residual[e - r.offset] + (0.0f + gs_wire_lost(acc, q)) / j.post;
 }
 
 /* ---- decode: segment block b into the outputs ------------------------------ */
 
-GS_HD inline void decode_lane(const gs_cu_wire_job_t &j, const uint8_t *gathered, int64_t b,
-                              int lane) {
+GS_HD inline void decode_lane(const gs_cu_wire_job_t &j, const Layout &L, const uint8_t *gathered,
+                              int64_t b, int lane, int64_t *cursor) {
   if (lane >= block_len(j.n, b)) return;
-  gs_wire_place_t w = gs_wire_block_place(j.wire, j.n, j.p, b);
+  gs_wire_place_t w = gs_wire_place(&L, b);
   float up = gs_wire_is_fp8(j.wire) ? ldexpf(1.0f, (int)gathered[w.scale] - 127) : 1.0f;
   float v = decode(j.wire, gathered, w.elem, lane, up);
   int64_t e = b * GS_WIRE_BLOCK + lane;
-  const gs_cu_wire_run_t &r = run_of(j, e);
+  const gs_cu_wire_run_t &r = seek(j, e, cursor);
   store_float(j.dtype, r.out, e - r.offset, v);
 }
 

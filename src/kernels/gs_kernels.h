@@ -111,8 +111,8 @@ int gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src, vo
                             int64_t count, void *stream);
 /* The wire allreduce's passes over one segment of a message on CUDA memory
  * (transport/wire.c's algorithm; wire_format.h's layout and arithmetic, so
- * a device has the host's bits). Warp w of the grid takes block w of 32
- * elements. */
+ * a device has the host's bits). A warp takes a few blocks of 32 elements
+ * in turn. */
 typedef struct gs_cu_wire_run {
   const void *in;              /* the tensor's elements (the job's dtype) */
   void *out;                   /* where its result goes (may be in) */
@@ -124,6 +124,7 @@ typedef struct gs_cu_wire_job {
   const gs_cu_wire_run_t *runs; /* device table: by offset, none empty, covering the segment */
   int64_t nruns, n;             /* n: the segment's elements */
   int32_t wire, dtype, p, rank;
+  int32_t feedback;             /* some run has a residual */
   float pre, post;              /* applied only when not 1 (the host's rule) */
 } gs_cu_wire_job_t;
 

@@ -103,14 +103,39 @@ static inline GS_HD float gs_wire_lost(float x, float q) { return isfinite(q) ? 
 
 /* ---- shards: which rank owns which elements of a segment ----------------- */
 
-/* Shard q of n elements over p ranks: whole blocks, balanced (the first
- * n_blocks % p shards one block longer). */
+/* A segment of n elements over p ranks: nb blocks, balanced, the first
+ * `extra` shards one block longer (the divisions done once, for kernels
+ * that place many blocks). */
+typedef struct gs_wire_layout {
+  int64_t n, nb, lo, extra, big; /* big: blocks in the longer shards */
+  int p, wire;
+} gs_wire_layout_t;
+
+static inline GS_HD gs_wire_layout_t gs_wire_layout(int wire, int64_t n, int p) {
+  gs_wire_layout_t L;
+  L.n = n;
+  L.p = p;
+  L.wire = wire;
+  L.nb = (n + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
+  L.lo = L.nb / p;
+  L.extra = L.nb % p;
+  L.big = L.extra * (L.lo + 1);
+  return L;
+}
+
+/* Shard q's first element and count. */
+static inline GS_HD void gs_wire_layout_shard(const gs_wire_layout_t *L, int q, int64_t *first,
+                                              int64_t *count) {
+  int64_t b0 = q * L->lo + (q < L->extra ? q : L->extra), nbq = L->lo + (q < L->extra);
+  int64_t end = (b0 + nbq) * GS_WIRE_BLOCK;
+  *first = b0 * GS_WIRE_BLOCK < L->n ? b0 * GS_WIRE_BLOCK : L->n;
+  *count = (end < L->n ? end : L->n) - *first;
+}
+
+/* Shard q of n elements over p ranks. */
 static inline GS_HD void gs_wire_shard(int64_t n, int p, int q, int64_t *first, int64_t *count) {
-  int64_t nb = (n + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK, lo = nb / p, extra = nb % p;
-  int64_t b0 = q * lo + (q < extra ? q : extra), nbq = lo + (q < extra);
-  *first = b0 * GS_WIRE_BLOCK < n ? b0 * GS_WIRE_BLOCK : n;
-  int64_t end = (b0 + nbq) * GS_WIRE_BLOCK < n ? (b0 + nbq) * GS_WIRE_BLOCK : n;
-  *count = end - *first;
+  gs_wire_layout_t L = gs_wire_layout(GS_WIRE_BFLOAT16, n, p);
+  gs_wire_layout_shard(&L, q, first, count);
 }
 
 /* Bytes of a shard of `count` elements (gs_wire_bytes). */
@@ -119,29 +144,25 @@ static inline GS_HD int64_t gs_wire_shard_bytes(int wire, int64_t count) {
   return 2 * count;
 }
 
-/* Where block b of a segment of n elements lies among the shards packed
- * back to back: its shard, the shard's first element, where the shard's
- * bytes start (`at`), and the block's scale byte and first element byte
- * within the packing (float8; for 16-bit wires elem is the element's
- * offset in 2-byte units, scale unused). */
+/* Where block b lies among the shards packed back to back: its shard, the
+ * shard's first element and count, where the shard's bytes start (`at`),
+ * and the block's scale byte and first element within the packing (float8;
+ * for 16-bit wires elem is the element's offset in 2-byte units, scale
+ * unused). */
 typedef struct gs_wire_place {
   int q;
   int64_t first, count, at, scale, elem;
 } gs_wire_place_t;
 
-static inline GS_HD gs_wire_place_t gs_wire_block_place(int wire, int64_t n, int p, int64_t b) {
-  int64_t nb = (n + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK, lo = nb / p, extra = nb % p;
-  int64_t big = extra * (lo + 1); /* blocks in the longer shards */
-  int q = (int)(b < big ? b / (lo + 1) : extra + (lo ? (b - big) / lo : 0));
+static inline GS_HD gs_wire_place_t gs_wire_place(const gs_wire_layout_t *L, int64_t b) {
   gs_wire_place_t w;
-  w.q = q;
-  gs_wire_shard(n, p, q, &w.first, &w.count);
+  w.q = (int)(b < L->big ? b / (L->lo + 1) : L->extra + (L->lo ? (b - L->big) / L->lo : 0));
+  gs_wire_layout_shard(L, w.q, &w.first, &w.count);
   int64_t b0 = w.first / GS_WIRE_BLOCK, local = b - b0;
-  if (gs_wire_is_fp8(wire)) {
+  if (gs_wire_is_fp8(L->wire)) {
     w.at = w.first + b0; /* every earlier shard: whole blocks, 33 bytes each */
-    int64_t nbq = (w.count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
     w.scale = w.at + local;
-    w.elem = w.at + nbq + local * GS_WIRE_BLOCK;
+    w.elem = w.at + (w.count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK + local * GS_WIRE_BLOCK;
   } else {
     w.at = 2 * w.first;
     w.scale = 0;

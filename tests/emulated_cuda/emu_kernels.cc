@@ -234,17 +234,31 @@ cudaError_t run_wire(void *arg) {
     TRY(check_elems(k->src, 0, k->kind == WIRE_REDUCE ? mine * j.p : all, GS_UINT8, EMU_READ,
                     "wire kernel: received shards"));
   int64_t nb = ((k->kind == WIRE_REDUCE ? count : j.n) + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
-  for (int64_t b = 0; b < nb; b++) {
-    float x[GS_WIRE_BLOCK], m = 0.0f;
+  gs_wire_pieces::Layout L = gs_wire_pieces::layout(j);
+  constexpr int kPerWarp = gs_wire_pieces::kBlocksPerWarp;
+  for (int64_t b0 = 0; b0 < nb; b0 += kPerWarp) { // one warp: its lanes' cursors
+    int64_t cursor[GS_WIRE_BLOCK];
     for (int lane = 0; lane < GS_WIRE_BLOCK; lane++) {
-      if (k->kind == WIRE_ENCODE) m = fmaxf(m, gs_wire_pieces::encode_load(j, b, lane, &x[lane]));
-      if (k->kind == WIRE_REDUCE)
-        m = fmaxf(m, gs_wire_pieces::reduce_load(j, k->src, b, lane, &x[lane]));
+      int64_t e = (k->kind == WIRE_REDUCE ? first : 0) + b0 * GS_WIRE_BLOCK + lane;
+      cursor[lane] = gs_wire_pieces::run_index(j, e < j.n ? e : j.n - 1);
     }
-    for (int lane = 0; lane < GS_WIRE_BLOCK; lane++) {
-      if (k->kind == WIRE_ENCODE) gs_wire_pieces::encode_store(j, k->dst, b, lane, x[lane], m);
-      if (k->kind == WIRE_REDUCE) gs_wire_pieces::reduce_store(j, k->dst, b, lane, x[lane], m);
-      if (k->kind == WIRE_DECODE) gs_wire_pieces::decode_lane(j, k->src, b, lane);
+    for (int64_t b = b0; b < b0 + kPerWarp && b < nb; b++) {
+      float x[GS_WIRE_BLOCK], m = 0.0f;
+      for (int lane = 0; lane < GS_WIRE_BLOCK; lane++) {
+        if (k->kind == WIRE_ENCODE)
+          m = fmaxf(m, gs_wire_pieces::encode_load(j, b, lane, &cursor[lane], &x[lane]));
+        if (k->kind == WIRE_REDUCE)
+          m = fmaxf(m, gs_wire_pieces::reduce_load(j, count, k->src, b, lane, &x[lane]));
+      }
+      for (int lane = 0; lane < GS_WIRE_BLOCK; lane++) {
+        if (k->kind == WIRE_ENCODE)
+          gs_wire_pieces::encode_store(j, L, k->dst, b, lane, cursor[lane], x[lane], m);
+        if (k->kind == WIRE_REDUCE)
+          gs_wire_pieces::reduce_store(j, L, first, count, k->dst, b, lane, &cursor[lane], x[lane],
+                                       m);
+        if (k->kind == WIRE_DECODE)
+          gs_wire_pieces::decode_lane(j, L, k->src, b, lane, &cursor[lane]);
+      }
     }
   }
   return cudaSuccess;

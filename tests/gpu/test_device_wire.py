@@ -8,10 +8,10 @@ host path's after every step. Runs on a GPU and on the emulated CUDA
 runtime (make test-emulated: staged MPI, CUDA-aware MPI and emulated NCCL)."""
 import numpy as np
 import pytest
+from wire_ref import wire_reference
 
 import gradsync as gs
 from gsutil import BF16, collectively, seed_for
-from wire_ref import wire_reference
 
 pytestmark = pytest.mark.mpi
 
@@ -102,7 +102,7 @@ def test_device_error_feedback_matches_host(comm, device, wire):
     """Three steps with residuals: the device's results and residuals (in
     device memory, made by gs.ErrorFeedback) equal the host path's with
     host residuals, bit for bit; prescale and average on."""
-    p, r = comm.size, comm.rank
+    r = comm.rank
     host_ef, dev_ef = gs.ErrorFeedback(), gs.ErrorFeedback()
     with collectively():
         for step in range(3):
