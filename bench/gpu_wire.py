@@ -55,3 +55,31 @@ def bench_wire(comm, dev, shapes, clock):
     bad = [c for c in checks if c != "ok"]
     out["check"] = "ok" if not bad else bad[0]
     return out
+
+
+def profile(wire="bfloat16", rounds=3):
+    """Where a wire allreduce's time goes on the GPU: torch.profiler's
+    kernel table over `rounds` calls on ResNet-50's list (one rank)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    from gradsync.bench.data import load_shapes
+    comm = gs.Communicator()
+    dev = torch.device("cuda", 0)
+    gen = torch.Generator(device=dev).manual_seed(5)
+    grads = [torch.randn(s, generator=gen, device=dev) for s in load_shapes("resnet50")[0]]
+    for _ in range(2):
+        comm.allreduce_(grads, wire=wire)
+    torch.cuda.synchronize()
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(rounds):
+            comm.allreduce_(grads, wire=wire)
+        torch.cuda.synchronize()
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=15))
+    print(prof.key_averages().table(sort_by="cpu_time_total", row_limit=8))
+    comm.close()
+
+
+if __name__ == "__main__":
+    import sys
+    profile(*(sys.argv[1:2] or ["bfloat16"]))

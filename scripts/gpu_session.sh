@@ -29,6 +29,7 @@
 #                skipped when the device's NCCL is older than 2.30)
 #   wire_memcheck compute-sanitizer memcheck on test_device_wire.py at 1 rank
 #   wire_bench   bench.gpu --only wire: the kernels' time and bandwidth
+#   wire_profile bench.gpu_wire: torch.profiler's kernel table of one call (not in the group)
 #
 # Each step runs under its own timeout and keeps its log; a failing step
 # never stops the next. A step's timeout is its cap, cut so the steps after
@@ -123,6 +124,7 @@ plan wire_np2 90 30
 plan wire_nccl 90 30
 plan wire_memcheck 120 40
 plan wire_bench 70 30
+plan wire_profile 60 20
 ALL="visible c_np1 c_np2 pytest_np1 memcheck initcheck nccl_shared probes bench"
 WIRE="visible wire_np1 wire_np2 wire_nccl wire_bench wire_memcheck"
 if [ "$DRY" = 1 ]; then # proves the script: each step a few seconds
@@ -342,6 +344,8 @@ print(\"device transport\", c.device_transport, x.numpy())'"
         step wire_memcheck "$rest" "$MPIEXEC -n 1 $SANITIZER --tool memcheck --report-api-errors no \
 --error-exitcode 3 --print-limit 50 $PY -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider tests/gpu/test_device_wire.py -k 'not large'"
       fi ;;
+    wire_profile) step wire_profile "$rest" "$MPIEXEC -n 1 $PY -m bench.gpu_wire bfloat16 && \
+$MPIEXEC -n 1 $PY -m bench.gpu_wire float8_e4m3" ;;
     wire_bench) step wire_bench "$rest" "$MPIEXEC -n 1 $PY -m bench.gpu --only wire \
 --max-seconds 10 --json $STATE/bench_np1.json $([ "$DRY" = 1 ] && echo --dry-run)" ;;
     bench_train) step bench_train "$rest" "$MPIEXEC -n 2 $PY -m bench.gpu --only train \

@@ -39,8 +39,11 @@ def test_optimizer_wire_on_cuda(comm, device, wire):
         params[w] = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
         if w is not None:
             feedback = [r for b in opt._buckets if b.feedback is not None
-                        for r in b.feedback.state]
+                        for r in (b.feedback.state or [])]
     with collectively():
-        assert feedback and all(r.is_cuda for r in feedback)
         diff = float((params[wire] - params[None]).abs().max())
-        assert torch.isfinite(params[wire]).all() and 0 < diff < 5e-3, diff
+        if comm.size == 1:  # one rank sends nothing: the gradients are exact
+            assert diff == 0 and not feedback, diff
+        else:
+            assert feedback and all(r.is_cuda for r in feedback)
+            assert torch.isfinite(params[wire]).all() and 0 < diff < 5e-3, diff
