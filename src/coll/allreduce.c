@@ -181,7 +181,7 @@ static gs_status_t small_allreduce(gs_comm_t c, gs_coll_t *d, int *taken) {
     gs_log(GS_LOG_DEBUG, "allreduce: %lld tensors, op %s, inside the validation message",
            (long long)call->n, gs_op_name(op));
   gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, in, call->n, c));
+  GS_CHECK(gs_plan_tensors(&plan, in, call->n, c, 0));
   const gs_message_t *m = &plan.msgs[0];
   uint64_t staging[GS_CHECK_PAYLOAD_BYTES / 8];
   gs_engine_t host = {

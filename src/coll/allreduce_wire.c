@@ -149,6 +149,7 @@ gs_status_t gs_allreduce_wire(gs_comm_t c, const gs_tensor_t *in, const gs_tenso
                  .op_checked = 1,
                  .allow_adasum = 1, /* refused by wire_check, naming the wire */
                  .message = wire_message,
+                 .fuse_direct = 1, /* the passes read the tensors where they lie */
                  .release = wire_release};
   return gs_collective(c, &d);
 }

@@ -44,6 +44,7 @@ struct gs_coll {
   gs_status_t (*message)(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
                          gs_coll_t *d);
   gs_status_t (*run)(const gs_engine_t *e, gs_coll_t *d);
+  int fuse_direct; /* plan with no direct-size tensor alone (gs_plan_tensors) */
   /* Frees what `check` allocated into `extra`. */
   void (*release)(gs_coll_t *d);
   /* ---- set by the skeleton (check may adjust) */

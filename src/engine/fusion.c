@@ -65,7 +65,8 @@ gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts, const gs_dtype
 }
 
 /* Plans a list for a call: counts and dtypes straight from the tensors. */
-gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n, gs_comm_t comm) {
+gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n, gs_comm_t comm,
+                            int fuse_direct) {
   int64_t counts_small[GS_PLAN_INLINE];
   gs_dtype_t dtypes_small[GS_PLAN_INLINE];
   int small = n <= GS_PLAN_INLINE;
@@ -78,7 +79,8 @@ gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n, gs
     dtypes[i] = t[i].dtype;
   }
   if (s == GS_SUCCESS)
-    s = gs_plan_build(plan, counts, dtypes, n, comm->fusion_threshold, comm->direct_bytes);
+    s = gs_plan_build(plan, counts, dtypes, n, comm->fusion_threshold,
+                      fuse_direct ? INT64_MAX : comm->direct_bytes);
   if (!small) {
     free(counts);
     free(dtypes);

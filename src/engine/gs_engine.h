@@ -111,8 +111,12 @@ typedef struct gs_plan {
 gs_status_t gs_plan_build(gs_plan_t *plan, const int64_t *counts, const gs_dtype_t *dtypes,
                           int64_t n, int64_t threshold, int64_t direct);
 void gs_plan_free(gs_plan_t *plan);
-/* gs_plan_build over the counts and dtypes of a tensor list. */
-gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n, gs_comm_t comm);
+/* gs_plan_build over the counts and dtypes of a tensor list, with the
+ * communicator's thresholds; fuse_direct: no tensor goes alone for being
+ * of the direct size (a call whose kernels read every tensor where it lies
+ * gains nothing from it, and pays per message). */
+gs_status_t gs_plan_tensors(gs_plan_t *plan, const gs_tensor_t *t, int64_t n, gs_comm_t comm,
+                            int fuse_direct);
 
 /* Whether message m's tensors sit back to back in `t`'s memory, in slot
  * order; *base receives the first element's address. */

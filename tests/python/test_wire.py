@@ -53,13 +53,16 @@ def test_matches_reference_bitwise(wire, op):
 
 
 @pytest.mark.parametrize("wire", WIRES)
-def test_fused_list_and_empty(wire):
-    """Tensors fused in one message are one stream of blocks; an empty
-    tensor and an empty list are no-ops."""
+def test_fused_list_and_empty(wire, monkeypatch):
+    """Tensors fused in one message are one stream of blocks, a tensor of
+    the direct size among them too (the wire passes read every tensor where
+    it lies: it goes alone in a plain allreduce, 400 bytes >= 256 here); an
+    empty tensor and an empty list are no-ops."""
+    monkeypatch.setenv("GRADSYNC_DIRECT_BYTES", "256")
     comm = gs.Communicator()
     p, r = comm.size, comm.rank
     a = [inputs(("a", wire), q, 100) for q in range(p)]
-    b = [inputs(("b", wire), q, 37) for q in range(p)]
+    b = [inputs(("b", wire), q, 37, scale=1e6) for q in range(p)]  # a's last 4 go subnormal in its block
     ref = wire_reference([np.concatenate([a[q], b[q]]) for q in range(p)], wire)
     with collectively() as blk:
         xa, xe, xb = a[r].copy(), np.zeros(0, np.float32), b[r].copy()
