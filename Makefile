@@ -327,9 +327,10 @@ gpu-session-dry: build
 	@GS_PREP_DRY=1 GS_PREP_DIR=$(CURDIR)/$(GPU_DRY) GS_PREP_OUT=$(CURDIR)/$(GPU_DRY)/bundle \
 	    bash scripts/gpu_prepare.sh > $(GPU_DRY).log 2>&1 || { cat $(GPU_DRY).log; exit 1; }
 	@cd $(GPU_DRY)/tree && GS_SESSION_DRY=1 GS_BUNDLE=$(CURDIR)/$(GPU_DRY)/bundle \
-	    OUT=$(CURDIR)/$(GPU_DRY)/out timeout $(TEST_TIMEOUT) bash scripts/gpu_session.sh > /dev/null 2>&1; \
+	    OUT=$(CURDIR)/$(GPU_DRY)/out timeout $(TEST_TIMEOUT) bash scripts/gpu_session.sh all \
+	    wire_np1 wire_np2 wire_nccl wire_memcheck wire_bench > /dev/null 2>&1; \
 	$(PYTHON) scripts/gpu_summary.py build/gpu-session --expect-pass \
-	    build,visible,c_np1,c_np2,pytest_np1,memcheck,initcheck,nccl_shared,probes$(if $(shell $(PYTHON) -c "import torch" 2>/dev/null && echo y),$(comma)bench)
+	    build,visible,c_np1,c_np2,pytest_np1,memcheck,initcheck,nccl_shared,probes,wire_np1,wire_np2,wire_nccl,wire_memcheck$(if $(shell $(PYTHON) -c "import torch" 2>/dev/null && echo y),$(comma)bench$(comma)wire_bench)
 
 comma := ,
 

@@ -40,12 +40,11 @@ static void segment_runs(dev_wire_t *w, const gs_plan_t *plan, const gs_message_
     int64_t hi = s->offset + s->count < at + n ? s->offset + s->count : at + n;
     if (lo >= hi) continue;
     int64_t skip = lo - s->offset;
-    w->runs[k++] = (gs_cu_wire_run_t){
-        .in = gs_at(in[s->tensor].data, (size_t)skip * es),
-        .out = gs_at(out[s->tensor].data, (size_t)skip * es),
-        .residual = res ? (float *)res[s->tensor].data + skip : NULL,
-        .offset = lo - at,
-        .count = hi - lo};
+    w->runs[k++] = (gs_cu_wire_run_t){.in = gs_at(in[s->tensor].data, (size_t)skip * es),
+                                      .out = gs_at(out[s->tensor].data, (size_t)skip * es),
+                                      .residual = res ? (float *)res[s->tensor].data + skip : NULL,
+                                      .offset = lo - at,
+                                      .count = hi - lo};
   }
   w->job.runs = w->runs;
   w->job.nruns = k;
@@ -107,8 +106,8 @@ static size_t aligned(int64_t bytes) { return ((size_t)bytes + ALIGN - 1) / ALIG
  * p copies of this rank's, the gathered shards. */
 static gs_status_t scratch(dev_wire_t *w, int64_t seg) {
   int64_t all = gs_wire_shard_bytes(w->job.wire, seg) + w->job.p;
-  int64_t mine = gs_wire_shard_bytes(w->job.wire, (seg / GS_WIRE_BLOCK / w->job.p + 1) *
-                                                       GS_WIRE_BLOCK);
+  int64_t mine =
+      gs_wire_shard_bytes(w->job.wire, (seg / GS_WIRE_BLOCK / w->job.p + 1) * GS_WIRE_BLOCK);
   size_t a = aligned(all), b = aligned(mine * w->job.p);
   void *buf;
   GS_CHECK(gs_scratch_reserve(w->e, 2 * a + b, &buf));

@@ -83,9 +83,7 @@ static void encode_fp8(gs_wire_t wire, const float *x, int64_t count, uint8_t *d
     float down = ldexpf(1.0f, -s);
     for (int64_t i = lo; i < lo + n; i++) {
       elems[i] = to_fp8_bits(f, x[i] * down);
-      if (lost) {
-        lost[i] += gs_wire_lost(x[i], table[elems[i]] * up);
-      }
+      if (lost) { lost[i] += gs_wire_lost(x[i], table[elems[i]] * up); }
     }
   }
 }

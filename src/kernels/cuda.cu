@@ -277,7 +277,7 @@ extern "C" int gs_cu_launch_wire_encode(gs_cu_wire_job_t job, void *packed, void
   int64_t nb = wire_blocks(job.n);
   if (nb == 0) return 0;
   wire_encode_kernel<<<wire_grid(nb), kThreads, 0, (cudaStream_t)stream>>>(job, (uint8_t *)packed,
-                                                                          nb);
+                                                                           nb);
   return launched();
 }
 

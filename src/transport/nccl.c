@@ -1,4 +1,5 @@
-/* The NCCL transport. NCCL is opened at run time (GRADSYNC_NCCL_LIBRARY, the
+/* The NCCL transport's library, polling and communicators (the data
+ * movement is nccl_ops.c's). NCCL is opened at run time (GRADSYNC_NCCL_LIBRARY, the
  * library found at build time, then libnccl.so.2 on the loader's path), so
  * one build runs on machines with and without it; only its header is needed
  * to compile. NCCL older than 2.14 is refused (no non-blocking communicators
@@ -15,11 +16,7 @@
  * released (it may take seconds; other threads' calls go on meanwhile):
  * under the lock the handle is only taken out of the communicator, so every
  * later poll, which runs under the lock, sees it gone and never touches a
- * communicator NCCL is freeing.
- *
- * NCCL's min and max drop NaN (fmin/fmax); gradsync's propagate it on every
- * path, so float min/max go over NCCL as an integer min/max of order keys
- * (cuda_pieces.cuh) that keep NaN winning. */
+ * communicator NCCL is freeing. */
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
@@ -35,29 +32,12 @@
 #endif
 
 #ifdef GS_HAVE_NCCL
-#include <nccl.h>
+#include "transport/gs_nccl.h"
 
 #define MIN_VERSION 21400 /* NCCL 2.14: ncclCommInitRankConfig with blocking = 0 */
 
-/* The NCCL entry points gradsync opens (clang-format cannot settle on a
- * layout for this list). */
-// clang-format off
-#define NCCL_FUNCTIONS(X) \
-  X(ncclGetVersion) X(ncclGetUniqueId) X(ncclCommInitRankConfig) X(ncclCommFinalize) \
-  X(ncclCommDestroy) \
-  X(ncclCommAbort) X(ncclCommGetAsyncError) X(ncclGetErrorString) X(ncclGetLastError) \
-  X(ncclAllReduce) X(ncclBroadcast) X(ncclAllGather) X(ncclReduceScatter) X(ncclReduce) \
-  X(ncclSend) X(ncclRecv) X(ncclGroupStart) X(ncclGroupEnd)
-// clang-format on
-
-static struct {
-#define NCCL_POINTER(name) __typeof__(name) *name;
-  NCCL_FUNCTIONS(NCCL_POINTER)
-#undef NCCL_POINTER
-  void *handle;
-  int version;
-  char error[512];
-} api;
+gs_nccl_api_t gs_nccl_api;
+#define api gs_nccl_api
 static pthread_once_t api_once = PTHREAD_ONCE_INIT;
 
 static void refuse(const char *why) {
@@ -137,7 +117,7 @@ static void abort_detached(void *arg) {
 
 /* Under the runtime lock: the handle leaves c now (later polls see it gone),
  * the abort runs once this thread releases the lock. */
-static void abort_comm(gs_comm_t c, gs_status_t why) {
+void gs_nccl_abort(gs_comm_t c, gs_status_t why) {
   if (!c->nccl) return;
   gs_log(GS_LOG_ERROR, "aborting the NCCL communicator (%s)", gs_status_string(why));
   detached_t *d = malloc(sizeof *d);
@@ -152,7 +132,7 @@ static void abort_comm(gs_comm_t c, gs_status_t why) {
   gs_runtime_after_unlock(abort_detached, d);
 }
 
-static const char *detail(gs_comm_t c) { return c->nccl ? last_error(c) : NULL; }
+const char *gs_nccl_detail(gs_comm_t c) { return c->nccl ? last_error(c) : NULL; }
 
 /* A poll of a communicator that another wait has aborted (the background
  * watcher polls handed-off requests while a caller may wait on the same
@@ -177,21 +157,21 @@ static int settle_poll(void *ctx, gs_status_t *err) {
   if (r == ncclSuccess && state == ncclInProgress) return 0;
   if (r == ncclSuccess && state == ncclSuccess) return 1;
   *err = nccl_fail(s->c, r != ncclSuccess ? r : state, s->what);
-  abort_comm(s->c, GS_ERR_NCCL);
+  gs_nccl_abort(s->c, GS_ERR_NCCL);
   s->c->fate.broken = GS_ERR_NCCL;
   return -1;
 }
 
-static void settle_abort(void *ctx, gs_status_t why) { abort_comm(((settle_ctx_t *)ctx)->c, why); }
-static const char *settle_detail(void *ctx) { return detail(((settle_ctx_t *)ctx)->c); }
+static void settle_abort(void *ctx, gs_status_t why) {
+  gs_nccl_abort(((settle_ctx_t *)ctx)->c, why);
+}
+static const char *settle_detail(void *ctx) { return gs_nccl_detail(((settle_ctx_t *)ctx)->c); }
 
-/* A call on a non-blocking communicator: ncclInProgress is polled until the
- * call is done (its enqueue, not its kernel); any error aborts. */
-static gs_status_t settle(gs_comm_t c, ncclResult_t r, const char *what) {
+gs_status_t gs_nccl_settle(gs_comm_t c, ncclResult_t r, const char *what) {
   if (r == ncclSuccess) return GS_SUCCESS;
   if (r != ncclInProgress) {
     gs_status_t s = nccl_fail(c, r, what);
-    abort_comm(c, GS_ERR_NCCL);
+    gs_nccl_abort(c, GS_ERR_NCCL);
     c->fate.broken = GS_ERR_NCCL;
     return s;
   }
@@ -200,9 +180,7 @@ static gs_status_t settle(gs_comm_t c, ncclResult_t r, const char *what) {
   return gs_progress_wait(&w);
 }
 
-#define NCCL_CALL(c, call, what) GS_CHECK(settle((c), (call), (what)))
-
-static int nccl_poll(gs_comm_t c, void *event, const char *what, gs_status_t *err) {
+int gs_nccl_poll(gs_comm_t c, void *event, const char *what, gs_status_t *err) {
   if (!c->nccl) return aborted_already(c, what, err);
   ncclResult_t state = ncclSuccess;
   ncclResult_t r = api.ncclCommGetAsyncError((ncclComm_t)c->nccl, &state);
@@ -210,7 +188,7 @@ static int nccl_poll(gs_comm_t c, void *event, const char *what, gs_status_t *er
     char said[160];
     snprintf(said, sizeof said, "%s: NCCL reported an asynchronous error", what);
     *err = nccl_fail(c, r != ncclSuccess ? r : state, said);
-    abort_comm(c, GS_ERR_NCCL);
+    gs_nccl_abort(c, GS_ERR_NCCL);
     c->fate.broken = GS_ERR_NCCL;
     return -1;
   }
@@ -277,9 +255,9 @@ gs_status_t gs_nccl_comm_init(gs_comm_t c) {
     c->nccl = NULL;
     return s;
   }
-  s = settle(c, r, "ncclCommInitRankConfig"); /* polls the initialization */
+  s = gs_nccl_settle(c, r, "ncclCommInitRankConfig"); /* polls the initialization */
   if (s != GS_SUCCESS) {
-    abort_comm(c, s);
+    gs_nccl_abort(c, s);
     if (s == GS_ERR_INTERRUPTED) { /* the interrupt goes up; c is unusable */
       c->fate.broken = s;
       return s;
@@ -306,206 +284,12 @@ gs_status_t gs_nccl_comm_free(gs_comm_t c) {
     return GS_SUCCESS;
   }
   gs_fate_t *saved = gs_runtime_bind(&c->fate); /* a finalize that gives up marks c */
-  gs_status_t s = settle(c, api.ncclCommFinalize((ncclComm_t)c->nccl), "ncclCommFinalize");
+  gs_status_t s = gs_nccl_settle(c, api.ncclCommFinalize((ncclComm_t)c->nccl), "ncclCommFinalize");
   gs_runtime_bind(saved);
   if (s == GS_SUCCESS && c->nccl) api.ncclCommDestroy((ncclComm_t)c->nccl);
   c->nccl = NULL;
   return s;
 }
-
-/* ---- the collectives ---------------------------------------------------------------------- */
-
-static ncclDataType_t nccl_type(gs_dtype_t d) {
-  switch (d) {
-    case GS_FLOAT16: return ncclFloat16;
-    case GS_BFLOAT16: return ncclBfloat16;
-    case GS_FLOAT32: return ncclFloat32;
-    case GS_FLOAT64: return ncclFloat64;
-    case GS_INT8: return ncclInt8;
-    case GS_UINT8: return ncclUint8;
-    case GS_INT32: return ncclInt32;
-    default: return ncclInt64;
-  }
-}
-
-static ncclRedOp_t nccl_op(gs_op_t op) {
-  switch (op) {
-    case GS_OP_MIN: return ncclMin;
-    case GS_OP_MAX: return ncclMax;
-    case GS_OP_PROD: return ncclProd;
-    default: return ncclSum; /* average: sum, scaled by the engine */
-  }
-}
-
-#define COMM(c) ((ncclComm_t)(c)->nccl)
-#define STREAM(c) ((cudaStream_t)(c)->dev_stream)
-
-/* One rank reduces nothing: its data passes unchanged, as on every path. */
-static int keyed(gs_comm_t c, gs_dtype_t dtype, gs_op_t op) {
-  return c->size > 1 && (op == GS_OP_MIN || op == GS_OP_MAX) && gs_dtype_is_float(dtype);
-}
-
-static ncclDataType_t key_type(gs_dtype_t dtype) {
-  return gs_cu_key_bytes(dtype) == 8 ? ncclUint64 : ncclUint32;
-}
-
-/* Scratch for keys: `elements` of them. */
-static gs_status_t key_scratch(gs_comm_t c, int64_t elements, gs_dtype_t dtype, char **keys) {
-  GS_CHECK(gs_cu_grow(&c->dev_keys, &c->dev_keys_bytes,
-                      (size_t)elements * (size_t)gs_cu_key_bytes(dtype), c->dev_stream));
-  *keys = c->dev_keys;
-  return GS_SUCCESS;
-}
-
-static gs_status_t to_keys(gs_comm_t c, gs_dtype_t dtype, gs_op_t op, const void *src, void *keys,
-                           int64_t n, int inverse) {
-  return gs_cu_launched(
-      gs_cu_launch_order_keys((int)dtype, op == GS_OP_MAX, inverse, src, keys, n, c->dev_stream),
-      "gradsync: min/max order-key kernel launch");
-}
-
-static gs_status_t nccl_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
-                                  gs_dtype_t dtype, gs_op_t op) {
-  const void *src = send ? send : recv;
-  if (!keyed(c, dtype, op)) {
-    NCCL_CALL(c,
-              api.ncclAllReduce(src, recv, (size_t)count, nccl_type(dtype), nccl_op(op), COMM(c),
-                                STREAM(c)),
-              "ncclAllReduce");
-    return GS_SUCCESS;
-  }
-  char *keys = recv; /* 32- and 64-bit floats: keys of their own width, in place */
-  if ((size_t)gs_cu_key_bytes(dtype) != gs_dtype_size(dtype))
-    GS_CHECK(key_scratch(c, count, dtype, &keys));
-  GS_CHECK(to_keys(c, dtype, op, src, keys, count, 0));
-  NCCL_CALL(c,
-            api.ncclAllReduce(keys, keys, (size_t)count, key_type(dtype), nccl_op(op), COMM(c),
-                              STREAM(c)),
-            "ncclAllReduce (min/max order keys)");
-  return to_keys(c, dtype, op, keys, recv, count, 1);
-}
-
-static gs_status_t nccl_broadcast(gs_comm_t c, void *buf, int64_t count, gs_dtype_t dtype,
-                                  int root) {
-  NCCL_CALL(c,
-            api.ncclBroadcast(buf, buf, (size_t)count, nccl_type(dtype), root, COMM(c), STREAM(c)),
-            "ncclBroadcast");
-  return GS_SUCCESS;
-}
-
-static int equal_blocks(gs_comm_t c, const int64_t *counts, const int64_t *displs) {
-  for (int r = 0; r < c->size; r++)
-    if (counts[r] != counts[0] || (displs && displs[r] != r * counts[0])) return 0;
-  return 1;
-}
-
-/* Equal blocks: one ncclAllGather. Otherwise every rank broadcasts its
- * block, all in one group (NCCL runs them as one operation). */
-static gs_status_t nccl_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
-                                   const int64_t *displs, gs_dtype_t dtype) {
-  size_t es = gs_dtype_size(dtype);
-  if (equal_blocks(c, counts, displs)) {
-    char *mine = (char *)recv + (size_t)displs[c->rank] * es;
-    NCCL_CALL(
-        c, api.ncclAllGather(mine, recv, (size_t)counts[0], nccl_type(dtype), COMM(c), STREAM(c)),
-        "ncclAllGather");
-    return GS_SUCCESS;
-  }
-  NCCL_CALL(c, api.ncclGroupStart(), "ncclGroupStart");
-  ncclResult_t r = ncclSuccess;
-  for (int root = 0; root < c->size && (r == ncclSuccess || r == ncclInProgress); root++) {
-    char *block = (char *)recv + (size_t)displs[root] * es;
-    if (counts[root])
-      r = api.ncclBroadcast(block, block, (size_t)counts[root], nccl_type(dtype), root, COMM(c),
-                            STREAM(c));
-  }
-  ncclResult_t g = api.ncclGroupEnd();
-  if (r != ncclSuccess && r != ncclInProgress) return settle(c, r, "ncclBroadcast (allgatherv)");
-  NCCL_CALL(c, g, "ncclGroupEnd (allgatherv)");
-  return GS_SUCCESS;
-}
-
-/* Equal blocks: one ncclReduceScatter. Otherwise one ncclReduce per block,
- * rooted at its owner, in one group. Elements of `type`, `size` bytes each. */
-static gs_status_t reduce_blocks(gs_comm_t c, const void *send, void *recv, const int64_t *counts,
-                                 ncclDataType_t type, size_t size, ncclRedOp_t op) {
-  if (equal_blocks(c, counts, NULL)) {
-    NCCL_CALL(c, api.ncclReduceScatter(send, recv, (size_t)counts[0], type, op, COMM(c), STREAM(c)),
-              "ncclReduceScatter");
-    return GS_SUCCESS;
-  }
-  NCCL_CALL(c, api.ncclGroupStart(), "ncclGroupStart");
-  ncclResult_t r = ncclSuccess;
-  size_t off = 0;
-  for (int root = 0; root < c->size && (r == ncclSuccess || r == ncclInProgress); root++) {
-    if (counts[root])
-      r = api.ncclReduce((const char *)send + off, recv, (size_t)counts[root], type, op, root,
-                         COMM(c), STREAM(c));
-    off += (size_t)counts[root] * size;
-  }
-  ncclResult_t g = api.ncclGroupEnd();
-  if (r != ncclSuccess && r != ncclInProgress) return settle(c, r, "ncclReduce (reduce_scatter)");
-  NCCL_CALL(c, g, "ncclGroupEnd (reduce_scatter)");
-  return GS_SUCCESS;
-}
-
-static gs_status_t nccl_reduce_scatter(gs_comm_t c, const void *send, void *recv,
-                                       const int64_t *counts, gs_dtype_t dtype, gs_op_t op) {
-  if (!keyed(c, dtype, op))
-    return reduce_blocks(c, send, recv, counts, nccl_type(dtype), gs_dtype_size(dtype),
-                         nccl_op(op));
-  int64_t total = 0, mine = counts[c->rank];
-  for (int r = 0; r < c->size; r++) total += counts[r];
-  char *keys;
-  size_t kb = (size_t)gs_cu_key_bytes(dtype);
-  GS_CHECK(key_scratch(c, total + mine, dtype, &keys));
-  GS_CHECK(to_keys(c, dtype, op, send, keys, total, 0));
-  GS_CHECK(
-      reduce_blocks(c, keys, keys + (size_t)total * kb, counts, key_type(dtype), kb, nccl_op(op)));
-  return to_keys(c, dtype, op, keys + (size_t)total * kb, recv, mine, 1);
-}
-
-static gs_status_t nccl_exchange(gs_comm_t c, const void *sbuf, int64_t scount, void *rbuf,
-                                 int64_t rcount, gs_dtype_t dtype, int peer) {
-  NCCL_CALL(c, api.ncclGroupStart(), "ncclGroupStart");
-  ncclResult_t r = ncclSuccess;
-  if (scount) r = api.ncclSend(sbuf, (size_t)scount, nccl_type(dtype), peer, COMM(c), STREAM(c));
-  if ((r == ncclSuccess || r == ncclInProgress) && rcount)
-    r = api.ncclRecv(rbuf, (size_t)rcount, nccl_type(dtype), peer, COMM(c), STREAM(c));
-  ncclResult_t g = api.ncclGroupEnd();
-  if (r != ncclSuccess && r != ncclInProgress) return settle(c, r, "ncclSend/ncclRecv");
-  NCCL_CALL(c, g, "ncclGroupEnd (exchange)");
-  return GS_SUCCESS;
-}
-
-/* One group for every peer: NCCL schedules the sends and receives
- * together, where pairwise groups would run one round after another. */
-static gs_status_t nccl_alltoallv(gs_comm_t c, const void *send, const int64_t *scounts,
-                                  const int64_t *sdispls, void *recv, const int64_t *rcounts,
-                                  const int64_t *rdispls, gs_dtype_t dtype) {
-  size_t es = gs_dtype_size(dtype);
-  NCCL_CALL(c, api.ncclGroupStart(), "ncclGroupStart");
-  ncclResult_t r = ncclSuccess;
-  for (int k = 1; k < c->size && (r == ncclSuccess || r == ncclInProgress); k++) {
-    int to = (c->rank + k) % c->size, from = (c->rank - k + c->size) % c->size;
-    if (scounts[to])
-      r = api.ncclSend((const char *)send + (size_t)sdispls[to] * es, (size_t)scounts[to],
-                       nccl_type(dtype), to, COMM(c), STREAM(c));
-    if ((r == ncclSuccess || r == ncclInProgress) && rcounts[from])
-      r = api.ncclRecv((char *)recv + (size_t)rdispls[from] * es, (size_t)rcounts[from],
-                       nccl_type(dtype), from, COMM(c), STREAM(c));
-  }
-  ncclResult_t g = api.ncclGroupEnd();
-  if (r != ncclSuccess && r != ncclInProgress) return settle(c, r, "ncclSend/ncclRecv (alltoallv)");
-  NCCL_CALL(c, g, "ncclGroupEnd (alltoallv)");
-  return GS_SUCCESS;
-}
-
-const gs_transport_t gs_nccl_transport = {
-    "nccl",        nccl_allreduce, nccl_broadcast, nccl_allgatherv, nccl_reduce_scatter,
-    nccl_exchange, nccl_poll,      abort_comm,     detail,          NULL,
-    nccl_alltoallv,
-};
 
 #else /* no NCCL header at build time */
 

@@ -62,7 +62,8 @@ def test_fused_list_and_empty(wire, monkeypatch):
     comm = gs.Communicator()
     p, r = comm.size, comm.rank
     a = [inputs(("a", wire), q, 100) for q in range(p)]
-    b = [inputs(("b", wire), q, 37, scale=1e6) for q in range(p)]  # a's last 4 go subnormal in its block
+    # b's scale: a's last 4 elements, in a block with b's first 28, go subnormal
+    b = [inputs(("b", wire), q, 37, scale=1e6) for q in range(p)]
     ref = wire_reference([np.concatenate([a[q], b[q]]) for q in range(p)], wire)
     with collectively() as blk:
         xa, xe, xb = a[r].copy(), np.zeros(0, np.float32), b[r].copy()
