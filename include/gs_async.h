@@ -33,6 +33,12 @@ typedef struct gs_request *gs_request_t;
 GS_API gs_status_t gs_allreduce_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
                                       gs_op_t op, double prescale, double postscale,
                                       gs_request_t *request);
+/* In-place gs_allreduce_wire (residual: NULL, or n float32 tensors kept
+ * untouched until the request is done). */
+GS_API gs_status_t gs_allreduce_wire_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
+                                           gs_op_t op, double prescale, double postscale,
+                                           gs_wire_t wire, const gs_tensor_t *residual,
+                                           gs_request_t *request);
 GS_API gs_status_t gs_broadcast_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
                                       int root, gs_request_t *request);
 GS_API gs_status_t gs_allgather_shards_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,

@@ -411,11 +411,31 @@ cdef class Comm:
         with self.converting:
             return adasum_mode(parse_op(op), self.adasum if adasum is None else adasum)
 
-    def allreduce_async(self, tensors, op, double prescale, double postscale, adasum):
+    def allreduce_async(self, tensors, op, double prescale, double postscale, adasum,
+                        wire=None, residual=None):
         cdef gs_comm_t h = self.live()
         cdef gs_op_t cop = self.async_op(op, adasum)
+        cdef gs_wire_t cwire = GS_WIRE_NONE
+        cdef TensorList tres = None
         cdef Request r = self.async_request(tensors, "comm.allreduce_async_")
-        CHKERR(gs_allreduce_async(h, r.keep.t, r.keep.n, cop, prescale, postscale, &r.req))
+        with self.converting:
+            if wire is not None:
+                cwire = parse_wire(wire)
+            elif residual is not None:
+                raise ArgumentError("residual (error feedback) needs a wire format: pass wire=",
+                                    GS_ERR_INVALID_ARGUMENT)
+            if residual is not None:
+                tres = arguments(residual, "residual", True, "comm.allreduce_async_", None,
+                                 r.keep)
+                if tres.n != r.keep.n:
+                    raise ArgumentError(f"residual has {tres.n} arrays for {r.keep.n} tensors",
+                                        GS_ERR_INVALID_ARGUMENT)
+                r.keep_also = tres
+        if cwire == GS_WIRE_NONE:
+            CHKERR(gs_allreduce_async(h, r.keep.t, r.keep.n, cop, prescale, postscale, &r.req))
+        else:
+            CHKERR(gs_allreduce_wire_async(h, r.keep.t, r.keep.n, cop, prescale, postscale, cwire,
+                                           tres.t if tres is not None else NULL, &r.req))
         return r
 
     def broadcast_async(self, tensors, int root):

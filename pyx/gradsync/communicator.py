@@ -168,13 +168,17 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
 
     # ---- asynchronous (in place): return a gs.Request --------------------------
     def allreduce_async_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0,
-                         adasum=None):
+                         adasum=None, wire=None, residual=None):
         """Starts an in-place allreduce and returns at once: a Request whose
         ``wait()`` returns ``tensors`` once reduced (``test()``, ``done``). The
         collectives run in issue order on the runtime's background thread; a
-        blocking collective waits for them first. Don't touch the tensors
-        until the request is done."""
-        return self.handle.allreduce_async(tensors, op, prescale, postscale, adasum)
+        blocking collective waits for them first. Don't touch the tensors (or
+        the residuals) until the request is done. wire and residual as for
+        allreduce_."""
+        if residual is not None and hasattr(residual, "residuals"):
+            residual = residual.residuals(tensors)
+        return self.handle.allreduce_async(tensors, op, prescale, postscale, adasum, wire,
+                                           residual)
 
     def broadcast_async_(self, tensors, root=0):
         """Starts an in-place broadcast from ``root``; returns a Request."""

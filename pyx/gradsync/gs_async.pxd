@@ -2,7 +2,7 @@
 from libc.stdint cimport int64_t, uintptr_t
 from gradsync.gs_comm cimport gs_comm_t
 from gradsync.gs_status cimport gs_status_t
-from gradsync.gs_types cimport gs_op_t, gs_tensor_t
+from gradsync.gs_types cimport gs_op_t, gs_tensor_t, gs_wire_t
 
 cdef extern from "gs_async.h" nogil:
     ctypedef struct gs_request:
@@ -12,6 +12,10 @@ cdef extern from "gs_async.h" nogil:
     gs_status_t gs_allreduce_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
                                    gs_op_t op, double prescale, double postscale,
                                    gs_request_t *request)
+    gs_status_t gs_allreduce_wire_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
+                                        gs_op_t op, double prescale, double postscale,
+                                        gs_wire_t wire, const gs_tensor_t *residual,
+                                        gs_request_t *request)
     gs_status_t gs_broadcast_async(gs_comm_t comm, const gs_tensor_t *tensors, int64_t n,
                                    int root, gs_request_t *request)
     gs_status_t gs_allgather_shards_async(gs_comm_t comm, const gs_tensor_t *tensors,

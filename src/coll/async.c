@@ -10,6 +10,7 @@
 
 typedef enum {
   CALL_ALLREDUCE,
+  CALL_ALLREDUCE_WIRE, /* out: the residuals, or NULL */
   CALL_BROADCAST,
   CALL_AG_SHARDS,
   CALL_RS_SHARDS,
@@ -30,6 +31,7 @@ typedef struct call_ctx {
   gs_op_t op;
   double pre, post;
   int root;
+  gs_wire_t wire;
 } call_ctx_t;
 
 static void release(void *ctx) {
@@ -45,6 +47,8 @@ static gs_status_t run(void *ctx) {
   call_ctx_t *x = ctx;
   switch (x->kind) {
     case CALL_ALLREDUCE: return gs_allreduce(x->comm, x->in, NULL, x->n, x->op, x->pre, x->post);
+    case CALL_ALLREDUCE_WIRE:
+      return gs_allreduce_wire(x->comm, x->in, NULL, x->n, x->op, x->pre, x->post, x->wire, x->out);
     case CALL_BROADCAST: return gs_broadcast(x->comm, x->in, x->n, x->root);
     case CALL_AG_SHARDS: return gs_allgather_shards(x->comm, x->in, x->n);
     case CALL_RS_SHARDS:
@@ -120,6 +124,26 @@ gs_status_t gs_allreduce_async(gs_comm_t c, const gs_tensor_t *tensors, int64_t 
   call_ctx_t p = {
       .kind = CALL_ALLREDUCE, .comm = c, .n = n, .op = op, .pre = prescale, .post = postscale};
   return queue_in_place("gs_allreduce_async", p, tensors, request);
+}
+
+gs_status_t gs_allreduce_wire_async(gs_comm_t c, const gs_tensor_t *tensors, int64_t n, gs_op_t op,
+                                    double prescale, double postscale, gs_wire_t wire,
+                                    const gs_tensor_t *residual, gs_request_t *request) {
+  call_ctx_t p = {.kind = CALL_ALLREDUCE_WIRE,
+                  .comm = c,
+                  .n = n,
+                  .op = op,
+                  .pre = prescale,
+                  .post = postscale,
+                  .wire = wire};
+  if (!residual) return queue_in_place("gs_allreduce_wire_async", p, tensors, request);
+  gs_clear_error();
+  if (!request) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_allreduce_wire_async: request is NULL");
+  *request = NULL;
+  if (n < 0 || (n > 0 && !tensors))
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "gs_allreduce_wire_async: tensors is NULL or n is negative");
+  return queue("gs_allreduce_wire_async", p, tensors, residual, 0, NULL, NULL, request);
 }
 
 gs_status_t gs_broadcast_async(gs_comm_t c, const gs_tensor_t *tensors, int64_t n, int root,

@@ -188,6 +188,45 @@ def test_compression_fp16():
     c.done()
 
 
+def test_optimizer_fp16_takes_the_wire():
+    """DistributedOptimizer(compression=Compression.fp16) on float32
+    parameters reduces through gradsync's float16 wire: every rank's
+    gradient rounded to float16 once, summed in float32 in rank order,
+    averaged, rounded once (tests/python/wire_ref.py's reference), not
+    Horovod's cast-then-reduce in float16; the parameters stay identical on
+    every rank. A float64 model keeps the cast (the wire takes float32)."""
+    from mpi4py import MPI
+    from wire_ref import wire_reference
+    c = Checks()
+    world = MPI.COMM_WORLD
+    torch.manual_seed(1)
+    model = mlp()
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.fp16)
+    c.check(opt.wire == "float16" and opt.compression is None, "fp16 maps to the wire")
+    gen = torch.Generator().manual_seed(10 + hvd.rank())
+    x = torch.randn(N, D_IN, generator=gen) * 3
+    F.mse_loss(model(x), torch.zeros(N, D_OUT)).backward()
+    mine = [p.grad.detach().clone().numpy() for p in model.parameters()]
+    every = world.allgather(mine)
+    opt.synchronize()
+    for k, p in enumerate(model.parameters()):
+        ref = wire_reference([every[q][k].ravel() for q in range(hvd.size())], "float16",
+                             "average") if hvd.size() > 1 else mine[k].ravel()  # 1: nothing sent
+        got = p.grad.detach().numpy().ravel()
+        c.check(np.array_equal(got.view(np.uint32), ref.view(np.uint32)), f"parameter {k}")
+    with opt.skip_synchronize():
+        opt.step()
+    model64 = mlp().double()
+    opt64 = hvd.DistributedOptimizer(torch.optim.SGD(model64.parameters(), lr=0.1),
+                                     named_parameters=model64.named_parameters(),
+                                     compression=hvd.Compression.fp16)
+    c.check(opt64.wire is None and opt64.compression is not None, "float64 keeps the cast")
+    c.done()
+
+
 @needs_two
 def test_force_allreduce():
     """Rank 0's loss uses fc1 and fc2 only, the others' all three layers: the

@@ -252,3 +252,30 @@ def test_refusals():
             with pytest.raises(gs.MismatchError):
                 comm.allreduce_(x.copy(), wire="bfloat16" if comm.rank == 0 else None)
     comm.close()
+
+
+@pytest.mark.parametrize("wire", ["bfloat16", "float8_e4m3"])
+def test_async_matches_blocking(wire):
+    """allreduce_async_(wire=, residual=) gives the blocking call's bits,
+    results and residuals, over two steps, with a plain asynchronous
+    allreduce queued between (issue order)."""
+    comm = gs.Communicator()
+    r = comm.rank
+    ef_sync, ef_async = gs.ErrorFeedback(), gs.ErrorFeedback()
+    with collectively():
+        for step in range(2):
+            a = inputs(("async-a", wire, step), r, 300, scale=0.01)
+            b = inputs(("async-b", wire, step), r, 77)
+            sa, sb = a.copy(), b.copy()
+            comm.allreduce_([sa, sb], "average", wire=wire, residual=ef_sync)
+            xa, xb, plain = a.copy(), b.copy(), np.full(5, float(r), np.float32)
+            req = comm.allreduce_async_([xa, xb], "average", wire=wire, residual=ef_async)
+            req2 = comm.allreduce_async_(plain)
+            assert req.wait()[0] is xa and req2.wait() is plain
+            assert same_bits(xa, sa) and same_bits(xb, sb), step
+            for k in range(2):
+                assert same_bits(ef_async.state[k], ef_sync.state[k]), (step, k)
+            assert np.all(plain == sum(range(comm.size)))
+        with pytest.raises(gs.ArgumentError, match="residual"):
+            comm.allreduce_async_(a.copy(), residual=[np.zeros(300, np.float32)])
+    comm.close()

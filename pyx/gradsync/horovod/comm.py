@@ -59,15 +59,25 @@ class EngineComm:
     def _listed(tensors):
         return list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
 
-    def allreduce_async_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
+    def allreduce_async_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None,
+                         wire=None, residual=None):
+        """wire: as gs.Communicator's (Compression.fp16 on float32); residual
+        (error feedback) is not taken here: the drop-in's optimizer has none,
+        as Horovod's fp16 has none."""
+        if residual is not None:
+            raise ValueError("gradsync.horovod: residual (error feedback) is not supported "
+                             "through the Horovod engine; use gradsync.torch's "
+                             "DistributedOptimizer(wire=...)")
         listed = self._listed(tensors)
         call = self.engine.submit("allreduce", listed, sig=_sig_like(listed), op=op,
-                                  prescale=prescale, postscale=postscale, adasum=adasum)
+                                  prescale=prescale, postscale=postscale, adasum=adasum,
+                                  wire=wire)
         return EngineRequest(self.engine, call, tensors)
 
-    def allreduce_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None):
+    def allreduce_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None,
+                   wire=None, residual=None):
         return self.allreduce_async_(tensors, op, prescale=prescale, postscale=postscale,
-                                     adasum=adasum).wait()
+                                     adasum=adasum, wire=wire, residual=residual).wait()
 
     def broadcast_(self, tensors, root=0):
         listed = self._listed(tensors)

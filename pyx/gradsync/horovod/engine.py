@@ -406,7 +406,8 @@ class Engine:
         comm = self.comm
         if kind == "allreduce":
             comm.allreduce_(a, args["op"], prescale=args["prescale"],
-                            postscale=args["postscale"], adasum=args.get("adasum"))
+                            postscale=args["postscale"], adasum=args.get("adasum"),
+                            wire=args.get("wire"))
             return None
         if kind == "broadcast":
             comm.broadcast_(a, root=args["root"])

@@ -26,11 +26,10 @@ class AllreduceStep:
             b.request = DoneRequest(b.buffer)
             return
         if opt.wire is not None:
-            # a low-precision wire format: no asynchronous form, so the
-            # bucket reduces now (float32 sums, one rounding; residual kept)
-            opt.comm.allreduce_(b.buffer, op=opt.op, postscale=micro, wire=opt.wire,
-                                residual=b.feedback)
-            b.request = DoneRequest(b.buffer)
+            # a low-precision wire format (float32 sums, one rounding; the
+            # residual kept), in the background like the others
+            b.request = opt.comm.allreduce_async_(b.buffer, op=opt.op, postscale=micro,
+                                                  wire=opt.wire, residual=b.feedback)
             return
         if b.wire is None:
             # average: the C op divides by size; postscale 1/k averages the

@@ -52,10 +52,15 @@ class _HorovodDistributedOptimizer(gst.DistributedOptimizer):
         self._sparse = {}   # slot -> this step's sparse gradient (summed over passes)
         self._densified = set()  # slots whose sparse gradient went dense (sparse_as_dense)
         self._hvd_op = op
+        fp16 = compression is FP16Compressor
+        # Compression.fp16 goes on gradsync's float16 wire where it can (float32
+        # sums, one rounding: docs/HOROVOD.md), else Horovod's cast-then-reduce
+        wire = "float16" if fp16 and _wire_takes(named, op) else None
         super().__init__(optimizer, named, op=OP_NAMES[op], micro_batches="sum",
                          backward_passes_per_step=backward_passes_per_step,
                          bucket_bytes=_bucket_bytes(optimizer, groups),
-                         compression="fp16" if compression is FP16Compressor else None,
+                         compression="fp16" if fp16 and wire is None else None,
+                         wire=wire, error_feedback=False,
                          comm=_comm_for(process_set),
                          gradient_predivide_factor=gradient_predivide_factor)
         self._parameter_names = {p: n for n, p in named}
@@ -128,6 +133,13 @@ class _HorovodDistributedOptimizer(gst.DistributedOptimizer):
         self._should_warn = False
         super().step()
         return loss
+
+
+def _wire_takes(named, op):
+    """Whether Compression.fp16 can take the float16 wire: a summing op and
+    float32 parameters only (the wire takes float32; Horovod's fp16 leaves
+    other dtypes as they are)."""
+    return op in (Average, Sum) and all(p.dtype == torch.float32 for _, p in named)
 
 
 def _comm_for(process_set):
