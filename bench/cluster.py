@@ -16,6 +16,10 @@ alike:
     gs default  gradsync as it chooses (GRADSYNC_HIERARCHICAL unset)
     mpi4py      one mpi4py Allreduce(IN_PLACE) per tensor
     mpi4py fused  one mpi4py Allreduce of one buffer holding every tensor
+    gs <wire>   gradsync as it chooses, in a low-precision wire format
+                (--wires bfloat16,float8_e4m3: issue 32's benchmark)
+
+--variants keeps only the named ones (comma list).
 
 Time: the slowest rank's, median over --repeats. Bytes: what each host's
 data link sent during the timed calls, per call (the largest host's).
@@ -57,10 +61,12 @@ def communicator(mode):
             os.environ["GRADSYNC_HIERARCHICAL"] = old
 
 
-def variants(tensors, flat):
+def variants(tensors, flat, wires=()):
     comms = {"gs flat": communicator("0"), "gs hier": communicator("1"),
              "gs default": communicator(None)}
     fns = {name: (lambda c=c: c.allreduce_(tensors)) for name, c in comms.items()}
+    for w in wires:
+        fns["gs " + w] = lambda w=w: comms["gs default"].allreduce_(tensors, wire=w)
 
     def per_tensor():
         for t in tensors:
@@ -116,13 +122,18 @@ def main():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=1)
     p.add_argument("--json", default=None)
+    p.add_argument("--wires", default="", help="comma list of wire formats to add")
+    p.add_argument("--variants", default="", help="comma list: only these variants")
     args = p.parse_args()
     hosts = int(os.environ.get("SIMCLUSTER_HOSTS", "1"))
     rate = int(os.environ.get("SIMCLUSTER_RATE", "0"))
     results = {}
     for case in args.cases.split(","):
         tensors, flat = case_tensors(case)
-        fns, comms = variants(tensors, flat)
+        fns, comms = variants(tensors, flat, [w for w in args.wires.split(",") if w])
+        if args.variants:
+            keep = args.variants.split(",")
+            fns = {k: f for k, f in fns.items() if k in keep}
         results[case] = measure(fns, args.warmup, args.repeats, args.iters)
         results[case]["_bytes"] = int(flat.nbytes)
         for c in comms.values():
@@ -132,15 +143,16 @@ def main():
             WORLD.size, hosts, "{:,}".format(rate) if rate else "?", args.repeats))
         for case, rows in results.items():
             nbytes = rows["_bytes"]
-            mpi = rows["mpi4py"]["time_s"]
+            base = "mpi4py" if "mpi4py" in rows else next(k for k in rows if k != "_bytes")
             print("\n%s (%.1f MiB)" % (case, nbytes / 2 ** 20))
-            print("  %-13s %10s %14s %8s %9s" % ("variant", "time(ms)", "sent/host(MB)",
-                                                 "x msg", "mpi4py/x"))
+            mpi = rows[base]["time_s"]
+            print("  %-17s %10s %14s %8s %9s" % ("variant", "time(ms)", "sent/host(MB)",
+                                                 "x msg", base[:8] + "/x"))
             for name, r in rows.items():
                 if name.startswith("_"):
                     continue
                 b = r["bytes_per_host"]
-                print("  %-13s %10.1f %14s %8s %9.2f" % (
+                print("  %-17s %10.1f %14s %8s %9.2f" % (
                     name, r["time_s"] * 1e3, "-" if b is None else "%.1f" % (b / 1e6),
                     "-" if b is None else "%.2f" % (b / nbytes), mpi / r["time_s"]))
         if args.json:

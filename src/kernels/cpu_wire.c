@@ -62,69 +62,82 @@ static const float *fp8_table(gs_wire_t wire) {
  * finite magnitude). */
 static int block_scale(const fp8_format_t *f, const float *x, int64_t n) {
   float m = 0;
-  for (int64_t i = 0; i < n; i++) m = fmaxf(m, gs_wire_magnitude(x[i]));
+  for (int64_t i = 0; i < n; i++) { /* a magnitude is never NaN: a plain max (fmaxf is a call) */
+    float a = gs_wire_magnitude(x[i]);
+    m = a > m ? a : m;
+  }
   return gs_wire_scale_exponent(f, m);
 }
 
-/* One shard of float8: its scales, then its elements. `lost` as for
- * gs_wire_encode. */
-static void encode_fp8(gs_wire_t wire, const float *x, int64_t count, uint8_t *dst, float *lost) {
+/* Float8 blocks of x: scale bytes to `scales`, elements to `elems` (a
+ * shard's two parts, or a chunk of them). `lost` as for gs_wire_encode. */
+static void encode_fp8(gs_wire_t wire, const float *x, int64_t count, uint8_t *scales,
+                       uint8_t *elems, float *lost) {
   const fp8_format_t *f = fp8(wire);
   const float *table = fp8_table(wire);
   int64_t nb = (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
-  uint8_t *elems = dst + nb;
   for (int64_t b = 0; b < nb; b++) {
     int64_t lo = b * GS_WIRE_BLOCK, n = count - lo < GS_WIRE_BLOCK ? count - lo : GS_WIRE_BLOCK;
     int s = block_scale(f, x + lo, n);
-    dst[b] = (uint8_t)(s + 127);
-    float up = ldexpf(1.0f, s);
+    scales[b] = (uint8_t)(s + 127);
+    float up = gs_pow2f(s);
     /* x * 2^-s: exact, unless it falls below float32's normals, where it is
      * far below the format's smallest subnormal and encodes as zero anyway */
-    float down = ldexpf(1.0f, -s);
+    float down = gs_pow2f(-s);
     for (int64_t i = lo; i < lo + n; i++) {
       elems[i] = to_fp8_bits(f, x[i] * down);
-      if (lost) { lost[i] += gs_wire_lost(x[i], table[elems[i]] * up); }
+      if (lost) lost[i] += gs_wire_lost(x[i], table[elems[i]] * up);
     }
+  }
+}
+
+static void encode_half(gs_wire_t wire, const float *src, int64_t count, uint16_t *h,
+                        float *lost) {
+  int bf = wire == GS_WIRE_BFLOAT16;
+  for (int64_t i = 0; i < count; i++) {
+    h[i] = bf ? gs_float_to_bf16(src[i]) : gs_float_to_half(src[i]);
+    if (lost) lost[i] += gs_wire_lost(src[i], bf ? gs_bf16_to_float(h[i]) : gs_half_to_float(h[i]));
   }
 }
 
 void gs_wire_encode(gs_wire_t wire, const float *src, int64_t count, void *dst, float *lost) {
   if (fp8(wire)) {
-    encode_fp8(wire, src, count, dst, lost);
-    return;
-  }
-  uint16_t *h = dst;
-  int bf = wire == GS_WIRE_BFLOAT16;
-  for (int64_t i = 0; i < count; i++) {
-    h[i] = bf ? gs_float_to_bf16(src[i]) : gs_float_to_half(src[i]);
-    if (lost) {
-      lost[i] += gs_wire_lost(src[i], bf ? gs_bf16_to_float(h[i]) : gs_half_to_float(h[i]));
-    }
+    uint8_t *scales = dst;
+    encode_fp8(wire, src, count, scales, scales + (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK,
+               lost);
+  } else {
+    encode_half(wire, src, count, dst, lost);
   }
 }
 
-/* add: acc[i] += decoded (float32), else dst[i] = decoded. */
-static void decode(gs_wire_t wire, const void *src, int64_t count, float *dst, int add) {
+/* Decodes `count` elements (float8: `scales` per block from the first);
+ * add: acc[i] += decoded (float32), else dst[i] = decoded. */
+static void decode_at(gs_wire_t wire, const uint8_t *scales, const void *elems, int64_t count,
+                      float *dst, int add) {
   if (fp8(wire)) {
     const float *table = fp8_table(wire);
-    const uint8_t *scales = src;
-    const uint8_t *elems = scales + (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
+    const uint8_t *e = elems;
     for (int64_t lo = 0; lo < count; lo += GS_WIRE_BLOCK) {
       int64_t hi = count - lo < GS_WIRE_BLOCK ? count : lo + GS_WIRE_BLOCK;
-      float up = ldexpf(1.0f, (int)scales[lo / GS_WIRE_BLOCK] - 127);
+      float up = gs_pow2f((int)scales[lo / GS_WIRE_BLOCK] - 127);
       if (add)
-        for (int64_t i = lo; i < hi; i++) dst[i] += table[elems[i]] * up;
+        for (int64_t i = lo; i < hi; i++) dst[i] += table[e[i]] * up;
       else
-        for (int64_t i = lo; i < hi; i++) dst[i] = table[elems[i]] * up;
+        for (int64_t i = lo; i < hi; i++) dst[i] = table[e[i]] * up;
     }
     return;
   }
-  const uint16_t *h = src;
+  const uint16_t *h = elems;
   int bf = wire == GS_WIRE_BFLOAT16;
   for (int64_t i = 0; i < count; i++) {
     float v = bf ? gs_bf16_to_float(h[i]) : gs_half_to_float(h[i]);
     dst[i] = add ? dst[i] + v : v;
   }
+}
+
+static void decode(gs_wire_t wire, const void *src, int64_t count, float *dst, int add) {
+  int64_t nb = fp8(wire) ? (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK : 0;
+  decode_at(wire, src, (const uint8_t *)src + nb, count, dst, add);
 }
 
 void gs_wire_decode(gs_wire_t wire, const void *src, int64_t count, float *dst) {
@@ -133,6 +146,35 @@ void gs_wire_decode(gs_wire_t wire, const void *src, int64_t count, float *dst) 
 
 void gs_wire_decode_add(gs_wire_t wire, const void *src, int64_t count, float *acc) {
   decode(wire, src, count, acc, 1);
+}
+
+/* A chunk of the owner's step: elements [lo, lo + n) of every contribution
+ * decoded and summed in rank order into acc, times post, encoded into the
+ * shard at dst. */
+static void reduce_chunk(gs_wire_t wire, const uint8_t *src, size_t stride, int p, int64_t count,
+                         float post, uint8_t *dst, float *out_lost, int64_t lo, int64_t n,
+                         float *acc) {
+  int f8 = fp8(wire) != NULL;
+  int64_t nb = f8 ? (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK : 0;
+  size_t es = f8 ? 1 : 2;
+  for (int q = 0; q < p; q++) {
+    const uint8_t *c = src + (size_t)q * stride;
+    decode_at(wire, c + lo / GS_WIRE_BLOCK, c + nb + (size_t)lo * es, n, acc, q > 0);
+  }
+  if (post != 1.0f)
+    for (int64_t i = 0; i < n; i++) acc[i] *= post;
+  float *lost = out_lost ? out_lost + lo : NULL;
+  if (f8) encode_fp8(wire, acc, n, dst + lo / GS_WIRE_BLOCK, dst + nb + lo, lost);
+  else encode_half(wire, acc, n, (uint16_t *)dst + lo, lost);
+}
+
+void gs_wire_reduce(gs_wire_t wire, const void *src, size_t stride, int p, int64_t count,
+                    float post, void *dst, float *out_lost) {
+  enum { CHUNK = 32 * GS_WIRE_BLOCK }; /* whole blocks: the same scales as one pass */
+  float acc[CHUNK];
+  for (int64_t lo = 0; lo < count; lo += CHUNK)
+    reduce_chunk(wire, src, stride, p, count, post, dst, out_lost, lo,
+                 count - lo < CHUNK ? count - lo : CHUNK, acc);
 }
 
 void gs_wire_widen(gs_dtype_t dtype, const void *src, float *dst, int64_t count, double scale) {

@@ -80,9 +80,9 @@ GS_HD inline float encode(int wire, uint8_t *base, int64_t elem, int64_t i, floa
     return wire == GS_WIRE_BFLOAT16 ? gs_bf16_to_float(h) : gs_half_to_float(h);
   }
   gs_fp8_format_t f = gs_fp8_format(wire);
-  uint8_t code = gs_to_fp8_bits(&f, v * ldexpf(1.0f, -s));
+  uint8_t code = gs_to_fp8_bits(&f, v * gs_pow2f(-s));
   base[elem + i] = code;
-  return gs_from_fp8(&f, code) * ldexpf(1.0f, s);
+  return gs_from_fp8(&f, code) * gs_pow2f(s);
 }
 
 /* The scale exponent of a float8 block whose largest finite magnitude is
@@ -139,7 +139,7 @@ GS_HD inline float reduce_load(const gs_cu_wire_job_t &j, int64_t count, const u
   float sum = 0.0f;
   for (int q = 0; q < j.p; q++) {
     const uint8_t *c = recv + q * bytes;
-    float up = fp8 ? ldexpf(1.0f, (int)c[lb] - 127) : 1.0f;
+    float up = fp8 ? gs_pow2f((int)c[lb] - 127) : 1.0f;
     float v = decode(j.wire, c, elem, lane, up);
     sum = q == 0 ? v : sum + v;
   }
@@ -170,7 +170,7 @@ GS_HD inline void decode_lane(const gs_cu_wire_job_t &j, const Layout &L, const 
                               int64_t b, int lane, int64_t *cursor) {
   if (lane >= block_len(j.n, b)) return;
   gs_wire_place_t w = gs_wire_place(&L, b);
-  float up = gs_wire_is_fp8(j.wire) ? ldexpf(1.0f, (int)gathered[w.scale] - 127) : 1.0f;
+  float up = gs_wire_is_fp8(j.wire) ? gs_pow2f((int)gathered[w.scale] - 127) : 1.0f;
   float v = decode(j.wire, gathered, w.elem, lane, up);
   int64_t e = b * GS_WIRE_BLOCK + lane;
   const gs_cu_wire_run_t &r = seek(j, e, cursor);

@@ -33,6 +33,13 @@ void gs_wire_encode(gs_wire_t wire, const float *src, int64_t count, void *dst, 
 /* dst[i] = decoded src; acc[i] += decoded src (float32). */
 void gs_wire_decode(gs_wire_t wire, const void *src, int64_t count, float *dst);
 void gs_wire_decode_add(gs_wire_t wire, const void *src, int64_t count, float *acc);
+/* The owner's step over a shard of `count` elements: p encodings of it
+ * (rank q's at src + q * stride bytes) decoded and summed in rank order in
+ * float32, times post (when not 1), encoded once into dst; out_lost (may be
+ * NULL): += the output's rounding. Chunk by chunk, so the sums stay in
+ * cache; the bits of decode, decode_add, scale and encode in turn. */
+void gs_wire_reduce(gs_wire_t wire, const void *src, size_t stride, int p, int64_t count,
+                    float post, void *dst, float *out_lost);
 /* float32, float16 or bfloat16 to float32 times scale (float32 arithmetic),
  * and float32 back, rounded once (dst may be src for float32). */
 void gs_wire_widen(gs_dtype_t dtype, const void *src, float *dst, int64_t count, double scale);

@@ -17,6 +17,7 @@
 
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "base/gs_base.h"
 #include "base/half.h"
@@ -80,6 +81,19 @@ static inline GS_HD float gs_from_fp8(const gs_fp8_format_t *f, uint8_t b) {
   return (b & 0x80) ? -v : v;
 }
 
+/* 2^s as a float, exactly (s in [-149, 127]), and as a double (s in
+ * [-1022, 1023]), from the bits: ldexpf is a library call, and the
+ * encoder needs a few per 32-element block. */
+static inline GS_HD float gs_pow2f(int s) {
+  return gs_bits_to_float(s >= -126 ? (uint32_t)(s + 127) << 23 : 1u << (s + 149));
+}
+static inline GS_HD double gs_pow2(int s) {
+  uint64_t u = (uint64_t)(s + 1023) << 52;
+  double d;
+  memcpy(&d, &u, sizeof d);
+  return d;
+}
+
 /* What a block's elements contribute to its scale: the finite magnitudes
  * (NaN and infinity 0). The scale is the largest over the block. */
 static inline GS_HD float gs_wire_magnitude(float x) {
@@ -92,8 +106,9 @@ static inline GS_HD float gs_wire_magnitude(float x) {
  * block of zeros and non-finite values. */
 static inline GS_HD int gs_wire_scale_exponent(const gs_fp8_format_t *f, float m) {
   if (m == 0) return 0;
-  int s = ilogbf(m) - f->emax;
-  if (ldexp((double)m, -s) > f->max) s++;
+  uint32_t e = gs_float_to_bits(m) >> 23; /* m > 0: no sign bit */
+  int s = (e ? (int)e - 127 : ilogbf(m)) - f->emax;
+  if ((double)m * gs_pow2(-s) > f->max) s++; /* exact: a power of two */
   return s < -127 ? -127 : s;
 }
 

@@ -62,17 +62,13 @@ static gs_status_t reduce_gather(wire_run_t *w, float *x, int64_t n, float *lost
   int64_t first, count;
   gs_wire_shard(n, w->p, w->r, &first, &count);
   if (count > 0) {
-    gs_wire_decode(w->wire, w->recv, count, w->acc);
-    for (int q = 1; q < w->p; q++)
-      gs_wire_decode_add(w->wire, w->recv + (size_t)w->rdispls[q], count, w->acc);
-    if (w->post != 1.0f)
-      for (int64_t i = 0; i < count; i++) w->acc[i] *= w->post;
     float *out_lost = NULL;
     if (lost && w->post != 0.0f) {
-      out_lost = w->acc + count; /* the output's rounding, in input units */
+      out_lost = w->acc; /* the output's rounding, in input units */
       memset(out_lost, 0, (size_t)count * sizeof(float));
     }
-    gs_wire_encode(w->wire, w->acc, count, w->packed + w->displs[w->r], out_lost);
+    gs_wire_reduce(w->wire, w->recv, (size_t)w->bytes[w->r], w->p, count, w->post,
+                   w->packed + w->displs[w->r], out_lost);
     for (int64_t i = 0; out_lost && i < count; i++) lost[first + i] += out_lost[i] / w->post;
   }
   gs_count_message(w->c, (int64_t)w->bytes[w->r] * (w->p - 1), GS_UINT8);
