@@ -91,8 +91,7 @@ static void encode_fp8(gs_wire_t wire, const float *x, int64_t count, uint8_t *s
   }
 }
 
-static void encode_half(gs_wire_t wire, const float *src, int64_t count, uint16_t *h,
-                        float *lost) {
+static void encode_half(gs_wire_t wire, const float *src, int64_t count, uint16_t *h, float *lost) {
   int bf = wire == GS_WIRE_BFLOAT16;
   for (int64_t i = 0; i < count; i++) {
     h[i] = bf ? gs_float_to_bf16(src[i]) : gs_float_to_half(src[i]);
