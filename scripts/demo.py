@@ -101,6 +101,10 @@ def parse_args(argv=None):
     p.add_argument("--bucket-kib", type=int, default=64,
                    help="torch backend: gradient bucket size in KiB (default 64: several "
                         "buckets for this small model, so their allreduces overlap backward)")
+    p.add_argument("--wire", choices=("bfloat16", "float16", "float8_e4m3", "float8_e5m2"),
+                   default=None,
+                   help="gradients go on the wire in this format (float32 sums, one rounding) "
+                        "with error feedback (docs/GUIDE.md 2.15); op average only")
     p.add_argument("--min-loss-ratio", type=float, default=0.5,
                    help="fail unless final held-out loss < ratio x initial (default 0.5)")
     a = p.parse_args(argv)
@@ -110,6 +114,8 @@ def parse_args(argv=None):
         p.error("--check-every and --log-every must be >= 0")
     if a.backward_passes < 1 or a.bucket_kib < 1:
         p.error("--backward-passes and --bucket-kib must be positive")
+    if a.wire and a.op != "average":
+        p.error("--wire takes --op average")
     return a
 
 

@@ -8,6 +8,8 @@ import demo_model as dm
 import numpy as np
 from demo_train import N_CLASSES, N_IN, fmt_bytes, fmt_rate
 
+import gradsync as gs
+
 
 class NumpyMLP:
     title = "data-parallel NumPy MLP training"
@@ -31,6 +33,8 @@ class NumpyMLP:
         self.grad_times = []
         self.contiguous, self.hidden = args.contiguous_grads, args.hidden
         self.opt = dm.SGDMomentum(self.params, args.lr, args.momentum)
+        self.wire = args.wire
+        self.feedback = gs.ErrorFeedback() if args.wire else None
 
     def lines(self):
         n = sum(p.size for p in self.params)
@@ -52,7 +56,8 @@ class NumpyMLP:
             t0 = time.perf_counter()
             loss, right = dm.loss_and_grads(self.params, x, y, self.grads)
             t1 = time.perf_counter()
-            self.comm.allreduce_(self.grads, op="average")    # <- the one fused call
+            self.comm.allreduce_(self.grads, op="average",    # <- the one fused call
+                                 wire=self.wire, residual=self.feedback)
             t2 = time.perf_counter()
             self.opt.step(self.params, self.grads)
             compute_s += (t1 - t0) + (time.perf_counter() - t2)

@@ -80,17 +80,20 @@ class TorchOptimizer(TorchMLP):
         # Adasum: each rank steps on its own gradient and the changes are combined,
         # so it works with the learning rate of one rank (the paper's recipe)
         inner = torch.optim.SGD(self.model.parameters(), lr=args.lr, momentum=args.momentum)
+        self.wire = args.wire
         self.opt = gst.DistributedOptimizer(inner, self.model.named_parameters(), op=args.op,
                                             backward_passes_per_step=args.backward_passes,
-                                            bucket_bytes=self.bucket_bytes, comm=comm)
+                                            bucket_bytes=self.bucket_bytes, comm=comm,
+                                            wire=args.wire)
         self.stats0 = comm.stats()
 
     def lines(self):
         n = len(self.opt.bucket_names())
         return [self.model_line(),
-                "DistributedOptimizer(op=%r): %d bucket%s of <= %s over %s of float32 "
+                "DistributedOptimizer(op=%r%s): %d bucket%s of <= %s over %s of float32 "
                 "gradients, each reduced asynchronously as soon as backward has filled it"
-                % (self.op, n, "" if n == 1 else "s", fmt_bytes(self.bucket_bytes),
+                % (self.op, ", wire=%r with error feedback" % self.wire if self.wire else "",
+                   n, "" if n == 1 else "s", fmt_bytes(self.bucket_bytes),
                    fmt_bytes(4 * self.n_params))]
 
     def replicate(self):
@@ -132,6 +135,7 @@ class TorchDDP(TorchMLP):
         super().__init__(comm, args)
         self.dist, self.bucket_kib = dist, args.bucket_kib
         self.sgd = dict(lr=args.lr, momentum=args.momentum)
+        self.wire = args.wire
         dist.init_process_group("gradsync")
 
     def lines(self):
@@ -143,6 +147,9 @@ class TorchDDP(TorchMLP):
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         self.ddp = DDP(self.model, bucket_cap_mb=self.bucket_kib / 1024)
+        if self.wire:
+            from gradsync.torch.distributed.hooks import WireState, wire_hook
+            self.ddp.register_comm_hook(WireState(self.wire), wire_hook)
         self.opt = torch.optim.SGD(self.ddp.parameters(), **self.sgd)
         return "DistributedDataParallel(model)"
 

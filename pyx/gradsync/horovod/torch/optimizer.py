@@ -54,7 +54,7 @@ class _HorovodDistributedOptimizer(gst.DistributedOptimizer):
         self._hvd_op = op
         fp16 = compression is FP16Compressor
         # Compression.fp16 goes on gradsync's float16 wire where it can (float32
-        # sums, one rounding: docs/HOROVOD.md), else Horovod's cast-then-reduce
+        # sums, one rounding: docs/GUIDE.md 2.15), else Horovod's cast-then-reduce
         wire = "float16" if fp16 and _wire_takes(named, op) else None
         super().__init__(optimizer, named, op=OP_NAMES[op], micro_batches="sum",
                          backward_passes_per_step=backward_passes_per_step,

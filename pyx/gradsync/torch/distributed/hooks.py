@@ -12,9 +12,9 @@ shard in the wire format, sums in float32 and rounds once (gradsync's
 ``allreduce_(wire=...)``), and by default keeps each bucket's rounding error
 for the next step (gs.ErrorFeedback).
 """
-import torch
 import torch.distributed as dist
 
+from gradsync.torch.distributed._work import Work
 from gradsync.wire import WIRES, ErrorFeedback
 
 __all__ = ["WireState", "wire_hook"]
@@ -54,13 +54,14 @@ class WireState:
 
 
 def wire_hook(state, bucket):
-    """Averages ``bucket``'s gradients over the group through
-    ``state.wire`` (float32 sums, one rounding), in place; returns a
-    completed future of the bucket's buffer, as DDP expects. The bucket must
-    be float32 (or, for a float8 wire, bfloat16/float16)."""
+    """Starts averaging ``bucket``'s gradients over the group through
+    ``state.wire`` (float32 sums, one rounding), in place, in the background;
+    returns the future of the bucket's buffer DDP waits for at the end of
+    backward (so later buckets' gradients are computed meanwhile). The bucket
+    must be float32 (or, for a float8 wire, bfloat16/float16)."""
     buf = bucket.buffer()
     comm = state.communicator()
-    comm.allreduce_(buf, op="average", wire=state.wire, residual=state.feedback(bucket))
-    future = torch.futures.Future()
-    future.set_result(buf)
-    return future
+    request = comm.allreduce_async_(buf, op="average", wire=state.wire,
+                                    residual=state.feedback(bucket))
+    work = Work(request, [buf], what=f"wire_hook allreduce ({state.wire})")
+    return work.get_future().then(lambda fut: fut.value()[0])
