@@ -95,6 +95,7 @@ def numpy_kinds(comm):
     x = np.ones(SIZES["direct"], np.float32)
     mine = np.ones(SIZES["direct"] // p, np.float32)
     lst = [np.ones(n, np.float32) for n in (1000, 70000, 3, 40000)]
+    feedback, feedback8 = gs.ErrorFeedback(), gs.ErrorFeedback()
 
     def shards():  # a tensor per rank, each filling its range (ShardLayout's padding)
         r = x.size // p
@@ -103,6 +104,11 @@ def numpy_kinds(comm):
         "allreduce list of 4, new arrays": lambda: comm.allreduce([t.copy() for t in lst]),
         "allreduce average, prescale": lambda: comm.allreduce(x, op="average", prescale=0.5),
         "allreduce_async_": lambda: comm.allreduce_async_(x.copy()).wait(),
+        # the wire formats, a new list and error feedback (its residuals kept) per call
+        "allreduce_ wire bfloat16, residual": lambda: comm.allreduce_(
+            [t.copy() for t in lst], wire="bfloat16", residual=feedback),
+        "allreduce_async_ wire float8_e4m3, residual": lambda: comm.allreduce_async_(
+            [t.copy() for t in lst], wire="float8_e4m3", residual=feedback8).wait(),
         "allgather": lambda: comm.allgather(mine),
         "allgather_async": lambda: comm.allgather_async(mine, np.empty(mine.size * p,
                                                                        np.float32)).wait(),

@@ -30,6 +30,8 @@ KINDS = [
     "allreduce_ in place, same array large",
     "allreduce list of 4, new arrays",
     "allreduce_async_",
+    "allreduce_ wire bfloat16, residual",
+    "allreduce_async_ wire float8_e4m3, residual",
     "allgather",
     "reduce_scatter",
     "alltoall",
