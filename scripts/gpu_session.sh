@@ -95,6 +95,10 @@ GPU_TESTS=${GS_GPU_TESTS:-tests/gpu tests/python/test_dlpack.py}
 [ "$DRY" = 1 ] && GPU_TESTS=${GS_GPU_TESTS:-tests/gpu/test_device_arrays.py::test_build_info_reports_cuda \
 tests/gpu/test_device_arrays.py::test_device_array_round_trip \
 tests/gpu/test_device_arrays.py::test_broadcast}
+WIRE_TESTS="tests/gpu/test_device_wire.py tests/gpu/test_device_wire_torch.py"
+WIRE_NCCL_TESTS="tests/gpu/test_device_wire.py tests/gpu/test_device_exchange.py"
+[ "$DRY" = 1 ] && WIRE_TESTS="tests/gpu/test_device_wire.py::test_device_refusals" &&
+  WIRE_NCCL_TESTS="tests/gpu/test_device_wire.py::test_device_half_inputs_fp8_wire"
 
 note() { echo "[gpu_session $(date +%H:%M:%S) +$(($(date +%s) - T0))s] $*" | tee -a "$SESSION_LOG"; }
 left() { echo $((BUDGET - ($(date +%s) - T0))); }
@@ -326,15 +330,13 @@ $([ "$DRY" = 1 ] && echo --dry-run --timeout 12 || echo --timeout 35)" ;;
     bench) step bench "$rest" "$MPIEXEC -n 1 $PY -m bench.gpu \
 --only accumulate,bert,allreduce --max-seconds 15 --json $STATE/bench_np1.json \
 $([ "$DRY" = 1 ] && echo --dry-run)" ;;
-    wire_np1) step wire_np1 "$rest" "$MPIEXEC -n 1 $PYTEST tests/gpu/test_device_wire.py \
-tests/gpu/test_device_wire_torch.py" ;;
-    wire_np2) step wire_np2 "$rest" "$MPIEXEC -n 2 $PYTEST tests/gpu/test_device_wire.py \
-tests/gpu/test_device_wire_torch.py" ;;
+    wire_np1) step wire_np1 "$rest" "$MPIEXEC -n 1 $PYTEST $WIRE_TESTS" ;;
+    wire_np2) step wire_np2 "$rest" "$MPIEXEC -n 2 $PYTEST $WIRE_TESTS" ;;
     wire_nccl)
       if ! nccl_shares_gpu; then
         skip_step wire_nccl "the device's NCCL is older than 2.30 (no multi-rank-per-GPU mode)"
       else step wire_nccl "$rest" "NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PYTEST \
-tests/gpu/test_device_wire.py tests/gpu/test_device_exchange.py && \
+$WIRE_NCCL_TESTS && \
 NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PY -c 'import gradsync as g, numpy as np; \
 c = g.Communicator(); x = g.to_device(np.ones(4, np.float32)); c.allreduce_(x, wire=\"bfloat16\"); \
 print(\"device transport\", c.device_transport, x.numpy())'"
@@ -342,7 +344,8 @@ print(\"device transport\", c.device_transport, x.numpy())'"
     wire_memcheck)
       if [ -z "$SANITIZER" ]; then skip_step wire_memcheck "compute-sanitizer not found"; else
         step wire_memcheck "$rest" "$MPIEXEC -n 1 $SANITIZER --tool memcheck --report-api-errors no \
---error-exitcode 3 --print-limit 50 $PY -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider tests/gpu/test_device_wire.py -k 'not large'"
+--error-exitcode 3 --print-limit 50 $PY -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider \
+$([ "$DRY" = 1 ] && echo "$WIRE_TESTS" || echo "tests/gpu/test_device_wire.py -k 'not large'")"
       fi ;;
     wire_profile) step wire_profile "$rest" "$MPIEXEC -n 1 $PY -m bench.gpu_wire bfloat16 && \
 $MPIEXEC -n 1 $PY -m bench.gpu_wire float8_e4m3" ;;
