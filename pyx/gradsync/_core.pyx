@@ -69,6 +69,27 @@ cdef gs_wire_t parse_wire(wire) except *:
     return <gs_wire_t><int>code
 
 
+cdef gs_wire_t wire_of(wire, residual) except *:
+    """The call's wire format (GS_WIRE_NONE for None); a residual needs one."""
+    if wire is not None:
+        return parse_wire(wire)
+    if residual is not None:
+        raise ArgumentError("residual (error feedback) needs a wire format: pass wire=",
+                            GS_ERR_INVALID_ARGUMENT)
+    return GS_WIRE_NONE
+
+
+cdef TensorList residual_arguments(residual, TensorList tin, str call):
+    """The residual arrays, one per tensor of tin (None: no error feedback)."""
+    if residual is None:
+        return None
+    cdef TensorList tres = arguments(residual, "residual", True, call, None, tin)
+    if tres.n != tin.n:
+        raise ArgumentError(f"residual has {tres.n} arrays for {tin.n} tensors",
+                            GS_ERR_INVALID_ARGUMENT)
+    return tres
+
+
 cdef gs_op_t adasum_mode(gs_op_t op, object mode) except *:
     """op="adasum" with adasum="flat" or "hierarchical" (docs/GUIDE.md, "Adasum")."""
     if mode is None or mode == "flat":
@@ -308,20 +329,12 @@ cdef class Comm:
         cdef gs_wire_t cwire = GS_WIRE_NONE
         cdef TensorList tin, tout = None, tres = None
         with self.converting:
-            if wire is not None:
-                cwire = parse_wire(wire)
-            elif residual is not None:
-                raise ArgumentError("residual (error feedback) needs a wire format: pass wire=",
-                                    GS_ERR_INVALID_ARGUMENT)
+            cwire = wire_of(wire, residual)
             cop = adasum_mode(parse_op(op), self.adasum if adasum is None else adasum)
             tin = arguments(tensors, "tensors", outputs is None, "comm.allreduce_")
             if outputs is not None:
                 tout = arguments(outputs, "out", True, None, None, tin)
-            if residual is not None:
-                tres = arguments(residual, "residual", True, "comm.allreduce_", None, tin)
-                if tres.n != tin.n:
-                    raise ArgumentError(f"residual has {tres.n} arrays for {tin.n} tensors",
-                                        GS_ERR_INVALID_ARGUMENT)
+            tres = residual_arguments(residual, tin, "comm.allreduce_")
         cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
         cdef const gs_tensor_t *pr = tres.t if tres is not None else NULL
         with nogil:
@@ -419,18 +432,9 @@ cdef class Comm:
         cdef TensorList tres = None
         cdef Request r = self.async_request(tensors, "comm.allreduce_async_")
         with self.converting:
-            if wire is not None:
-                cwire = parse_wire(wire)
-            elif residual is not None:
-                raise ArgumentError("residual (error feedback) needs a wire format: pass wire=",
-                                    GS_ERR_INVALID_ARGUMENT)
-            if residual is not None:
-                tres = arguments(residual, "residual", True, "comm.allreduce_async_", None,
-                                 r.keep)
-                if tres.n != r.keep.n:
-                    raise ArgumentError(f"residual has {tres.n} arrays for {r.keep.n} tensors",
-                                        GS_ERR_INVALID_ARGUMENT)
-                r.keep_also = tres
+            cwire = wire_of(wire, residual)
+            tres = residual_arguments(residual, r.keep, "comm.allreduce_async_")
+            r.keep_also = tres
         if cwire == GS_WIRE_NONE:
             CHKERR(gs_allreduce_async(h, r.keep.t, r.keep.n, cop, prescale, postscale, &r.req))
         else:

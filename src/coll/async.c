@@ -106,17 +106,23 @@ static gs_status_t queue(const char *fn, call_ctx_t proto, const gs_tensor_t *in
 
 static int64_t per_rank(gs_comm_t c, int64_t n) { return n > 0 ? (int64_t)c->size * n : 0; }
 
-/* The in-place collectives: one tensor list, checked here as far as a copy
- * needs (the blocking call checks the rest). */
-static gs_status_t queue_in_place(const char *fn, call_ctx_t proto, const gs_tensor_t *t,
-                                  gs_request_t *request) {
+/* The in-place collectives: one tensor list (and `also`, a second list of
+ * the same length the call reads and writes, or NULL), checked here as far
+ * as a copy needs (the blocking call checks the rest). */
+static gs_status_t queue_in_place_with(const char *fn, call_ctx_t proto, const gs_tensor_t *t,
+                                       const gs_tensor_t *also, gs_request_t *request) {
   gs_clear_error();
   if (!request) return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: request is NULL", fn);
   *request = NULL;
   GS_CHECK(gs_comm_valid(proto.comm, fn));
   if (proto.n < 0 || (proto.n > 0 && !t))
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "%s: tensors is NULL or n is negative", fn);
-  return queue(fn, proto, t, NULL, 0, NULL, NULL, request);
+  return queue(fn, proto, t, also, 0, NULL, NULL, request);
+}
+
+static gs_status_t queue_in_place(const char *fn, call_ctx_t proto, const gs_tensor_t *t,
+                                  gs_request_t *request) {
+  return queue_in_place_with(fn, proto, t, NULL, request);
 }
 
 gs_status_t gs_allreduce_async(gs_comm_t c, const gs_tensor_t *tensors, int64_t n, gs_op_t op,
@@ -136,14 +142,7 @@ gs_status_t gs_allreduce_wire_async(gs_comm_t c, const gs_tensor_t *tensors, int
                   .pre = prescale,
                   .post = postscale,
                   .wire = wire};
-  if (!residual) return queue_in_place("gs_allreduce_wire_async", p, tensors, request);
-  gs_clear_error();
-  if (!request) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_allreduce_wire_async: request is NULL");
-  *request = NULL;
-  if (n < 0 || (n > 0 && !tensors))
-    return gs_fail(GS_ERR_INVALID_ARGUMENT,
-                   "gs_allreduce_wire_async: tensors is NULL or n is negative");
-  return queue("gs_allreduce_wire_async", p, tensors, residual, 0, NULL, NULL, request);
+  return queue_in_place_with("gs_allreduce_wire_async", p, tensors, residual, request);
 }
 
 gs_status_t gs_broadcast_async(gs_comm_t c, const gs_tensor_t *tensors, int64_t n, int root,
