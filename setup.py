@@ -27,6 +27,7 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 INCLUDE = os.path.join(ROOT, "include")
 SRC = os.path.join(ROOT, "src")
+OBJ_DIR = os.path.join(ROOT, "build", "objects")
 C_FLAGS = ["-O3", "-g", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
            "-fvisibility=hidden", "-fno-fast-math", "-ffp-contract=off", "-fopenmp",
            "-DGS_BUILDING_LIBRARY"]
@@ -145,14 +146,17 @@ class BuildWithRuntime(build_ext):
         config_now = f"nvcc={nvcc} archs={os.environ.get('GRADSYNC_CUDA_ARCHS', '')}\n"
         config_old = open(config).read() if os.path.exists(config) else ""
         if self.force or newer(deps, lib) or config_now != config_old:
-            flags, objects, libs = list(C_FLAGS), [], []
+            flags, libs = list(C_FLAGS), []
             if nvcc:
-                flags, objects, libs = self.compile_cuda(nvcc, cu_sources, flags)
+                flags, libs = self.cuda_flags(nvcc, flags)
+            compiles = [self.cuda_compile(nvcc, src) for src in cu_sources] if nvcc else []
+            compiles += [self.c_compile(mpicc, flags, src) for src in sources]
+            run_all([cmd for cmd, _ in compiles])
+            objects = [obj for _, obj in compiles]
             # Link to a temporary name and rename: a process loading the
             # library meanwhile sees the old file or the new one, never half.
             tmp = lib + ".tmp"
-            cmd = shlex.split(mpicc) + flags + ["-I" + INCLUDE, "-I" + SRC, "-shared", "-o", tmp] + \
-                sources + objects + libs + \
+            cmd = shlex.split(mpicc) + flags + ["-shared", "-o", tmp] + objects + libs + \
                 ["-Wl,-soname,libgradsync.so", "-Wl,--no-undefined", "-ldl", "-lpthread", "-lm"]
             print(" ".join(cmd))
             subprocess.check_call(cmd)
@@ -166,21 +170,28 @@ class BuildWithRuntime(build_ext):
             ext.extra_link_args += lflags
         super().run()
 
-    def compile_cuda(self, nvcc, cu_sources, flags):
-        """Compiles the .cu files; returns (C flags, objects, link libraries)."""
+    @staticmethod
+    def c_compile(mpicc, flags, src):
+        """(command, object) compiling one C source of the library."""
+        layer = os.path.basename(os.path.dirname(src))
+        obj = os.path.join(OBJ_DIR, "c", f"{layer}_{os.path.basename(src)}.o")
+        return shlex.split(mpicc) + flags + ["-I" + INCLUDE, "-I" + SRC, "-c", src,
+                                             "-o", obj], obj
+
+    @staticmethod
+    def cuda_compile(nvcc, src):
+        """(command, object) compiling one .cu file for the chosen archs."""
+        gencode, _ = cuda_archs()
+        obj = os.path.join(OBJ_DIR, "cuda", os.path.basename(src) + ".o")
+        return [nvcc, "-std=c++17", "-O3", "--fmad=false", "-Xcompiler",
+                "-fPIC,-fvisibility=hidden", "-I" + INCLUDE, "-I" + SRC,
+                "-DGS_BUILDING_LIBRARY"] + gencode + ["-c", src, "-o", obj], obj
+
+    @staticmethod
+    def cuda_flags(nvcc, flags):
+        """(C flags, link libraries) of a build with the CUDA kernels."""
         inc, libdir = cuda_dirs(nvcc)
-        gencode, names = cuda_archs()
-        objdir = os.path.join(ROOT, "build", "cuda")
-        os.makedirs(objdir, exist_ok=True)
-        objects = []
-        for src in cu_sources:
-            obj = os.path.join(objdir, os.path.basename(src) + ".o")
-            cmd = [nvcc, "-std=c++17", "-O3", "--fmad=false", "-Xcompiler",
-                   "-fPIC,-fvisibility=hidden", "-I" + INCLUDE, "-I" + SRC,
-                   "-DGS_BUILDING_LIBRARY"] + gencode + ["-c", src, "-o", obj]
-            print(" ".join(cmd))
-            subprocess.check_call(cmd)
-            objects.append(obj)
+        _, names = cuda_archs()
         flags = flags + ["-DGS_HAVE_CUDA", f'-DGS_CUDA_ARCHS="{names}"', "-I" + inc]
         nccl = find_nccl()
         if nccl:
@@ -188,8 +199,24 @@ class BuildWithRuntime(build_ext):
         else:
             print("gradsync: NCCL header not found (NCCL_HOME or the nvidia-nccl-cu13 wheel); "
                   "building without the NCCL backend")
-        libs = ["-L" + libdir, "-lcudart_static", "-lrt", "-lstdc++"]
-        return flags, objects, libs
+        return flags, ["-L" + libdir, "-lcudart_static", "-lrt", "-lstdc++"]
+
+
+def run_all(commands):
+    """Runs the compile commands, as many at once as there are cores (nvcc's
+    one file takes as long as all the C files: on two cores they overlap)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    for cmd in commands:
+        os.makedirs(os.path.dirname(cmd[-1]), exist_ok=True)
+
+    def run(cmd):
+        print(" ".join(cmd), flush=True)
+        subprocess.check_call(cmd)
+
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        for done in [pool.submit(run, cmd) for cmd in commands]:
+            done.result()  # raises the first failure
 
 
 # The mpich wheel gradsync builds and runs with: below 5, since MPICH 5.0.x

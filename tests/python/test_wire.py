@@ -209,6 +209,33 @@ def test_error_feedback_tracks_exact_sum(wire):
     comm.close()
 
 
+def test_past_the_segments():
+    """A message of three of the hierarchical path's 4 MiB segments (its
+    stages pipelined: one segment crosses the hosts while the next is
+    reduced and the one before gathered inside each host; flat elsewhere),
+    in float8, whose blocks must line up across segment ends: the
+    reference's bits, sum and average; with error feedback, what the result
+    misses of the exact sum is what the ranks' residuals hold."""
+    wire = "float8_e4m3"
+    comm = gs.Communicator()
+    p, r = comm.size, comm.rank
+    n = 2 * (1 << 20) + 4099
+    per_rank = [inputs(("segments", wire), q, n) for q in range(p)]
+    for op in ("sum", "average"):
+        ref = wire_reference(per_rank, wire, op)
+        with collectively(what=op) as blk:
+            got = comm.allreduce_(per_rank[r].copy(), op, wire=wire)
+            assert same_bits(got, ref), np.abs(got - ref).max()
+            blk.same(got)
+    ef = gs.ErrorFeedback()
+    got = comm.allreduce_(per_rank[r].copy(), wire=wire, residual=ef)
+    exact = np.sum([x.astype(np.float64) for x in per_rank], axis=0)
+    held = MPI.COMM_WORLD.allreduce(ef.state[0].astype(np.float64))
+    off = np.abs(got - exact + held).max()
+    collective_assert(off <= 1e-5 * np.abs(exact).max(), f"results + residuals - exact: {off}")
+    comm.close()
+
+
 def test_hierarchical_counts():
     """Forced hierarchical (the Makefile's 4-rank run): the wire call takes
     the host-by-host path; elsewhere the flat one."""
