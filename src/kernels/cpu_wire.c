@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "kernels/gs_kernels.h"
+#include "kernels/simd.h"
 #include "kernels/wire_format.h"
 
 typedef gs_fp8_format_t fp8_format_t;
@@ -69,14 +70,80 @@ static int block_scale(const fp8_format_t *f, const float *x, int64_t n) {
   return gs_wire_scale_exponent(f, m);
 }
 
+#if GS_HAVE_X86
+/* gs_to_fp8_bits on eight lanes (codes in 32-bit lanes): the same integer
+ * and float32 steps, every branch computed and the lane's one blended in. */
+GS_AVX2 static __m256i fp8_codes8(const fp8_format_t *f, __m256 v) {
+  const __m128i shift = _mm_cvtsi32_si128(23 - f->mbits);
+  __m256i u = _mm256_castps_si256(v);
+  __m256i sign = _mm256_and_si256(_mm256_srli_epi32(u, 24), _mm256_set1_epi32(0x80));
+  u = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+  __m256i magic = _mm256_set1_epi32((128 - f->bias - f->mbits + 23) << 23);
+  __m256 sum = _mm256_add_ps(_mm256_castsi256_ps(u), _mm256_castsi256_ps(magic));
+  __m256i sub = _mm256_sub_epi32(_mm256_castps_si256(sum), magic);
+  __m256i odd = _mm256_and_si256(_mm256_srl_epi32(u, shift), _mm256_set1_epi32(1));
+  __m256i half = _mm256_set1_epi32((1 << (22 - f->mbits)) - 1);
+  __m256i r = _mm256_srl_epi32(_mm256_add_epi32(_mm256_add_epi32(u, half), odd), shift);
+  r = _mm256_sub_epi32(r, _mm256_set1_epi32((127 - f->bias) << f->mbits));
+  __m256i is_sub = _mm256_cmpgt_epi32(_mm256_set1_epi32((128 - f->bias) << 23), u);
+  __m256i code = _mm256_blendv_epi8(r, sub, is_sub);
+  /* too large (infinity included): the format's infinity, else its NaN */
+  __m256i big =
+      _mm256_andnot_si256(is_sub, _mm256_cmpgt_epi32(code, _mm256_set1_epi32(f->max_code)));
+  code = _mm256_blendv_epi8(code, _mm256_set1_epi32(f->inf ? f->inf : f->nan), big);
+  __m256i nan = _mm256_cmpgt_epi32(u, _mm256_set1_epi32(0x7f800000));
+  code = _mm256_blendv_epi8(code, _mm256_set1_epi32(f->nan), nan);
+  return _mm256_or_si256(code, sign);
+}
+
+/* One whole block (GS_WIRE_BLOCK = 32 elements) as encode_fp8's loop does it. */
+GS_AVX2 static void encode_fp8_block(const fp8_format_t *f, const float *table, const float *x,
+                                     uint8_t *scale, uint8_t *elems, float *lost) {
+  __m256 m = _mm256_setzero_ps(), inf = _mm256_set1_ps(INFINITY);
+  const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  for (int i = 0; i < GS_WIRE_BLOCK; i += 8) { /* gs_wire_magnitude: finite |x|, else 0 */
+    __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), abs);
+    m = _mm256_max_ps(m, _mm256_and_ps(a, _mm256_cmp_ps(a, inf, _CMP_LT_OQ)));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+  int s = gs_wire_scale_exponent(f, _mm_cvtss_f32(h));
+  *scale = (uint8_t)(s + 127);
+  __m256 up = _mm256_set1_ps(gs_pow2f(s)), down = _mm256_set1_ps(gs_pow2f(-s));
+  __m256i c[4];
+  for (int k = 0; k < 4; k++) {
+    __m256 xv = _mm256_loadu_ps(x + 8 * k);
+    c[k] = fp8_codes8(f, _mm256_mul_ps(xv, down));
+    if (!lost) continue;
+    __m256 q = _mm256_mul_ps(_mm256_i32gather_ps(table, c[k], 4), up);
+    __m256 finite = _mm256_cmp_ps(_mm256_and_ps(q, abs), inf, _CMP_LT_OQ);
+    __m256 d = _mm256_and_ps(_mm256_sub_ps(xv, q), finite); /* gs_wire_lost */
+    _mm256_storeu_ps(lost + 8 * k, _mm256_add_ps(_mm256_loadu_ps(lost + 8 * k), d));
+  }
+  /* 4 x 8 codes to 32 bytes: the packs interleave 128-bit lanes, the
+   * permutation puts each vector's eight back together */
+  __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+  b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256((__m256i *)elems, b);
+}
+#endif
+
 /* Float8 blocks of x: scale bytes to `scales`, elements to `elems` (a
  * shard's two parts, or a chunk of them). `lost` as for gs_wire_encode. */
 static void encode_fp8(gs_wire_t wire, const float *x, int64_t count, uint8_t *scales,
                        uint8_t *elems, float *lost) {
   const fp8_format_t *f = fp8(wire);
   const float *table = fp8_table(wire);
-  int64_t nb = (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
-  for (int64_t b = 0; b < nb; b++) {
+  int64_t nb = (count + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK, b = 0;
+#if GS_HAVE_X86
+  if (gs_simd_avx2())
+    for (; b < count / GS_WIRE_BLOCK; b++) {
+      int64_t lo = b * GS_WIRE_BLOCK;
+      encode_fp8_block(f, table, x + lo, scales + b, elems + lo, lost ? lost + lo : NULL);
+    }
+#endif
+  for (; b < nb; b++) {
     int64_t lo = b * GS_WIRE_BLOCK, n = count - lo < GS_WIRE_BLOCK ? count - lo : GS_WIRE_BLOCK;
     int s = block_scale(f, x + lo, n);
     scales[b] = (uint8_t)(s + 127);
