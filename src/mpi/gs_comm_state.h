@@ -9,6 +9,15 @@
 #include "gs_comm.h"
 #include "device/gs_cuda.h"
 
+/* Ranks of one host that read each other's memory (transport/cma.c). */
+typedef struct gs_cma_group {
+  MPI_Comm mpi;  /* their communicator */
+  int rank, size;
+  int state;     /* 0 not probed yet, 1 usable, -1 refused somewhere */
+  int64_t *pids; /* every rank's process id, once usable */
+  char *scratch; /* two pieces: a peer's data, the running fold */
+} gs_cma_group_t;
+
 struct gs_comm {
   uint32_t magic;          /* GS_COMM_MAGIC while alive: catches stale handles */
   MPI_Comm mpi;            /* our duplicate: all collectives go here */
@@ -54,10 +63,9 @@ struct gs_comm {
   MPI_Comm hier_cross;     /* the ranks of my local rank on every host */
   int hier_group;          /* ranks per host they were made for (< 0: MPI's hosts) */
   /* reading the peers' memory inside one host (cma.c) */
-  int cma_state;           /* 0 not probed yet, 1 usable, -1 refused somewhere */
   int64_t cma_bytes;       /* smallest message read so (0: never) */
-  int64_t *cma_pids;       /* every rank's process id, once usable */
-  char *cma_scratch;       /* two pieces: a peer's data, the running fold */
+  gs_cma_group_t cma;      /* among all of the communicator's ranks */
+  gs_cma_group_t hier_cma; /* among hier_node's (the hierarchical allreduce's host stages) */
 };
 enum { GS_PATH_NONE = 0, GS_PATH_NCCL = 1, GS_PATH_STAGED = 2, GS_PATH_CUDA_AWARE = 3 };
 #define GS_COMM_MAGIC 0x67736331u /* "gsc1" */

@@ -52,6 +52,7 @@
 
 typedef struct cma_call {
   gs_comm_t c;
+  gs_cma_group_t *g; /* the ranks that read each other (their ranks, pids, scratch) */
   int64_t nseg, count;
   const int64_t *offs; /* nseg + 1 prefix sums of the segments' counts */
   const uint64_t *at;  /* per rank: nseg input addresses, then nseg output addresses */
@@ -70,9 +71,25 @@ static const uint64_t *table(const cma_call_t *k, int rank, int which) {
   return k->at + ((size_t)rank * 2 + (size_t)which) * (size_t)k->nseg;
 }
 
+/* Whether a message of `bytes` is read among g's ranks (not yet refused). */
+static int group_wanted(gs_comm_t c, const gs_cma_group_t *g, int64_t bytes) {
+  return g->size > 1 && g->state >= 0 && c->cma_bytes > 0 && bytes >= c->cma_bytes;
+}
+
+/* The communicator's own group (its ranks, as they are now). */
+static gs_cma_group_t *whole(gs_comm_t c) {
+  c->cma.mpi = c->mpi;
+  c->cma.rank = c->rank;
+  c->cma.size = c->size;
+  return &c->cma;
+}
+
 int gs_cma_wanted(gs_comm_t c, int64_t bytes) {
-  return c->size > 1 && c->cma_state >= 0 && c->host_max == c->size && c->cma_bytes > 0 &&
-         bytes >= c->cma_bytes && !gs_hier_wanted(c, bytes);
+  return c->host_max == c->size && group_wanted(c, whole(c), bytes) && !gs_hier_wanted(c, bytes);
+}
+
+int gs_cma_host_wanted(gs_comm_t c, int64_t bytes) {
+  return c->hier_cma.mpi != MPI_COMM_NULL && group_wanted(c, &c->hier_cma, bytes);
 }
 
 /* The segment holding message element `e` (the last one starting at or before it). */
@@ -111,13 +128,13 @@ static int iovs(const cma_call_t *k, const uint64_t *at, int64_t first, int64_t 
  * inputs or outputs) into `dst` (contiguous) or, when dst is NULL, into the
  * same elements of this rank's outputs. Records the first failure. */
 static int read_peer(cma_call_t *k, int rank, int which, int64_t first, int64_t count, char *dst) {
-  pid_t pid = (pid_t)k->c->cma_pids[rank];
+  pid_t pid = (pid_t)k->g->pids[rank];
   while (count > 0 && !k->err_no) {
     struct iovec rv[CMA_IOV], lv[CMA_IOV];
     int64_t got = 0, mine = 0;
     int nr = iovs(k, table(k, rank, which), first, count, rv, &got), nl = 1;
     if (dst) lv[0] = (struct iovec){dst, (size_t)got * k->es};
-    else nl = iovs(k, table(k, k->c->rank, CMA_OUT), first, got, lv, &mine);
+    else nl = iovs(k, table(k, k->g->rank, CMA_OUT), first, got, lv, &mine);
     ssize_t b = process_vm_readv(pid, lv, (unsigned long)nl, rv, (unsigned long)nr, 0);
     int64_t moved = b > 0 ? (int64_t)((size_t)b / k->es) : 0;
     if (moved == 0) { /* a partial read resumes; none at all is the peer's fault */
@@ -141,8 +158,8 @@ static void local_pass(cma_call_t *k, int what, const char *src, int64_t first, 
   while (count > 0) {
     struct iovec out[CMA_IOV], in[CMA_IOV];
     int64_t got = 0, same = 0;
-    int n = iovs(k, table(k, k->c->rank, CMA_OUT), first, count, out, &got);
-    if (what == CMA_COPY_IN) iovs(k, table(k, k->c->rank, CMA_IN), first, got, in, &same);
+    int n = iovs(k, table(k, k->g->rank, CMA_OUT), first, count, out, &got);
+    if (what == CMA_COPY_IN) iovs(k, table(k, k->g->rank, CMA_IN), first, got, in, &same);
     for (int i = 0; i < n; i++) {
       int64_t len = (int64_t)(out[i].iov_len / k->es);
       if (what == CMA_FOLD) {
@@ -169,7 +186,7 @@ static void slice(const cma_call_t *k, int r, int64_t *first, int64_t *count) {
     *count = k->counts[r];
     return;
   }
-  int64_t line = 64 / (int64_t)k->es, p = k->c->size;
+  int64_t line = 64 / (int64_t)k->es, p = k->g->size;
   int64_t per = (k->count + p - 1) / p;
   per = (per + line - 1) / line * line;
   int64_t lo = per * r < k->count ? per * r : k->count;
@@ -182,7 +199,7 @@ static void slice(const cma_call_t *k, int r, int64_t *first, int64_t *count) {
  * The ranks below this one fold into scratch first; its own values (in its
  * output) join next, then the ranks above, one by one, in place. */
 static void reduce_piece(cma_call_t *k, int64_t first, int64_t n) {
-  int me = k->c->rank;
+  int me = k->g->rank;
   local_pass(k, CMA_COPY_IN, NULL, first, n, 1.0);
   if (k->pre != 1.0) local_pass(k, CMA_SCALE, NULL, first, n, k->pre);
   for (int r = 0; r < me && !k->err_no; r++) {
@@ -192,7 +209,7 @@ static void reduce_piece(cma_call_t *k, int64_t first, int64_t n) {
     if (r > 0) gs_cpu_reduce(k->dtype, k->op, k->peer, k->fold, n);
   }
   if (me > 0) local_pass(k, CMA_FOLD, k->fold, first, n, 1.0);
-  for (int r = me + 1; r < k->c->size && !k->err_no; r++) {
+  for (int r = me + 1; r < k->g->size && !k->err_no; r++) {
     if (read_peer(k, r, CMA_IN, first, n, k->peer)) return;
     if (k->pre != 1.0) gs_cpu_scale_copy(k->dtype, k->peer, k->peer, n, k->pre);
     local_pass(k, CMA_FOLD, k->peer, first, n, 1.0);
@@ -205,7 +222,7 @@ static void reduce_piece(cma_call_t *k, int64_t first, int64_t n) {
 static gs_status_t agree(cma_call_t *k, const char *phase) {
   int mine = k->err_no != 0, any = 0;
   MPI_Request req;
-  GS_MPI_CHECK(MPI_Iallreduce(&mine, &any, 1, MPI_INT, MPI_MAX, k->c->mpi, &req), phase);
+  GS_MPI_CHECK(MPI_Iallreduce(&mine, &any, 1, MPI_INT, MPI_MAX, k->g->mpi, &req), phase);
   GS_CHECK(gs_mpi_wait(&req, phase, NULL, NULL));
   if (k->err_no)
     return gs_fail(GS_ERR_MPI, "%s: reading rank %d's memory (process_vm_readv): %s", phase,
@@ -218,30 +235,30 @@ static gs_status_t agree(cma_call_t *k, const char *phase) {
   return GS_SUCCESS;
 }
 
-/* The scratch pieces, kept per communicator. */
-static gs_status_t scratch(gs_comm_t c, char **fold, char **peer) {
-  if (!c->cma_scratch) {
-    c->cma_scratch = aligned_alloc(64, 2 * (size_t)CMA_PIECE_BYTES);
-    if (!c->cma_scratch) return gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
+/* The scratch pieces, kept per group. */
+static gs_status_t scratch(gs_cma_group_t *g, char **fold, char **peer) {
+  if (!g->scratch) {
+    g->scratch = aligned_alloc(64, 2 * (size_t)CMA_PIECE_BYTES);
+    if (!g->scratch) return gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
   }
-  *fold = c->cma_scratch;
+  *fold = g->scratch;
   *peer = *fold + CMA_PIECE_BYTES;
   return GS_SUCCESS;
 }
 
-static gs_status_t probe(gs_comm_t c);
+static gs_status_t probe(gs_cma_group_t *g, int64_t from_bytes);
 
 /* Every rank's segment addresses, inputs then outputs (in == NULL: in place). */
-static gs_status_t exchange(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *out, int64_t n,
+static gs_status_t exchange(gs_cma_group_t *g, const gs_seg_t *in, const gs_seg_t *out, int64_t n,
                             uint64_t *all) {
-  uint64_t *mine = all + (size_t)c->rank * 2 * (size_t)n;
+  uint64_t *mine = all + (size_t)g->rank * 2 * (size_t)n;
   for (int64_t s = 0; s < n; s++) {
     mine[s] = (uint64_t)(uintptr_t)(in ? in[s].at : out[s].at);
     mine[n + s] = (uint64_t)(uintptr_t)out[s].at;
   }
   MPI_Request req;
   GS_MPI_CHECK(MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, (int)(2 * n), MPI_UINT64_T,
-                              c->mpi, &req),
+                              g->mpi, &req),
                "allreduce (in the host): exchanging addresses");
   return gs_mpi_wait(&req, "allreduce (in the host): exchanging addresses", NULL, NULL);
 }
@@ -252,6 +269,7 @@ static gs_status_t exchange(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *out
 static gs_status_t open_call(cma_call_t *k, const gs_seg_t *in, const gs_seg_t *out,
                              const char *name, int *taken) {
   gs_comm_t c = k->c;
+  gs_cma_group_t *g = k->g;
   *taken = 0;
   int64_t *offs = malloc(((size_t)k->nseg + 1) * sizeof *offs);
   if (!offs) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", name);
@@ -259,16 +277,18 @@ static gs_status_t open_call(cma_call_t *k, const gs_seg_t *in, const gs_seg_t *
   for (int64_t s = 0; s < k->nseg; s++) offs[s + 1] = offs[s] + out[s].count;
   k->offs = offs;
   k->count = offs[k->nseg];
-  if (!gs_cma_wanted(c, k->count * (int64_t)k->es) || 2 * k->nseg > INT32_MAX) return GS_SUCCESS;
-  if (c->cma_state == 0) GS_CHECK(probe(c));
-  if (c->cma_state < 0) return GS_SUCCESS;
-  uint64_t *all = malloc((size_t)c->size * 2 * (size_t)k->nseg * sizeof *all);
+  int64_t bytes = k->count * (int64_t)k->es;
+  int wanted = g == &c->cma ? gs_cma_wanted(c, bytes) : gs_cma_host_wanted(c, bytes);
+  if (!wanted || 2 * k->nseg > INT32_MAX) return GS_SUCCESS;
+  if (g->state == 0) GS_CHECK(probe(g, c->cma_bytes));
+  if (g->state < 0) return GS_SUCCESS;
+  uint64_t *all = malloc((size_t)g->size * 2 * (size_t)k->nseg * sizeof *all);
   if (!all) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", name);
   k->at = all;
   *taken = 1;
   c->stats.peer_reads++;
-  GS_CHECK(exchange(c, in, out, k->nseg, all));
-  return scratch(c, &k->fold, &k->peer);
+  GS_CHECK(exchange(g, in, out, k->nseg, all));
+  return scratch(g, &k->fold, &k->peer);
 }
 
 static void close_call(cma_call_t *k) {
@@ -279,7 +299,7 @@ static void close_call(cma_call_t *k) {
 /* Reduce-scatter: this rank's slice, folded piece by piece. */
 static void reduce_slice(cma_call_t *k) {
   int64_t lo, n, piece = CMA_PIECE_BYTES / (int64_t)k->es;
-  slice(k, k->c->rank, &lo, &n);
+  slice(k, k->g->rank, &lo, &n);
   for (int64_t at = lo; at < lo + n && !k->err_no; at += piece)
     reduce_piece(k, at, lo + n - at < piece ? lo + n - at : piece);
 }
@@ -287,8 +307,8 @@ static void reduce_slice(cma_call_t *k) {
 /* Allgather: every other slice, from its owner's output into this rank's. */
 static void gather_slices(cma_call_t *k) {
   int64_t lo, n;
-  for (int r = 1; r < k->c->size && !k->err_no; r++) {
-    int peer = (k->c->rank + r) % k->c->size; /* ranks start at different owners */
+  for (int r = 1; r < k->g->size && !k->err_no; r++) {
+    int peer = (k->g->rank + r) % k->g->size; /* ranks start at different owners */
     slice(k, peer, &lo, &n);
     read_peer(k, peer, CMA_OUT, lo, n, NULL);
   }
@@ -297,6 +317,7 @@ static void gather_slices(cma_call_t *k) {
 gs_status_t gs_cma_allreduce(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *out, int64_t nseg,
                              gs_dtype_t dtype, gs_op_t op, double pre, double post, int *taken) {
   cma_call_t k = {.c = c,
+                  .g = whole(c),
                   .nseg = nseg,
                   .es = gs_dtype_size(dtype),
                   .dtype = dtype,
@@ -314,14 +335,16 @@ gs_status_t gs_cma_allreduce(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *ou
   return s;
 }
 
-gs_status_t gs_cma_reduce_scatter(gs_comm_t c, const void *send, void *recv, const int64_t *counts,
-                                  gs_dtype_t dtype, gs_op_t op, int *taken) {
+/* Reduce-scatter among g's ranks: this rank's block of the sum into recv. */
+static gs_status_t reduce_scatter(gs_comm_t c, gs_cma_group_t *g, const void *send, void *recv,
+                                  const int64_t *counts, gs_dtype_t dtype, gs_op_t op, int *taken) {
   int64_t total = 0, mine = 0;
-  for (int r = 0; r < c->size; r++) {
-    if (r == c->rank) mine = total;
+  for (int r = 0; r < g->size; r++) {
+    if (r == g->rank) mine = total;
     total += counts[r];
   }
   cma_call_t k = {.c = c,
+                  .g = g,
                   .nseg = 1,
                   .es = gs_dtype_size(dtype),
                   .dtype = dtype,
@@ -342,12 +365,14 @@ gs_status_t gs_cma_reduce_scatter(gs_comm_t c, const void *send, void *recv, con
   return s;
 }
 
-gs_status_t gs_cma_allgatherv(gs_comm_t c, void *recv, const int64_t *counts, const int64_t *displs,
-                              gs_dtype_t dtype, int *taken) {
+/* Allgather among g's ranks: every other rank's block read into recv. */
+static gs_status_t allgatherv(gs_comm_t c, gs_cma_group_t *g, void *recv, const int64_t *counts,
+                              const int64_t *displs, gs_dtype_t dtype, int *taken) {
   int64_t end = 0;
-  for (int r = 0; r < c->size; r++)
+  for (int r = 0; r < g->size; r++)
     if (counts[r] > 0 && displs[r] + counts[r] > end) end = displs[r] + counts[r];
   cma_call_t k = {.c = c,
+                  .g = g,
                   .nseg = 1,
                   .es = gs_dtype_size(dtype),
                   .dtype = dtype,
@@ -365,11 +390,33 @@ gs_status_t gs_cma_allgatherv(gs_comm_t c, void *recv, const int64_t *counts, co
   return s;
 }
 
+gs_status_t gs_cma_reduce_scatter(gs_comm_t c, const void *send, void *recv, const int64_t *counts,
+                                  gs_dtype_t dtype, gs_op_t op, int *taken) {
+  return reduce_scatter(c, whole(c), send, recv, counts, dtype, op, taken);
+}
+
+gs_status_t gs_cma_allgatherv(gs_comm_t c, void *recv, const int64_t *counts, const int64_t *displs,
+                              gs_dtype_t dtype, int *taken) {
+  return allgatherv(c, whole(c), recv, counts, displs, dtype, taken);
+}
+
+gs_status_t gs_cma_host_reduce_scatter(gs_comm_t c, const void *send, void *recv,
+                                       const int64_t *counts, gs_dtype_t dtype, gs_op_t op,
+                                       int *taken) {
+  return reduce_scatter(c, &c->hier_cma, send, recv, counts, dtype, op, taken);
+}
+
+gs_status_t gs_cma_host_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
+                                   const int64_t *displs, gs_dtype_t dtype, int *taken) {
+  return allgatherv(c, &c->hier_cma, recv, counts, displs, dtype, taken);
+}
+
 /* The probe's verdict, the same on every rank: the peers' process ids, or
  * the mechanism off, said once at debug level. */
-static gs_status_t adopt(gs_comm_t c, int every, const uint64_t *all, int why, int peer) {
+static gs_status_t adopt(gs_cma_group_t *g, int every, const uint64_t *all, int why, int peer,
+                         int64_t from_bytes) {
   if (!every) {
-    c->cma_state = -1;
+    g->state = -1;
     if (peer >= 0)
       gs_log(GS_LOG_DEBUG,
              "allreduce in the host: this rank cannot read rank %d's memory "
@@ -381,55 +428,63 @@ static gs_status_t adopt(gs_comm_t c, int every, const uint64_t *all, int why, i
              "memory; large allreduces go through MPI");
     return GS_SUCCESS;
   }
-  c->cma_pids = malloc((size_t)c->size * sizeof *c->cma_pids);
-  if (!c->cma_pids) return gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
-  for (int r = 0; r < c->size; r++) c->cma_pids[r] = (int64_t)all[2 * r];
-  c->cma_state = 1;
+  g->pids = malloc((size_t)g->size * sizeof *g->pids);
+  if (!g->pids) return gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
+  for (int r = 0; r < g->size; r++) g->pids[r] = (int64_t)all[2 * r];
+  g->state = 1;
   gs_log(GS_LOG_DEBUG,
          "allreduce in the host: ranks read each other's memory "
          "(process_vm_readv) from %lld bytes",
-         (long long)c->cma_bytes);
+         (long long)from_bytes);
   return GS_SUCCESS;
 }
 
-void gs_cma_free(gs_comm_t c) {
-  free(c->cma_pids);
-  free(c->cma_scratch);
-  c->cma_pids = NULL;
-  c->cma_scratch = NULL;
+void gs_cma_group_reset(gs_cma_group_t *g, MPI_Comm mpi) {
+  free(g->pids);
+  free(g->scratch);
+  *g = (gs_cma_group_t){.mpi = mpi};
+  if (mpi != MPI_COMM_NULL) {
+    MPI_Comm_rank(mpi, &g->rank);
+    MPI_Comm_size(mpi, &g->size);
+  }
 }
 
-/* Collective: every rank reads one word from every other; any refusal
- * turns the mechanism off on all of them. */
-static gs_status_t probe(gs_comm_t c) {
+void gs_cma_free(gs_comm_t c) {
+  gs_cma_group_reset(&c->cma, MPI_COMM_NULL);
+  gs_cma_group_reset(&c->hier_cma, MPI_COMM_NULL);
+}
+
+/* Collective over g: every rank reads one word from every other; any
+ * refusal turns the mechanism off on all of them. */
+static gs_status_t probe(gs_cma_group_t *g, int64_t from_bytes) {
   /* Yama's ptrace scope 1 lets only ancestors read a process: allow any
    * (no effect, EINVAL, without Yama). */
   (void)prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
-  volatile uint64_t word = CMA_PROBE_MAGIC ^ (uint64_t)c->rank;
-  uint64_t *all = malloc((size_t)c->size * 2 * sizeof *all);
+  volatile uint64_t word = CMA_PROBE_MAGIC ^ (uint64_t)g->rank;
+  uint64_t *all = malloc((size_t)g->size * 2 * sizeof *all);
   if (!all) return gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
-  all[2 * c->rank] = (uint64_t)getpid();
-  all[2 * c->rank + 1] = (uint64_t)(uintptr_t)&word;
+  all[2 * g->rank] = (uint64_t)getpid();
+  all[2 * g->rank + 1] = (uint64_t)(uintptr_t)&word;
   MPI_Request req;
-  int e = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, 2, MPI_UINT64_T, c->mpi, &req);
+  int e = MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, all, 2, MPI_UINT64_T, g->mpi, &req);
   gs_status_t s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "allreduce: probing peer reads", NULL, NULL)
                                    : gs_mpi_fail(e, "allreduce: probing peer reads");
   int ok = 1, why = 0, peer = -1, every = 0;
-  for (int r = 0; s == GS_SUCCESS && ok && r < c->size; r++) {
+  for (int r = 0; s == GS_SUCCESS && ok && r < g->size; r++) {
     uint64_t got = 0;
     struct iovec lv = {&got, sizeof got}, rv = {(void *)(uintptr_t)all[2 * r + 1], sizeof got};
-    if (r == c->rank) continue;
+    if (r == g->rank) continue;
     ok = process_vm_readv((pid_t)all[2 * r], &lv, 1, &rv, 1, 0) == (ssize_t)sizeof got &&
          got == (CMA_PROBE_MAGIC ^ (uint64_t)r);
     if (!ok) why = errno, peer = r;
   }
   /* `word` is read until every rank is past this point */
   if (s == GS_SUCCESS) {
-    e = MPI_Iallreduce(&ok, &every, 1, MPI_INT, MPI_MIN, c->mpi, &req);
+    e = MPI_Iallreduce(&ok, &every, 1, MPI_INT, MPI_MIN, g->mpi, &req);
     s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "allreduce: probing peer reads", NULL, NULL)
                          : gs_mpi_fail(e, "allreduce: probing peer reads");
   }
-  if (s == GS_SUCCESS) s = adopt(c, every, all, why, peer);
+  if (s == GS_SUCCESS) s = adopt(g, every, all, why, peer, from_bytes);
   free(all);
   return s;
 }

@@ -86,7 +86,7 @@ gs_status_t gs_nccl_comm_init(gs_comm_t c); /* collective over c->mpi */
  * instead and c unusable. Only after c's last work on its stream finished. */
 gs_status_t gs_nccl_comm_free(gs_comm_t c);
 
-/* ---- hosts and the hierarchical allreduce (hierarchical.c) -------------- */
+/* ---- hosts (hosts.c) and the hierarchical allreduce (hierarchical.c) ---- */
 
 /* Collective over c->mpi, after local_rank/local_size are set: the ranks
  * agree on the hosts' sizes and read GRADSYNC_HIERARCHICAL. */
@@ -102,6 +102,11 @@ int gs_hier_wanted(gs_comm_t c, int64_t bytes);
  * host; send == NULL: in place on recv. */
 gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
                               gs_dtype_t dtype, gs_op_t op);
+/* The hierarchical allreduce moves a message in segments this large,
+ * pipelined through its three phases (1 and 4 MiB measured alike at
+ * 1 Gbit/s, 4 MiB ahead at 10); their counts and displacements fit MPI's
+ * int. hosts.c decides when it is wanted, hierarchical.c runs it. */
+#define GS_HIER_SEGMENT_BYTES ((int64_t)4 << 20)
 void gs_hier_free(gs_comm_t c);
 /* gs_wire_allreduce over c's hosts: float32 inside each host, the wire
  * format across them (hierarchical.c). */
@@ -125,6 +130,19 @@ gs_status_t gs_cma_reduce_scatter(gs_comm_t c, const void *send, void *recv, con
                                   gs_dtype_t dtype, gs_op_t op, int *taken);
 gs_status_t gs_cma_allgatherv(gs_comm_t c, void *recv, const int64_t *counts, const int64_t *displs,
                               gs_dtype_t dtype, int *taken);
+/* The hierarchical allreduce's host stages (hierarchical.c): the same two
+ * phases among c->hier_node's ranks (c->hier_cma), whose blocks' counts and
+ * displacements they take; gs_cma_host_wanted says whether a segment of
+ * `bytes` is read so. */
+int gs_cma_host_wanted(gs_comm_t c, int64_t bytes);
+gs_status_t gs_cma_host_reduce_scatter(gs_comm_t c, const void *send, void *recv,
+                                       const int64_t *counts, gs_dtype_t dtype, gs_op_t op,
+                                       int *taken);
+gs_status_t gs_cma_host_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
+                                   const int64_t *displs, gs_dtype_t dtype, int *taken);
+/* A group for `mpi`'s ranks, not probed yet (MPI_COMM_NULL: none); what the
+ * group held before is freed. */
+void gs_cma_group_reset(gs_cma_group_t *g, MPI_Comm mpi);
 void gs_cma_free(gs_comm_t c);
 
 /* ---- the allreduce in a low-precision wire format (wire.c) -------------- */

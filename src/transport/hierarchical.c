@@ -1,4 +1,5 @@
-/* Hosts, and the topology-aware allreduce (DESIGN section 11).
+/* The topology-aware allreduce (DESIGN section 11; hosts.c says which
+ * ranks share a host and when this path is wanted).
  *
  * A job spanning hosts has two networks: shared memory inside a host, and
  * the host's link, which every byte leaving the host crosses. A flat ring
@@ -20,71 +21,16 @@
  * MPI's algorithms are deterministic for a given communicator, so runs
  * repeat bit for bit. The transport's ops are used as they are
  * (float16/bfloat16: gradsync's float32-accumulating user ops); averaging
- * and scales stay with the fusion engine, outside the transport.
- *
- * Hosts are MPI_Comm_split_type(SHARED) groups, agreed once when the
- * communicator is made; GRADSYNC_HIERARCHY_SIZE=g replaces them with blocks
- * of g consecutive ranks (tests on one machine, hosts MPI cannot see). */
+ * and scales stay with the fusion engine, outside the transport. Where the
+ * host's ranks may read each other's memory (cma.c), steps 1 and 3 read
+ * the peers' blocks where they lie instead of going through MPI. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "transport/gs_transport.h"
 
-/* The message moves in segments this large, pipelined through the three
- * phases (1 and 4 MiB measured alike at 1 Gbit/s, 4 MiB ahead at 10);
- * their counts and displacements fit MPI's int. */
-#define HIER_SEGMENT_BYTES ((int64_t)4 << 20)
-/* Auto mode's smallest hierarchical message: two segments, the least that
- * overlaps shared-memory phases with the network. Below it the three phases
- * run back to back, one more round than MPI's flat algorithms, which for
- * power-of-two ranks placed by host cross each link with as many bytes;
- * on the simulated cluster flat was ahead up to 4 MiB and even or behind
- * from 16 MiB (docs/PERFORMANCE.md, "Across hosts"). */
-#define HIER_MIN_BYTES (2 * HIER_SEGMENT_BYTES)
-
-gs_status_t gs_topology_init(gs_comm_t c) {
-  /* max of (L, -L, not-consecutive) over the ranks: min and max local size,
-   * and whether every host's ranks are a block of consecutive ranks
-   * (local rank == rank mod L on every rank implies it when sizes agree). */
-  int mine[3] = {c->local_size, -c->local_size, c->local_rank != c->rank % c->local_size};
-  int all[3];
-  int e = MPI_Allreduce(mine, all, 3, MPI_INT, MPI_MAX, c->mpi);
-  if (e != MPI_SUCCESS) return gs_mpi_fail(e, "gs_comm_create: agreeing on the hosts");
-  c->host_max = all[0];
-  c->host_min = -all[1];
-  c->hosts_consecutive = all[2] == 0;
-  c->hier_mode = gs_env_hierarchical();
-  c->hier_node = c->hier_cross = MPI_COMM_NULL;
-  c->hier_group = 0;
-  return GS_SUCCESS;
-}
-
-int gs_host_group(gs_comm_t c) {
-  int g = gs_env_hierarchy_size();
-  if (g > 0) return c->size % g == 0 ? g : 0;
-  return c->host_min == c->host_max ? c->host_max : 0;
-}
-
-int gs_hier_wanted(gs_comm_t c, int64_t bytes) {
-  if (c->hier_mode == 0 || c->size == 1) return 0;
-  int g = gs_host_group(c);
-  if (g == 0) {
-    static int warned;
-    if (c->hier_mode == 1 && !__atomic_exchange_n(&warned, 1, __ATOMIC_RELAXED))
-      gs_log(GS_LOG_WARNING,
-             "GRADSYNC_HIERARCHICAL=1: the hosts hold unequal numbers of "
-             "ranks (%d to %d%s), so allreduce stays flat",
-             c->host_min, c->host_max,
-             gs_env_hierarchy_size() > 0 ? ", or GRADSYNC_HIERARCHY_SIZE does not divide the "
-                                           "ranks"
-                                         : "");
-    return 0;
-  }
-  if (c->hier_mode == 1) return 1;
-  return g > 1 && c->size / g > 1 && bytes >= HIER_MIN_BYTES;
-}
-
 void gs_hier_free(gs_comm_t c) {
+  gs_cma_group_reset(&c->hier_cma, MPI_COMM_NULL);
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
@@ -113,6 +59,7 @@ static gs_status_t hier_comms(gs_comm_t c, int g) {
   }
   MPI_Comm_set_errhandler(c->hier_node, MPI_ERRORS_RETURN);
   MPI_Comm_set_errhandler(c->hier_cross, MPI_ERRORS_RETURN);
+  gs_cma_group_reset(&c->hier_cma, c->hier_node);
   c->hier_group = key;
   return GS_SUCCESS;
 }
@@ -131,10 +78,14 @@ typedef struct hier_run {
   int64_t count, seg, nseg;
   MPI_Datatype dt;
   MPI_Op op;
+  gs_dtype_t dtype; /* the same two, for the host's direct reads */
+  gs_op_t reduce;
   MPI_Comm node, cross;
   size_t es;
   int nl, l, nh;
   int *counts[2], *displs[2]; /* [0]: a full segment's blocks, [1]: the last one's */
+  int64_t *counts64[2], *displs64[2]; /* the same, for the host's direct reads */
+  int direct; /* the host stages read the peers' memory (cma.c) where they can */
 } hier_run_t;
 
 static void blocks(int64_t n, int nl, int *counts, int *displs) {
@@ -145,16 +96,39 @@ static void blocks(int64_t n, int nl, int *counts, int *displs) {
   }
 }
 
+/* Phase 0 (reduce-scatter: this rank's block straight to its place) or 2
+ * (allgather) of segment k by reading the host's peers, synchronously;
+ * *taken = 0 when the reads are not wanted or refused (then MPI's turn). */
+static gs_status_t host_direct(const hier_run_t *h, int ph, int64_t k, int *taken) {
+  int last = k == h->nseg - 1;
+  const int64_t *counts = h->counts64[last], *displs = h->displs64[last];
+  int64_t at = k * h->seg;
+  char *base = h->recv + (size_t)at * h->es, *mine = base + (size_t)displs[h->l] * h->es;
+  const char *in = h->send ? h->send + (size_t)at * h->es : base;
+  if (ph == 0)
+    return gs_cma_host_reduce_scatter(h->c, in, mine, counts, h->dtype, h->reduce, taken);
+  return gs_cma_host_allgatherv(h->c, base, counts, displs, h->dtype, taken);
+}
+
 /* Starts phase `ph` of segment k; *req stays MPI_REQUEST_NULL when the
- * phase has nothing to send (one rank per host, one host, an empty block). */
-static gs_status_t start(const hier_run_t *h, int ph, int64_t k, MPI_Request *req) {
+ * phase has nothing to send (one rank per host, one host, an empty block)
+ * or was done here by direct reads (*placed: phase 0 left the block where
+ * it belongs). */
+static gs_status_t start(const hier_run_t *h, int ph, int64_t k, MPI_Request *req, int *placed) {
   int last = k == h->nseg - 1;
   const int *counts = h->counts[last], *displs = h->displs[last];
   int64_t at = k * h->seg, n = last ? h->count - at : h->seg;
   char *base = h->recv + (size_t)at * h->es, *mine = base + (size_t)displs[h->l] * h->es;
   const char *in = h->send ? h->send + (size_t)at * h->es : NULL;
-  int e = MPI_SUCCESS;
+  int e = MPI_SUCCESS, taken = 0;
   *req = MPI_REQUEST_NULL;
+  if (ph != 1 && h->nl > 1 && h->direct) {
+    GS_CHECK(host_direct(h, ph, k, &taken));
+    if (taken) {
+      *placed = ph == 0;
+      return GS_SUCCESS;
+    }
+  }
   if (ph == 0 && h->nl > 1) /* in place, MPI leaves the block at `base` */
     e = MPI_Ireduce_scatter(in ? (const void *)in : MPI_IN_PLACE, in ? (void *)mine : base, counts,
                             h->dt, h->op, h->node, req);
@@ -179,20 +153,26 @@ static void settle(const hier_run_t *h, int64_t k) {
 /* A pipeline over the segments: at step t, segment t is reduce-scattered
  * inside the host while segment t-1 crosses the hosts and segment t-2 is
  * gathered, so shared-memory work hides behind the network's. The
- * nonblocking calls start in the same order on every rank, as MPI asks. */
+ * nonblocking calls start in the same order on every rank, as MPI asks;
+ * with direct reads (synchronous) the crossing starts first, so the host
+ * stages run while it is in flight. */
 static gs_status_t pipeline(const hier_run_t *h) {
+  static const int order[2][3] = {{0, 1, 2}, {1, 0, 2}};
   gs_status_t s = GS_SUCCESS;
   for (int64_t t = 0; t < h->nseg + 2 && s == GS_SUCCESS; t++) {
     MPI_Request req[3] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    for (int ph = 0; ph < 3 && s == GS_SUCCESS; ph++)
-      if (t - ph >= 0 && t - ph < h->nseg) s = start(h, ph, t - ph, &req[ph]);
+    int placed = 0;
+    for (int i = 0; i < 3 && s == GS_SUCCESS; i++) {
+      int ph = order[h->direct][i];
+      if (t - ph >= 0 && t - ph < h->nseg) s = start(h, ph, t - ph, &req[ph], &placed);
+    }
     /* After a failure (a timeout: a host is gone) the phases still in flight
      * are not waited for, each could take the whole timeout again; they are
      * left to MPI with the communicator marked unusable, as abandoned waits
      * are (its buffers are kept). */
     for (int ph = 0; ph < 3 && s == GS_SUCCESS; ph++)
       if (req[ph] != MPI_REQUEST_NULL) s = gs_mpi_wait(&req[ph], phase_names[ph], NULL, NULL);
-    if (s == GS_SUCCESS && t < h->nseg) settle(h, t);
+    if (s == GS_SUCCESS && t < h->nseg && !placed) settle(h, t);
   }
   if (s != GS_SUCCESS && !h->c->fate.broken) h->c->fate.broken = s;
   return s;
@@ -205,7 +185,13 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
     return gs_fail(GS_ERR_INVALID_ARGUMENT,
                    "allreduce (hierarchical): the hosts hold "
                    "unequal numbers of ranks");
-  hier_run_t h = {.c = c, .send = send, .recv = recv, .count = count, .es = gs_dtype_size(dtype)};
+  hier_run_t h = {.c = c,
+                  .send = send,
+                  .recv = recv,
+                  .count = count,
+                  .es = gs_dtype_size(dtype),
+                  .dtype = dtype,
+                  .reduce = op};
   GS_CHECK(gs_mpi_datatype(dtype, &h.dt));
   GS_CHECK(gs_mpi_op(dtype, op, &h.op));
   GS_CHECK(hier_comms(c, g));
@@ -217,7 +203,7 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
   MPI_Comm_size(h.cross, &h.nh);
   /* segments small enough to pipeline and for int counts; at least one
    * element per local rank */
-  h.seg = HIER_SEGMENT_BYTES / (int64_t)h.es;
+  h.seg = GS_HIER_SEGMENT_BYTES / (int64_t)h.es;
   if (h.seg < h.nl) h.seg = h.nl;
   h.nseg = count > 0 ? (count + h.seg - 1) / h.seg : 0;
   if (gs_log_level() >= GS_LOG_DEBUG)
@@ -226,16 +212,26 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
            "%lld segments",
            (long long)count, h.nh, h.nl, (long long)h.nseg);
   int small[4 * 16];
+  int64_t small64[4 * 16];
   int *cd = h.nl <= 16 ? small : malloc(4 * (size_t)h.nl * sizeof *cd);
-  if (!cd) return gs_fail(GS_ERR_NO_MEMORY, "allreduce (hierarchical): out of memory");
-  for (int w = 0; w < 2; w++) {
+  int64_t *cd64 = h.nl <= 16 ? small64 : malloc(4 * (size_t)h.nl * sizeof *cd64);
+  gs_status_t s = GS_SUCCESS;
+  if (!cd || !cd64) s = gs_fail(GS_ERR_NO_MEMORY, "allreduce (hierarchical): out of memory");
+  for (int w = 0; w < 2 && s == GS_SUCCESS; w++) {
     h.counts[w] = cd + 2 * w * h.nl;
     h.displs[w] = cd + (2 * w + 1) * h.nl;
+    blocks(w ? count - (h.nseg - 1) * h.seg : h.seg, h.nl, h.counts[w], h.displs[w]);
+    h.counts64[w] = cd64 + 2 * w * h.nl;
+    h.displs64[w] = cd64 + (2 * w + 1) * h.nl;
+    for (int q = 0; q < h.nl; q++) {
+      h.counts64[w][q] = h.counts[w][q];
+      h.displs64[w][q] = h.displs[w][q];
+    }
   }
-  blocks(h.seg, h.nl, h.counts[0], h.displs[0]);
-  blocks(count - (h.nseg - 1) * h.seg, h.nl, h.counts[1], h.displs[1]);
-  gs_status_t s = h.nseg > 0 ? pipeline(&h) : GS_SUCCESS;
+  h.direct = gs_cma_host_wanted(c, h.seg * (int64_t)h.es);
+  if (s == GS_SUCCESS && h.nseg > 0) s = pipeline(&h);
   if (cd != small) free(cd);
+  if (cd64 != small64) free(cd64);
   return s;
 }
 
@@ -329,7 +325,7 @@ gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire
   hier_wire_t h = {.c = c, .x = x, .lost = lost, .count = count, .wire = wire, .post = post};
   MPI_Comm_size(c->hier_node, &h.nl);
   MPI_Comm_rank(c->hier_node, &h.l);
-  h.seg = (HIER_SEGMENT_BYTES / 4) / GS_WIRE_BLOCK * GS_WIRE_BLOCK;
+  h.seg = (GS_HIER_SEGMENT_BYTES / 4) / GS_WIRE_BLOCK * GS_WIRE_BLOCK;
   h.nseg = count > 0 ? (count + h.seg - 1) / h.seg : 0;
   int *cd = malloc(4 * (size_t)h.nl * sizeof *cd);
   if (!cd) return gs_fail(GS_ERR_NO_MEMORY, "allreduce (hierarchical, wire): out of memory");

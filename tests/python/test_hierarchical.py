@@ -271,3 +271,40 @@ def test_group_that_does_not_divide_falls_back_to_flat():
             c.close()
     expect = np.arange(70000, dtype=np.float64) * p + p * (p - 1) / 2
     collective_assert(n == 0 and np.array_equal(out, expect), "hierarchical %d" % n)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, BF16], ids=["float32", "bfloat16"])
+def test_host_stages_read_the_peers(dtype, inputs):
+    """Forced hierarchical, groups of two or more ranks: a message of two
+    and a half 4 MiB segments has its host stages (reduce-scatter,
+    allgather) read the peers' memory (transport/cma.c; comm.stats()'s
+    peer_reads count them) while the crossing is in flight: against the
+    reference, in place and out of place, and with two ranks a host the
+    same bits as the host stages through MPI (both fold x0 + x1)."""
+    group, per_host = main_layout()[0]
+    shapes = [(5 * (1 << 20) // np.dtype(dtype).itemsize // 2,), (1001,)]
+    per_rank = inputs.all_ranks(shapes, dtype, "normal", tag="cma")
+    outs = {}
+    with env(GRADSYNC_HIERARCHY_SIZE=group):
+        for cma_bytes in ("1", "0"):
+            with env(GRADSYNC_CMA_BYTES=cma_bytes):
+                c = communicator("1", group)
+            try:
+                before = c.stats()["peer_reads"]
+                mine = [a.copy() for a in per_rank[WORLD.rank]]
+                with collectively(what=f"out of place, GRADSYNC_CMA_BYTES={cma_bytes}") as blk:
+                    out = c.allreduce(mine)
+                    blk.same(out)
+                with collectively(what=f"in place, GRADSYNC_CMA_BYTES={cma_bytes}"):
+                    c.allreduce_(mine)
+                    assert all(bits(a).tobytes() == bits(b).tobytes() for a, b in zip(out, mine))
+                outs[cma_bytes] = (out, c.stats()["peer_reads"] - before)
+            finally:
+                c.close()
+    with collectively():
+        check_reduction(outs["1"][0], per_rank, "sum", shapes, dtype)
+        direct = per_host > 1 and WORLD.size > per_host
+        assert (outs["1"][1] > 0) == direct and outs["0"][1] == 0, (outs["1"][1], outs["0"][1])
+        if per_host == 2:
+            for a, b in zip(outs["1"][0], outs["0"][0]):
+                assert bits(a).tobytes() == bits(b).tobytes(), "direct and MPI host stages differ"
