@@ -13,6 +13,8 @@ alike:
 
     gs flat     gradsync with GRADSYNC_HIERARCHICAL=0
     gs hier     gradsync with GRADSYNC_HIERARCHICAL=1
+    gs hier mpi-host  the same with GRADSYNC_CMA_BYTES=0: its host stages
+                through MPI instead of reading the peers' memory
     gs default  gradsync as it chooses (GRADSYNC_HIERARCHICAL unset)
     mpi4py      one mpi4py Allreduce(IN_PLACE) per tensor
     mpi4py fused  one mpi4py Allreduce of one buffer holding every tensor
@@ -49,20 +51,26 @@ def link_bytes():
         return int(f.read())
 
 
-def communicator(mode):
-    old = os.environ.pop("GRADSYNC_HIERARCHICAL", None)
-    if mode is not None:
-        os.environ["GRADSYNC_HIERARCHICAL"] = mode
+def communicator(mode, **env):
+    """A Communicator made with GRADSYNC_HIERARCHICAL=mode (None: unset) and
+    the other GRADSYNC_<NAME>=value of env (read when it is made)."""
+    names = {"GRADSYNC_HIERARCHICAL": mode}
+    names.update({"GRADSYNC_" + k.upper(): str(v) for k, v in env.items()})
+    old = {k: os.environ.pop(k, None) for k in names}
+    os.environ.update({k: v for k, v in names.items() if v is not None})
     try:
         return gs.Communicator()
     finally:
-        os.environ.pop("GRADSYNC_HIERARCHICAL", None)
-        if old is not None:
-            os.environ["GRADSYNC_HIERARCHICAL"] = old
+        for k, v in old.items():
+            os.environ.pop(k, None)
+            if v is not None:
+                os.environ[k] = v
 
 
 def variants(tensors, flat, wires=()):
+    # "gs hier mpi-host": the host stages through MPI, not the peers' memory
     comms = {"gs flat": communicator("0"), "gs hier": communicator("1"),
+             "gs hier mpi-host": communicator("1", cma_bytes=0),
              "gs default": communicator(None)}
     fns = {name: (lambda c=c: c.allreduce_(tensors)) for name, c in comms.items()}
     for w in wires:

@@ -137,18 +137,20 @@ def _suite_tests():
 
 
 def _run_suite(tmp_path, backend, world_size):
-    """{test: (status, reason)} of the whole suite on one backend
-    (launch/compare.py reads the same report)."""
+    """{test: (status, reason)} of the whole suite on one backend."""
     report = tmp_path / f"{backend}-{world_size}.txt"
     rc, log = _run([sys.executable, os.path.join(HERE, "dist_suite.py")],
                    _singleton_env(BACKEND=backend, WORLD_SIZE=world_size,
                                   GS_SPAWN_START_METHOD="forkserver", GS_SPAWN_REPORT=report))
-    outcomes = {}
-    for line in report.read_text().splitlines() if report.exists() else []:
-        status, rest = line.split(" ", 1)
-        name, _, reason = rest.partition(": ")
-        outcomes[name] = (status, reason)
-    return rc, log, outcomes
+    return rc, log, _compare().read(report) if report.exists() else {}
+
+
+def _compare():
+    """launch/compare.py, the reports' reader (a script, not a package)."""
+    spec = importlib.util.spec_from_file_location("compare", os.path.join(HERE, "compare.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @needs_join
