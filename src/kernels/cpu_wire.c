@@ -158,9 +158,36 @@ static void encode_fp8(gs_wire_t wire, const float *x, int64_t count, uint8_t *s
   }
 }
 
+#if GS_HAVE_X86
+/* encode_half's loop eight elements at a time (simd.h's conversions round
+ * as half.h's do); returns how many it did. */
+GS_AVX2 static int64_t encode_half8(int bf, const float *src, int64_t count, uint16_t *h,
+                                    float *lost) {
+  const __m256 abs = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 inf = _mm256_set1_ps(INFINITY);
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) {
+    __m256 x = _mm256_loadu_ps(src + i);
+    __m128i q = bf ? gs_to_bf16x8(x) : _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+    _mm_storeu_si128((__m128i *)(h + i), q);
+    if (!lost) continue;
+    __m256 back = bf ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(q), 16))
+                     : _mm256_cvtph_ps(q);
+    __m256 finite = _mm256_cmp_ps(_mm256_and_ps(back, abs), inf, _CMP_LT_OQ);
+    __m256 d = _mm256_and_ps(_mm256_sub_ps(x, back), finite); /* gs_wire_lost */
+    _mm256_storeu_ps(lost + i, _mm256_add_ps(_mm256_loadu_ps(lost + i), d));
+  }
+  return i;
+}
+#endif
+
 static void encode_half(gs_wire_t wire, const float *src, int64_t count, uint16_t *h, float *lost) {
   int bf = wire == GS_WIRE_BFLOAT16;
-  for (int64_t i = 0; i < count; i++) {
+  int64_t i = 0;
+#if GS_HAVE_X86
+  if (gs_simd_avx2()) i = encode_half8(bf, src, count, h, lost);
+#endif
+  for (; i < count; i++) {
     h[i] = bf ? gs_float_to_bf16(src[i]) : gs_float_to_half(src[i]);
     if (lost) lost[i] += gs_wire_lost(src[i], bf ? gs_bf16_to_float(h[i]) : gs_half_to_float(h[i]));
   }

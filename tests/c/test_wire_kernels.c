@@ -4,8 +4,9 @@
  * tests/python/test_wire.py checks against ml_dtypes itself), for every
  * float32 bit pattern of both signs in a stride that visits each exponent's
  * significands densely, plus ties, subnormal boundaries and overflow; then a
- * whole encode/decode of a shard against an element-by-element reference.
- * The patterns are split across ranks. */
+ * whole encode/decode of a shard against an element-by-element reference;
+ * and the AVX2 encoders (float8, bfloat16, float16) against the portable
+ * loops. The patterns are split across ranks. */
 #include "gs_test.h"
 #include "../../src/kernels/cpu_wire.c" /* the static converters, as compiled in the library */
 #include "gs_info.h"
@@ -95,8 +96,8 @@ static void test_shard(gs_wire_t wire, const char *name) {
   CHECK(bad == 0, "%s: %lld shard elements differ", name, bad);
 }
 
-/* The AVX2 block encoder against the portable loop (held to the reference
- * above): blocks of raw random bit patterns (NaN, infinities, subnormals,
+/* The AVX2 encoders against the portable loops (float8's held to the
+ * reference above, the halves' to half.h's converters): blocks of raw random bit patterns (NaN, infinities, subnormals,
  * every binade), blocks of scaled values with one special value each, and
  * error-feedback residuals that start random: bytes and residuals bit for
  * bit. Where the CPU has no AVX2 both runs take the portable loop. */
@@ -151,6 +152,11 @@ int main(int argc, char **argv) {
       test_simd_blocks(formats[k].wire, formats[k].name);
     }
     test_patterns(formats[k].wire, formats[k].name);
+  }
+  SECTION("bfloat16 and float16");
+  if (rank_ == 0) {
+    test_simd_blocks(GS_WIRE_BFLOAT16, "bfloat16");
+    test_simd_blocks(GS_WIRE_FLOAT16, "float16");
   }
   return gs_test_finish();
 }
