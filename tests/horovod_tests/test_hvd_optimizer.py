@@ -3,6 +3,7 @@ broadcast_object, allgather_object, Compression and SyncBatchNorm: Horovod's
 test_torch.py assertions for them, plus training that must equal one
 process on the concatenated batch (backward_passes_per_step, predivision,
 Adasum)."""
+import copy
 import inspect
 import itertools
 import os
@@ -195,22 +196,26 @@ def test_optimizer_fp16_takes_the_wire():
     averaged, rounded once (tests/python/wire_ref.py's reference), not
     Horovod's cast-then-reduce in float16; the parameters stay identical on
     every rank. A float64 model keeps the cast (the wire takes float32)."""
-    from mpi4py import MPI
     from wire_ref import wire_reference
     c = Checks()
-    world = MPI.COMM_WORLD
     torch.manual_seed(1)
     model = mlp()
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    # this rank's gradients from a copy without the optimizer's hooks (the
+    # hooked model's are reduced in the background once backward runs), and
+    # every rank's through the engine (an MPI call of our own on this thread
+    # could meet the engine's thread inside MPI)
+    gen = torch.Generator().manual_seed(10 + hvd.rank())
+    x = torch.randn(N, D_IN, generator=gen) * 3
+    plain = copy.deepcopy(model)
+    F.mse_loss(plain(x), torch.zeros(N, D_OUT)).backward()
+    mine = [p.grad.detach().clone().numpy() for p in plain.parameters()]
+    every = hvd.allgather_object(mine)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0),
                                    named_parameters=model.named_parameters(),
                                    compression=hvd.Compression.fp16)
     c.check(opt.wire == "float16" and opt.compression is None, "fp16 maps to the wire")
-    gen = torch.Generator().manual_seed(10 + hvd.rank())
-    x = torch.randn(N, D_IN, generator=gen) * 3
     F.mse_loss(model(x), torch.zeros(N, D_OUT)).backward()
-    mine = [p.grad.detach().clone().numpy() for p in model.parameters()]
-    every = world.allgather(mine)
     opt.synchronize()
     for k, p in enumerate(model.parameters()):
         ref = wire_reference([every[q][k].ravel() for q in range(hvd.size())], "float16",
