@@ -125,7 +125,7 @@ static gs_status_t start(const hier_run_t *h, int ph, int64_t k, MPI_Request *re
   if (ph != 1 && h->nl > 1 && h->direct) {
     GS_CHECK(host_direct(h, ph, k, &taken));
     if (taken) {
-      *placed = ph == 0;
+      if (ph == 0) *placed = 1; /* an allgather taken leaves it as it was */
       return GS_SUCCESS;
     }
   }

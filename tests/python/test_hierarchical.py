@@ -282,7 +282,7 @@ def test_host_stages_read_the_peers(dtype, inputs):
     reference, in place and out of place, and with two ranks a host the
     same bits as the host stages through MPI (both fold x0 + x1)."""
     group, per_host = main_layout()[0]
-    shapes = [(5 * (1 << 20) // np.dtype(dtype).itemsize // 2,), (1001,)]
+    shapes = [(5 * (1 << 21) // np.dtype(dtype).itemsize,), (1001,)]  # 10 MiB: 2.5 segments
     per_rank = inputs.all_ranks(shapes, dtype, "normal", tag="cma")
     outs = {}
     with env(GRADSYNC_HIERARCHY_SIZE=group):
