@@ -81,61 +81,139 @@ static void wire_release(gs_coll_t *d) {
   w->tags = NULL;
 }
 
-/* Message m's residuals to or from buf (float32, laid out as the message). */
-static void residual_slots(const gs_plan_t *plan, const gs_message_t *m, const gs_tensor_t *res,
-                           float *buf, int add) {
-  for (int64_t k = m->first; k < m->first + m->nslots; k++) {
-    const gs_slot_t *s = &plan->slots[k];
-    float *r = res[s->tensor].data, *b = buf + s->offset;
+/* One message on the host: its float32 work (the output itself when it is
+ * float32 and lies like the message; else scratch), filled and emptied
+ * segment by segment from inside the transport's pipeline (the hooks), so
+ * packing and unpacking overlap the other segments' transfers and each
+ * segment is touched while in cache. */
+typedef struct wire_msg {
+  const gs_engine_t *e;
+  const gs_plan_t *plan;
+  const gs_message_t *m;
+  const gs_coll_t *d;
+  const gs_tensor_t *out, *residual;
+  const char *ibase; /* the input, when it lies like the message */
+  char *obase;       /* the output, likewise */
+  char *buf;         /* float16/bfloat16 messages: the packed input or output */
+  float *work, *lost;
+  int in_out;        /* work is the output */
+} wire_msg_t;
+
+/* Message elements [first, first + n) of the residuals added to work
+ * (add) or set from lost. */
+static void residual_range(const wire_msg_t *w, int64_t first, int64_t n, int add) {
+  int64_t end = first + n;
+  for (int64_t k = w->m->first; k < w->m->first + w->m->nslots; k++) {
+    const gs_slot_t *s = &w->plan->slots[k];
+    int64_t lo = s->offset > first ? s->offset : first;
+    int64_t hi = s->offset + s->count < end ? s->offset + s->count : end;
+    if (lo >= hi) continue;
+    float *r = (float *)w->residual[s->tensor].data + (lo - s->offset);
     if (add)
-      for (int64_t i = 0; i < s->count; i++) b[i] += r[i];
-    else if (s->count > 0) memcpy(r, b, (size_t)s->count * sizeof(float));
+      for (int64_t i = 0; i < hi - lo; i++) w->work[lo + i] += r[i];
+    else memcpy(r, w->lost + lo, (size_t)(hi - lo) * sizeof(float));
   }
 }
 
-/* One message: its input (in place or packed) widened to float32 with the
- * prescale, plus the residual; the wire allreduce; narrowed into the output
- * (in place or unpacked). */
+/* The input's elements [first, first + n) into work, times the prescale,
+ * plus the residual. */
+static gs_status_t wire_prepare(void *ctx, int64_t first, int64_t n) {
+  wire_msg_t *w = ctx;
+  gs_dtype_t dt = w->m->dtype;
+  size_t es = gs_dtype_size(dt);
+  float *dst = w->work + first;
+  if (w->ibase) {
+    const char *src = w->ibase + (size_t)first * es;
+    if ((const void *)src != (const void *)dst || w->d->pre != 1.0)
+      gs_wire_widen(dt, src, dst, n, w->d->pre);
+  } else if (dt == GS_FLOAT32) {
+    GS_CHECK(gs_pack_range(w->e, w->plan, w->m, w->d->in, dst, w->d->pre, first, n));
+  } else {
+    char *b = w->buf + (size_t)first * es;
+    GS_CHECK(gs_pack_range(w->e, w->plan, w->m, w->d->in, b, 1.0, first, n));
+    gs_wire_widen(dt, b, dst, n, w->d->pre);
+  }
+  if (w->lost) {
+    memset(w->lost + first, 0, (size_t)n * sizeof(float));
+    residual_range(w, first, n, 1);
+  }
+  return GS_SUCCESS;
+}
+
+/* Elements [first, first + n) are final: the residuals, then the output. */
+static gs_status_t wire_finish(void *ctx, int64_t first, int64_t n) {
+  wire_msg_t *w = ctx;
+  gs_dtype_t dt = w->m->dtype;
+  size_t es = gs_dtype_size(dt);
+  if (w->lost) residual_range(w, first, n, 0);
+  if (w->in_out) return GS_SUCCESS;
+  if (w->obase) {
+    gs_wire_narrow(dt, w->work + first, w->obase + (size_t)first * es, n);
+    return GS_SUCCESS;
+  }
+  const void *src = w->work + first;
+  if (dt != GS_FLOAT32) {
+    gs_wire_narrow(dt, w->work + first, w->buf + (size_t)first * es, n);
+    src = w->buf + (size_t)first * es;
+  }
+  return gs_unpack_range(w->e, w->plan, w->m, src, w->out, 1.0, first, n);
+}
+
+/* One message: on a device, the device path; on the host, the work buffer
+ * around the transport's pipeline. */
 static gs_status_t wire_message(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
                                 gs_coll_t *d) {
-  wire_call_t *w = d->extra;
+  wire_call_t *wc = d->extra;
   const gs_tensor_t *out = d->out ? d->out : d->in;
+  double t0 = GS_TL_START();
   if (gs_engine_on_device(e)) {
-    double t0 = GS_TL_START();
-    GS_CHECK(gs_wire_device_message(e, plan, m, d->in, out, w->residual, w->wire, d->pre, d->post));
+    GS_CHECK(
+        gs_wire_device_message(e, plan, m, d->in, out, wc->residual, wc->wire, d->pre, d->post));
     GS_TL_END("communicate (wire)", e->call, 1 + (m - plan->msgs), t0, m->count * 4);
     return GS_SUCCESS;
   }
-  void *ibase = NULL, *obase = NULL, *buf = NULL;
-  int icontig = gs_plan_contiguous(plan, m, d->in, &ibase);
-  int ocontig = gs_plan_contiguous(plan, m, out, &obase);
+  wire_msg_t w = {.e = e, .plan = plan, .m = m, .d = d, .out = out, .residual = wc->residual};
+  void *ibase = NULL, *obase = NULL;
+  if (gs_plan_contiguous(plan, m, d->in, &ibase)) w.ibase = ibase;
+  if (gs_plan_contiguous(plan, m, out, &obase)) w.obase = obase;
   size_t n = (size_t)m->count;
-  if (!icontig || !ocontig) GS_CHECK(gs_buffer_reserve(e, n * gs_dtype_size(m->dtype), &buf));
-  float *work = NULL, *lost = NULL, *scratch = NULL;
+  int half = m->dtype != GS_FLOAT32;
+  if (half && (!w.ibase || !w.obase))
+    GS_CHECK(gs_buffer_reserve(e, n * gs_dtype_size(m->dtype), (void **)&w.buf));
   /* float32 output lying like the message: the work happens there (no
-   * copy in, no copy out: two passes of the ~8 a wire call makes) */
-  int in_out = ocontig && m->dtype == GS_FLOAT32;
-  size_t slots = (in_out ? 0 : 1) + (w->residual ? 1 : 0);
+   * copy in, no copy out) */
+  w.in_out = w.obase && !half;
+  size_t slots = (w.in_out ? 0 : 1) + (wc->residual ? 1 : 0);
+  float *scratch = NULL;
   if (slots) GS_CHECK(gs_scratch_reserve(e, n * sizeof(float) * slots, (void **)&scratch));
-  work = in_out ? obase : scratch;
-  if (!icontig) GS_CHECK(gs_pack(e, plan, m, d->in, buf, 1.0));
-  const void *src = icontig ? ibase : buf;
-  if (src != (const void *)work || d->pre != 1.0)
-    gs_wire_widen(m->dtype, src, work, m->count, d->pre);
-  if (w->residual) {
-    lost = in_out ? scratch : work + n;
-    memset(lost, 0, n * sizeof(float));
-    residual_slots(plan, m, w->residual, work, 1);
+  w.work = w.in_out ? (float *)w.obase : scratch;
+  if (wc->residual) w.lost = w.in_out ? scratch : scratch + n;
+  gs_wire_hooks_t hooks = {.prepare = wire_prepare, .finish = wire_finish, .ctx = &w};
+  gs_status_t st;
+  if (gs_hier_wanted(e->comm, m->count * (int64_t)sizeof(float))) {
+    /* where nothing needs converting, the host stages may read and write
+     * the tensors where they lie (no packing, no unpacking) */
+    gs_seg_t *seg = NULL;
+    if (!half && d->pre == 1.0 && !wc->residual) {
+      seg = malloc(2 * (size_t)m->nslots * sizeof *seg);
+      if (!seg) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
+      for (int64_t k = 0; k < m->nslots; k++) {
+        const gs_slot_t *sl = &plan->slots[m->first + k];
+        seg[k] = (gs_seg_t){d->in[sl->tensor].data, sl->count};
+        seg[m->nslots + k] = (gs_seg_t){out[sl->tensor].data, sl->count};
+      }
+      hooks.in = d->out ? seg : NULL;
+      hooks.out = seg + m->nslots;
+      hooks.nseg = m->nslots;
+    }
+    st = gs_hier_wire_allreduce(e->comm, w.work, m->count, wc->wire, d->post, w.lost, &hooks);
+    free(seg);
+  } else {
+    st = gs_wire_allreduce(e->comm, e->comm->mpi, w.work, m->count, wc->wire, d->post, w.lost,
+                           &hooks);
   }
-  double t0 = GS_TL_START();
-  if (gs_hier_wanted(e->comm, m->count * (int64_t)sizeof(float)))
-    GS_CHECK(gs_hier_wire_allreduce(e->comm, work, m->count, w->wire, d->post, lost));
-  else GS_CHECK(gs_wire_allreduce(e->comm, e->comm->mpi, work, m->count, w->wire, d->post, lost));
   GS_TL_END("communicate (wire)", e->call, 1 + (m - plan->msgs), t0, m->count * 4);
-  if (w->residual) residual_slots(plan, m, w->residual, lost, 0);
-  if (!in_out) gs_wire_narrow(m->dtype, work, ocontig ? obase : buf, m->count);
-  if (!ocontig) GS_CHECK(gs_unpack(e, plan, m, buf, out, 1.0));
-  return GS_SUCCESS;
+  return st;
 }
 
 gs_status_t gs_allreduce_wire(gs_comm_t c, const gs_tensor_t *in, const gs_tensor_t *out, int64_t n,

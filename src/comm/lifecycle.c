@@ -218,6 +218,7 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
   }
   gs_buffers_free(c);
   gs_bounce_free(c);
+  gs_wire_free(c);
   c->magic = 0;
   free(c);
   *comm = NULL;

@@ -41,6 +41,8 @@ struct gs_comm {
   size_t fusion_bytes;
   void *bounce;            /* host memory MPI gets in place of the caller's (owned.c) */
   size_t bounce_bytes;
+  void *wire_scratch;      /* the wire allreduce's encoded segments in flight (wire.c) */
+  size_t wire_scratch_bytes;
   /* CUDA memory (engine.c): the path is chosen at the first such call */
   int dev_path;            /* GS_PATH_* */
   int dev_id;              /* the CUDA device this communicator serves */

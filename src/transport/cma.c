@@ -304,13 +304,14 @@ static void reduce_slice(cma_call_t *k) {
     reduce_piece(k, at, lo + n - at < piece ? lo + n - at : piece);
 }
 
-/* Allgather: every other slice, from its owner's output into this rank's. */
-static void gather_slices(cma_call_t *k) {
+/* Allgather: every other slice, from its owner's outputs (which: or its
+ * inputs) into this rank's outputs. */
+static void gather_slices(cma_call_t *k, int which) {
   int64_t lo, n;
   for (int r = 1; r < k->g->size && !k->err_no; r++) {
     int peer = (k->g->rank + r) % k->g->size; /* ranks start at different owners */
     slice(k, peer, &lo, &n);
-    read_peer(k, peer, CMA_OUT, lo, n, NULL);
+    read_peer(k, peer, which, lo, n, NULL);
   }
 }
 
@@ -328,7 +329,7 @@ gs_status_t gs_cma_allreduce(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *ou
   if (s == GS_SUCCESS && *taken) {
     reduce_slice(&k);
     s = agree(&k, "allreduce (in the host): reduce-scatter");
-    if (s == GS_SUCCESS) gather_slices(&k);
+    if (s == GS_SUCCESS) gather_slices(&k, CMA_OUT);
     if (s == GS_SUCCESS) s = agree(&k, "allreduce (in the host): allgather");
   }
   close_call(&k);
@@ -383,10 +384,80 @@ static gs_status_t allgatherv(gs_comm_t c, gs_cma_group_t *g, void *recv, const 
   gs_seg_t out = {recv, end};
   gs_status_t s = open_call(&k, NULL, &out, "allgather", taken);
   if (s == GS_SUCCESS && *taken) {
-    gather_slices(&k);
+    gather_slices(&k, CMA_OUT);
     s = agree(&k, "allgather (in the host)");
   }
   close_call(&k);
+  return s;
+}
+
+/* Segments as `like`'s (their counts), addressed contiguously from `base`,
+ * where element `mine` of the message lies (uintptr_t arithmetic: the
+ * other elements' addresses are never used, nor formed as pointers). */
+static gs_seg_t *contiguous_like(const gs_seg_t *like, int64_t nseg, const void *base, int64_t mine,
+                                 size_t es) {
+  gs_seg_t *v = malloc((size_t)(nseg > 0 ? nseg : 1) * sizeof *v);
+  uintptr_t at = (uintptr_t)base - (uintptr_t)mine * es;
+  for (int64_t s = 0; v && s < nseg; s++) {
+    v[s] = (gs_seg_t){(void *)at, like[s].count};
+    at += (uintptr_t)like[s].count * es;
+  }
+  return v;
+}
+
+gs_status_t gs_cma_host_reduce_scatter_segs(gs_comm_t c, const gs_seg_t *in, int64_t nseg,
+                                            void *recv, const int64_t *counts, gs_dtype_t dtype,
+                                            gs_op_t op, int *taken) {
+  gs_cma_group_t *g = &c->hier_cma;
+  int64_t mine = 0;
+  for (int r = 0; r < g->rank; r++) mine += counts[r];
+  cma_call_t k = {.c = c,
+                  .g = g,
+                  .nseg = nseg,
+                  .es = gs_dtype_size(dtype),
+                  .dtype = dtype,
+                  .op = op,
+                  .pre = 1.0,
+                  .post = 1.0,
+                  .counts = counts};
+  gs_seg_t *out = contiguous_like(in, nseg, recv, mine, k.es);
+  if (!out) return gs_fail(GS_ERR_NO_MEMORY, "reduce_scatter (in the host): out of memory");
+  gs_status_t s = open_call(&k, in, out, "reduce_scatter", taken);
+  if (s == GS_SUCCESS && *taken) {
+    reduce_slice(&k);
+    s = agree(&k, "reduce_scatter (in the host)");
+  }
+  close_call(&k);
+  free(out);
+  return s;
+}
+
+gs_status_t gs_cma_host_allgather_segs(gs_comm_t c, const void *from, const gs_seg_t *out,
+                                       int64_t nseg, const int64_t *counts, gs_dtype_t dtype,
+                                       int *taken) {
+  gs_cma_group_t *g = &c->hier_cma;
+  int64_t mine = 0;
+  for (int r = 0; r < g->rank; r++) mine += counts[r];
+  cma_call_t k = {.c = c,
+                  .g = g,
+                  .nseg = nseg,
+                  .es = gs_dtype_size(dtype),
+                  .dtype = dtype,
+                  .pre = 1.0,
+                  .post = 1.0,
+                  .counts = counts};
+  gs_seg_t *in = contiguous_like(out, nseg, from, mine, k.es);
+  if (!in) return gs_fail(GS_ERR_NO_MEMORY, "allgather (in the host): out of memory");
+  gs_status_t s = open_call(&k, in, out, "allgather", taken);
+  if (s == GS_SUCCESS && *taken) {
+    int64_t lo, n;
+    slice(&k, g->rank, &lo, &n);
+    local_pass(&k, CMA_COPY_IN, NULL, lo, n, 1.0); /* this rank's own block */
+    gather_slices(&k, CMA_IN);
+    s = agree(&k, "allgather (in the host)");
+  }
+  close_call(&k);
+  free(in);
   return s;
 }
 

@@ -108,10 +108,9 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
  * int. hosts.c decides when it is wanted, hierarchical.c runs it. */
 #define GS_HIER_SEGMENT_BYTES ((int64_t)4 << 20)
 void gs_hier_free(gs_comm_t c);
-/* gs_wire_allreduce over c's hosts: float32 inside each host, the wire
- * format across them (hierarchical.c). */
-gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire_t wire,
-                                   double post, float *lost);
+/* The host and cross-host communicators (c->hier_node, c->hier_cross) for
+ * hosts of g ranks, made collectively on first use and kept. */
+gs_status_t gs_hier_comms(gs_comm_t c, int g);
 
 /* ---- the allreduce inside one host, reading the peers' memory (cma.c) ---- */
 
@@ -140,6 +139,17 @@ gs_status_t gs_cma_host_reduce_scatter(gs_comm_t c, const void *send, void *recv
                                        int *taken);
 gs_status_t gs_cma_host_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
                                    const int64_t *displs, gs_dtype_t dtype, int *taken);
+/* The same two phases on a message's memory where it lies (the wire
+ * path's host stages, hier_wire.c): the reduce-scatter reads every rank's
+ * `in` segments and writes this rank's block (counts[rank] elements, the
+ * blocks back to back) to recv; the allgather reads each rank's block from
+ * its `from` and writes every block into this rank's `out` segments. */
+gs_status_t gs_cma_host_reduce_scatter_segs(gs_comm_t c, const gs_seg_t *in, int64_t nseg,
+                                            void *recv, const int64_t *counts, gs_dtype_t dtype,
+                                            gs_op_t op, int *taken);
+gs_status_t gs_cma_host_allgather_segs(gs_comm_t c, const void *from, const gs_seg_t *out,
+                                       int64_t nseg, const int64_t *counts, gs_dtype_t dtype,
+                                       int *taken);
 /* A group for `mpi`'s ranks, not probed yet (MPI_COMM_NULL: none); what the
  * group held before is freed. */
 void gs_cma_group_reset(gs_cma_group_t *g, MPI_Comm mpi);
@@ -147,14 +157,68 @@ void gs_cma_free(gs_comm_t c);
 
 /* ---- the allreduce in a low-precision wire format (wire.c) -------------- */
 
+/* Work the caller does per segment (the fusion engine's packing and
+ * unpacking), so it overlaps the other segments' transfers: prepare fills
+ * x[first, first + n) before that segment starts; finish runs once
+ * x[first, first + n) (and lost's) are final. Either may be NULL.
+ * out (may be NULL): where the message lies, nseg segments back to back
+ * (in: the input's, NULL in place), when the result needs no more than
+ * the sum times post (float32, no prescale, no error feedback): where a
+ * host's ranks read each other's memory, the hierarchical path's host
+ * stages read and write the message there, and such segments are neither
+ * prepared nor finished. */
+typedef struct gs_wire_hooks {
+  gs_status_t (*prepare)(void *ctx, int64_t first, int64_t n);
+  gs_status_t (*finish)(void *ctx, int64_t first, int64_t n);
+  void *ctx;
+  const gs_seg_t *in, *out;
+  int64_t nseg;
+} gs_wire_hooks_t;
+gs_status_t gs_wire_hook(const gs_wire_hooks_t *hooks, int finish, int64_t first, int64_t n);
+
 /* x (count float32 values, host memory) becomes the sum over mc's ranks,
  * times post, each input rounded once to `wire` and the result once: a
  * direct exchange of encoded shards, float32 sums in rank order at each
  * shard's owner, an allgather of the rounded shards. lost (may be NULL):
  * += this rank's input rounding, plus its own shard's output rounding
- * divided by post (error feedback). Every rank of mc gets the same bits. */
+ * divided by post (error feedback). Every rank of mc gets the same bits.
+ * hooks (may be NULL): as above. */
 gs_status_t gs_wire_allreduce(gs_comm_t c, MPI_Comm mc, float *x, int64_t count, gs_wire_t wire,
-                              double post, float *lost);
+                              double post, float *lost, const gs_wire_hooks_t *hooks);
+
+/* One segment's crossing in three nonblocking steps, for pipelines (this
+ * file's and hier_wire.c's): begin encodes and starts the exchange, middle
+ * waits for it, reduces and starts the allgather, end waits and decodes.
+ * Segment k uses slot k % GS_WIRE_DEPTH, so up to that many segments are
+ * between begin and end at once; segments hold at most the `seg` elements
+ * gs_wire_run_open was given. The scratch is the communicator's. */
+#define GS_WIRE_DEPTH 3
+typedef struct gs_wire_slot {
+  float *x, *lost;
+  int64_t n;
+  MPI_Request req;
+  int *bytes, *displs, *rbytes, *rdispls; /* per rank: its shard's wire bytes, where they lie */
+  char *packed, *recv; /* every shard encoded (sent, then gathered); P copies of mine */
+  float *acc;
+} gs_wire_slot_t;
+typedef struct gs_wire_run {
+  gs_comm_t c;
+  MPI_Comm mc;
+  int p, r;
+  gs_wire_t wire;
+  float post;
+  gs_wire_slot_t slot[GS_WIRE_DEPTH];
+} gs_wire_run_t;
+gs_status_t gs_wire_run_open(gs_wire_run_t *w, gs_comm_t c, MPI_Comm mc, gs_wire_t wire,
+                             double post, int64_t seg);
+gs_status_t gs_wire_begin(gs_wire_run_t *w, int64_t k, float *x, int64_t n, float *lost);
+gs_status_t gs_wire_middle(gs_wire_run_t *w, int64_t k);
+gs_status_t gs_wire_end(gs_wire_run_t *w, int64_t k);
+void gs_wire_free(gs_comm_t c);
+/* gs_wire_allreduce over c's hosts: float32 inside each host, the wire
+ * format across them (hier_wire.c). */
+gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire_t wire,
+                                   double post, float *lost, const gs_wire_hooks_t *hooks);
 
 /* ---- the memory MPI is handed (owned.c) ----------------------------------- */
 

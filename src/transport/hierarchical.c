@@ -42,9 +42,8 @@ void gs_hier_free(gs_comm_t c) {
   c->hier_group = 0;
 }
 
-/* The host and cross-host communicators for groups of g ranks (made on the
- * first hierarchical call, collectively, and again if g changes). */
-static gs_status_t hier_comms(gs_comm_t c, int g) {
+/* Made again if g changes. */
+gs_status_t gs_hier_comms(gs_comm_t c, int g) {
   int fake = gs_env_hierarchy_size() > 0, key = fake ? g : -g;
   if (c->hier_node != MPI_COMM_NULL && c->hier_group == key) return GS_SUCCESS;
   gs_hier_free(c);
@@ -194,7 +193,7 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
                   .reduce = op};
   GS_CHECK(gs_mpi_datatype(dtype, &h.dt));
   GS_CHECK(gs_mpi_op(dtype, op, &h.op));
-  GS_CHECK(hier_comms(c, g));
+  GS_CHECK(gs_hier_comms(c, g));
   c->stats.hierarchical++;
   h.node = c->hier_node;
   h.cross = c->hier_cross;
@@ -232,109 +231,5 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
   if (s == GS_SUCCESS && h.nseg > 0) s = pipeline(&h);
   if (cd != small) free(cd);
   if (cd64 != small64) free(cd64);
-  return s;
-}
-
-/* The wire-format allreduce across hosts (gs_allreduce_wire): float32 sums
- * inside each host (memory is cheap there), only the cross-host stage in
- * the wire format, over blocks of whole float8 blocks so the encoded blocks
- * line up with the flat algorithm's. lost: on this rank's host block only,
- * what the cross-host stage lost of it (the host's partial sum's rounding
- * and the output's, as gs_wire_allreduce reports them).
- *
- * Pipelined as the float32 path is: while segment t-1 crosses the hosts
- * (a blocking wire allreduce, mostly waiting on the link), segment t's
- * reduce-scatter and segment t-2's allgather inside the host are in flight,
- * and MPI progresses them from inside the wire call's waits. */
-typedef struct hier_wire {
-  gs_comm_t c;
-  float *x, *lost;
-  int64_t count, seg, nseg;
-  gs_wire_t wire;
-  double post;
-  int nl, l;
-  int *cd[2]; /* [0]: a full segment's blocks (counts, then displacements), [1]: the last one's */
-} hier_wire_t;
-
-/* Whole float8 blocks of an n-element segment per local rank, balanced. */
-static void wire_blocks(int64_t n, int nl, int *cd) {
-  int64_t nb = (n + GS_WIRE_BLOCK - 1) / GS_WIRE_BLOCK;
-  for (int q = 0, d = 0; q < nl; q++) {
-    int64_t end = ((int64_t)(q + 1) * nb / nl) * GS_WIRE_BLOCK;
-    cd[nl + q] = d;
-    cd[q] = (int)((end < n ? end : n) - d);
-    d += cd[q];
-  }
-}
-
-/* Segment k's base, and its blocks' counts and displacements. */
-static float *wire_segment(const hier_wire_t *h, int64_t k, const int **cd) {
-  *cd = h->cd[k == h->nseg - 1];
-  return h->x + k * h->seg;
-}
-
-/* Phase 0 (reduce-scatter, in place: MPI leaves the block at the segment's
- * start) or 2 (allgather) of segment k inside the host. */
-static gs_status_t wire_start(const hier_wire_t *h, int ph, int64_t k, MPI_Request *req) {
-  const int *cd;
-  float *base = wire_segment(h, k, &cd);
-  int e;
-  *req = MPI_REQUEST_NULL;
-  if (h->nl == 1) return GS_SUCCESS;
-  if (ph == 0)
-    e = MPI_Ireduce_scatter(MPI_IN_PLACE, base, cd, MPI_FLOAT, MPI_SUM, h->c->hier_node, req);
-  else
-    e = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, base, cd, cd + h->nl, MPI_FLOAT,
-                        h->c->hier_node, req);
-  return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, phase_names[ph]);
-}
-
-/* Phase 1 of segment k: this rank's block, moved where it belongs after
- * the in-place reduce-scatter, across the hosts in the wire format. */
-static gs_status_t wire_cross(const hier_wire_t *h, int64_t k) {
-  const int *cd;
-  float *base = wire_segment(h, k, &cd), *mine = base + cd[h->nl + h->l];
-  if (h->nl > 1 && cd[h->nl + h->l]) memmove(mine, base, (size_t)cd[h->l] * sizeof *mine);
-  int64_t at = k * h->seg + cd[h->nl + h->l];
-  return gs_wire_allreduce(h->c, h->c->hier_cross, mine, cd[h->l], h->wire, h->post,
-                           h->lost ? h->lost + at : NULL);
-}
-
-static gs_status_t wire_pipeline(const hier_wire_t *h) {
-  gs_status_t s = GS_SUCCESS;
-  for (int64_t t = 0; t < h->nseg + 2 && s == GS_SUCCESS; t++) {
-    MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-    if (t < h->nseg) s = wire_start(h, 0, t, &req[0]);
-    if (s == GS_SUCCESS && t >= 2) s = wire_start(h, 2, t - 2, &req[1]);
-    if (s == GS_SUCCESS && t >= 1 && t - 1 < h->nseg) s = wire_cross(h, t - 1);
-    /* after a failure the phases in flight are left to MPI, as pipeline's */
-    for (int i = 0; i < 2 && s == GS_SUCCESS; i++)
-      if (req[i] != MPI_REQUEST_NULL) s = gs_mpi_wait(&req[i], phase_names[2 * i], NULL, NULL);
-  }
-  return s;
-}
-
-gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire_t wire,
-                                   double post, float *lost) {
-  int g = gs_host_group(c);
-  if (g == 0)
-    return gs_fail(GS_ERR_INVALID_ARGUMENT,
-                   "allreduce (hierarchical): the hosts hold unequal numbers of ranks");
-  GS_CHECK(hier_comms(c, g));
-  c->stats.hierarchical++;
-  hier_wire_t h = {.c = c, .x = x, .lost = lost, .count = count, .wire = wire, .post = post};
-  MPI_Comm_size(c->hier_node, &h.nl);
-  MPI_Comm_rank(c->hier_node, &h.l);
-  h.seg = (GS_HIER_SEGMENT_BYTES / 4) / GS_WIRE_BLOCK * GS_WIRE_BLOCK;
-  h.nseg = count > 0 ? (count + h.seg - 1) / h.seg : 0;
-  int *cd = malloc(4 * (size_t)h.nl * sizeof *cd);
-  if (!cd) return gs_fail(GS_ERR_NO_MEMORY, "allreduce (hierarchical, wire): out of memory");
-  h.cd[0] = cd;
-  h.cd[1] = cd + 2 * h.nl;
-  wire_blocks(h.seg, h.nl, h.cd[0]);
-  wire_blocks(count - (h.nseg - 1) * h.seg, h.nl, h.cd[1]);
-  gs_status_t s = h.nseg > 0 ? wire_pipeline(&h) : GS_SUCCESS;
-  free(cd);
-  if (s != GS_SUCCESS && !c->fate.broken) c->fate.broken = s;
   return s;
 }

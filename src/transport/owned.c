@@ -22,6 +22,7 @@ int gs_mpi_owned(gs_comm_t c, const void *p, size_t bytes) {
   return inside(p, bytes, c->bounce, c->bounce_bytes) ||
          inside(p, bytes, c->fusion, c->fusion_bytes) ||
          inside(p, bytes, c->adasum_tmp, c->adasum_tmp_bytes) ||
+         inside(p, bytes, c->wire_scratch, c->wire_scratch_bytes) ||
          inside(p, bytes, c->pinned, c->pinned_bytes);
 }
 

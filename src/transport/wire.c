@@ -10,110 +10,177 @@
  * every rank decodes the same bytes, so every rank holds the same bits.
  *
  * Shards are whole float8 blocks (GS_WIRE_BLOCK elements) counted from the
- * message's start, so block boundaries, and with them the float8 scales of
- * the inputs, do not depend on the rank count. Messages go in segments of
- * SEGMENT elements so every MPI count fits an int and scratch stays bounded. */
+ * segment's start; segments are whole blocks too, so block boundaries, and
+ * with them the float8 scales of the inputs, depend neither on the rank
+ * count nor on the segment size.
+ *
+ * A segment's crossing is three steps (begin: encode, start the exchange;
+ * middle: reduce, start the allgather; end: decode), each returning with
+ * its transfer in flight, so a pipeline keeps the link busy with one
+ * segment while the CPU encodes, reduces or decodes others (the link, not
+ * the CPU, is what the wire format saves; idle link time is lost). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "transport/gs_transport.h"
 #include "kernels/wire_format.h"
 
-#define SEGMENT ((int64_t)GS_WIRE_BLOCK << 18) /* 8 Mi elements */
+/* The flat path's segment: 4 MiB of float32, as the hierarchical path's. */
+#define FLAT_SEGMENT ((int64_t)GS_WIRE_BLOCK << 15) /* 1 Mi elements */
 
-typedef struct wire_run {
-  gs_comm_t c;
-  MPI_Comm mc;
-  int p, r;
-  gs_wire_t wire;
-  float post;
-  int *bytes, *displs; /* per rank: wire bytes of its shard and where they lie */
-  int *rbytes, *rdispls;
-  char *packed, *recv; /* every shard encoded (send, then gathered); P copies of mine */
-  float *acc;
-} wire_run_t;
+/* Scratch for one slot: 4p ints, then the packed shards, P received
+ * copies of this rank's shard, and the owner's float32 sums. */
+static size_t slot_bytes(gs_wire_t wire, int p, int64_t seg, size_t parts[4]) {
+  int64_t mine = gs_wire_bytes(wire, (seg / GS_WIRE_BLOCK / p + 1) * GS_WIRE_BLOCK);
+  parts[0] = (4 * (size_t)p * sizeof(int) + 63) / 64 * 64;
+  parts[1] = ((size_t)gs_wire_bytes(wire, seg) + (size_t)p + 63) / 64 * 64;
+  parts[2] = ((size_t)p * (size_t)mine + 63) / 64 * 64;
+  parts[3] = (size_t)(seg / p + GS_WIRE_BLOCK) * sizeof(float);
+  return parts[0] + parts[1] + parts[2] + parts[3];
+}
 
-/* Step 1: encode every shard, exchange. */
-static gs_status_t scatter(wire_run_t *w, const float *x, int64_t n, float *lost) {
+/* The communicator keeps the scratch (MPI sees the same memory every
+ * call: owned.c says why; and no page is faulted in again per call). */
+static gs_status_t scratch(gs_comm_t c, size_t bytes, char **buf) {
+  if (bytes > c->wire_scratch_bytes || !c->wire_scratch) {
+    size_t want = gs_grow_size(c->wire_scratch_bytes, bytes);
+    void *p = NULL;
+    if (posix_memalign(&p, 64, want) != 0)
+      return gs_fail(GS_ERR_NO_MEMORY, "allreduce (wire): cannot allocate %zu bytes of scratch",
+                     want);
+    free(c->wire_scratch);
+    c->wire_scratch = p;
+    c->wire_scratch_bytes = want;
+  }
+  *buf = c->wire_scratch;
+  return GS_SUCCESS;
+}
+
+void gs_wire_free(gs_comm_t c) {
+  free(c->wire_scratch);
+  c->wire_scratch = NULL;
+  c->wire_scratch_bytes = 0;
+}
+
+gs_status_t gs_wire_run_open(gs_wire_run_t *w, gs_comm_t c, MPI_Comm mc, gs_wire_t wire,
+                             double post, int64_t seg) {
+  memset(w, 0, sizeof *w);
+  w->c = c;
+  w->mc = mc;
+  w->wire = wire;
+  w->post = (float)post;
+  MPI_Comm_size(mc, &w->p);
+  MPI_Comm_rank(mc, &w->r);
+  size_t parts[4], one = slot_bytes(wire, w->p, seg, parts);
+  char *buf = NULL;
+  GS_CHECK(scratch(c, GS_WIRE_DEPTH * one, &buf));
+  for (int i = 0; i < GS_WIRE_DEPTH; i++, buf += one) {
+    gs_wire_slot_t *s = &w->slot[i];
+    s->bytes = (int *)buf;
+    s->displs = s->bytes + w->p;
+    s->rbytes = s->bytes + 2 * w->p;
+    s->rdispls = s->bytes + 3 * w->p;
+    s->packed = buf + parts[0];
+    s->recv = s->packed + parts[1];
+    s->acc = (float *)(s->recv + parts[2]);
+    s->req = MPI_REQUEST_NULL;
+  }
+  return GS_SUCCESS;
+}
+
+/* Step 1 of segment k: encode every shard, start the exchange. */
+gs_status_t gs_wire_begin(gs_wire_run_t *w, int64_t k, float *x, int64_t n, float *lost) {
+  gs_wire_slot_t *s = &w->slot[k % GS_WIRE_DEPTH];
+  s->x = x;
+  s->lost = lost;
+  s->n = n;
   int64_t first, count, at = 0;
   for (int q = 0; q < w->p; q++) {
     gs_wire_shard(n, w->p, q, &first, &count);
-    w->bytes[q] = (int)gs_wire_bytes(w->wire, count);
-    w->displs[q] = (int)at;
-    gs_wire_encode(w->wire, x + first, count, w->packed + at, lost ? lost + first : NULL);
-    at += w->bytes[q];
+    s->bytes[q] = (int)gs_wire_bytes(w->wire, count);
+    s->displs[q] = (int)at;
+    gs_wire_encode(w->wire, x + first, count, s->packed + at, lost ? lost + first : NULL);
+    at += s->bytes[q];
   }
   for (int q = 0; q < w->p; q++) {
-    w->rbytes[q] = w->bytes[w->r];
-    w->rdispls[q] = q * w->bytes[w->r];
+    s->rbytes[q] = s->bytes[w->r];
+    s->rdispls[q] = q * s->bytes[w->r];
   }
   /* the counters say what this rank sends: its peers' shards here, its own
    * to each peer in the allgather */
-  gs_count_message(w->c, at - w->bytes[w->r], GS_UINT8);
-  MPI_Request req;
-  return gs_mpi_finish(MPI_Ialltoallv(w->packed, w->bytes, w->displs, MPI_BYTE, w->recv, w->rbytes,
-                                      w->rdispls, MPI_BYTE, w->mc, &req),
-                       &req, "allreduce (wire): MPI_Ialltoallv");
+  gs_count_message(w->c, at - s->bytes[w->r], GS_UINT8);
+  int e = MPI_Ialltoallv(s->packed, s->bytes, s->displs, MPI_BYTE, s->recv, s->rbytes, s->rdispls,
+                         MPI_BYTE, w->mc, &s->req);
+  return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "allreduce (wire): MPI_Ialltoallv");
 }
 
 /* Step 2: the owner's float32 sum in rank order, scaled, rounded once into
- * its place among the packed shards; then the allgather and decoding. */
-static gs_status_t reduce_gather(wire_run_t *w, float *x, int64_t n, float *lost) {
+ * its place among the packed shards; start the allgather. */
+gs_status_t gs_wire_middle(gs_wire_run_t *w, int64_t k) {
+  gs_wire_slot_t *s = &w->slot[k % GS_WIRE_DEPTH];
+  GS_CHECK(gs_mpi_wait(&s->req, "allreduce (wire): MPI_Ialltoallv", NULL, NULL));
   int64_t first, count;
-  gs_wire_shard(n, w->p, w->r, &first, &count);
+  gs_wire_shard(s->n, w->p, w->r, &first, &count);
   if (count > 0) {
     float *out_lost = NULL;
-    if (lost && w->post != 0.0f) {
-      out_lost = w->acc; /* the output's rounding, in input units */
+    if (s->lost && w->post != 0.0f) {
+      out_lost = s->acc; /* the output's rounding, in input units */
       memset(out_lost, 0, (size_t)count * sizeof(float));
     }
-    gs_wire_reduce(w->wire, w->recv, (size_t)w->bytes[w->r], w->p, count, w->post,
-                   w->packed + w->displs[w->r], out_lost);
-    for (int64_t i = 0; out_lost && i < count; i++) lost[first + i] += out_lost[i] / w->post;
+    gs_wire_reduce(w->wire, s->recv, (size_t)s->bytes[w->r], w->p, count, w->post,
+                   s->packed + s->displs[w->r], out_lost);
+    for (int64_t i = 0; out_lost && i < count; i++) s->lost[first + i] += out_lost[i] / w->post;
   }
-  gs_count_message(w->c, (int64_t)w->bytes[w->r] * (w->p - 1), GS_UINT8);
-  MPI_Request req;
-  GS_CHECK(gs_mpi_finish(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, w->packed, w->bytes, w->displs,
-                                         MPI_BYTE, w->mc, &req),
-                         &req, "allreduce (wire): MPI_Iallgatherv"));
+  gs_count_message(w->c, (int64_t)s->bytes[w->r] * (w->p - 1), GS_UINT8);
+  int e = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, s->packed, s->bytes, s->displs, MPI_BYTE,
+                          w->mc, &s->req);
+  return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "allreduce (wire): MPI_Iallgatherv");
+}
+
+/* Step 3: every shard decoded into the segment. */
+gs_status_t gs_wire_end(gs_wire_run_t *w, int64_t k) {
+  gs_wire_slot_t *s = &w->slot[k % GS_WIRE_DEPTH];
+  GS_CHECK(gs_mpi_wait(&s->req, "allreduce (wire): MPI_Iallgatherv", NULL, NULL));
+  int64_t first, count;
   for (int q = 0; q < w->p; q++) {
-    gs_wire_shard(n, w->p, q, &first, &count);
-    gs_wire_decode(w->wire, w->packed + w->displs[q], count, x + first);
+    gs_wire_shard(s->n, w->p, q, &first, &count);
+    gs_wire_decode(w->wire, s->packed + s->displs[q], count, s->x + first);
   }
   return GS_SUCCESS;
 }
 
-/* Scratch for segments of up to `seg` elements. */
-static gs_status_t wire_alloc(wire_run_t *w, int64_t seg) {
-  int64_t mine = gs_wire_bytes(w->wire, (seg / GS_WIRE_BLOCK / w->p + 1) * GS_WIRE_BLOCK);
-  w->bytes = malloc(4 * (size_t)w->p * sizeof(int));
-  w->packed = malloc((size_t)gs_wire_bytes(w->wire, seg) + (size_t)w->p);
-  w->recv = malloc((size_t)w->p * (size_t)mine);
-  w->acc = malloc(2 * (size_t)(seg / w->p + GS_WIRE_BLOCK) * sizeof(float));
-  if (!w->bytes || !w->packed || !w->recv || !w->acc)
-    return gs_fail(GS_ERR_NO_MEMORY, "allreduce (wire): out of memory for %lld elements",
-                   (long long)seg);
-  w->displs = w->bytes + w->p;
-  w->rbytes = w->bytes + 2 * w->p;
-  w->rdispls = w->bytes + 3 * w->p;
-  return GS_SUCCESS;
+gs_status_t gs_wire_hook(const gs_wire_hooks_t *hooks, int finish, int64_t first, int64_t n) {
+  if (!hooks || n <= 0) return GS_SUCCESS;
+  gs_status_t (*fn)(void *, int64_t, int64_t) = finish ? hooks->finish : hooks->prepare;
+  return fn ? fn(hooks->ctx, first, n) : GS_SUCCESS;
 }
 
+/* The pipeline over segments: at step t segment t is prepared and begun,
+ * t-1's exchange is reduced and t-2's allgather decoded and finished, so
+ * two segments' transfers are in flight while the CPU works on a third.
+ * Every rank starts the same calls in the same order, as MPI asks. After a
+ * failure the transfers in flight are left to MPI with the communicator
+ * marked unusable (their scratch is the communicator's and is kept). */
 gs_status_t gs_wire_allreduce(gs_comm_t c, MPI_Comm mc, float *x, int64_t count, gs_wire_t wire,
-                              double post, float *lost) {
-  wire_run_t w = {.c = c, .mc = mc, .wire = wire, .post = (float)post};
-  MPI_Comm_size(mc, &w.p);
-  MPI_Comm_rank(mc, &w.r);
-  int64_t seg = count < SEGMENT ? count : SEGMENT;
-  gs_status_t s = wire_alloc(&w, seg);
-  for (int64_t at = 0; s == GS_SUCCESS && at < count; at += seg) {
-    int64_t n = count - at < seg ? count - at : seg;
-    s = scatter(&w, x + at, n, lost ? lost + at : NULL);
-    if (s == GS_SUCCESS) s = reduce_gather(&w, x + at, n, lost ? lost + at : NULL);
+                              double post, float *lost, const gs_wire_hooks_t *hooks) {
+  int64_t seg = count < FLAT_SEGMENT ? count : FLAT_SEGMENT;
+  int64_t nseg = count > 0 ? (count + seg - 1) / seg : 0;
+  gs_wire_run_t w;
+  GS_CHECK(gs_wire_run_open(&w, c, mc, wire, post, seg));
+  gs_status_t s = GS_SUCCESS;
+  for (int64_t t = 0; t < nseg + 2 && s == GS_SUCCESS; t++) {
+    if (t < nseg) {
+      int64_t at = t * seg, n = count - at < seg ? count - at : seg;
+      s = gs_wire_hook(hooks, 0, at, n);
+      if (s == GS_SUCCESS) s = gs_wire_begin(&w, t, x + at, n, lost ? lost + at : NULL);
+    }
+    if (s == GS_SUCCESS && t >= 1 && t - 1 < nseg) s = gs_wire_middle(&w, t - 1);
+    if (s == GS_SUCCESS && t >= 2) {
+      int64_t at = (t - 2) * seg, n = count - at < seg ? count - at : seg;
+      s = gs_wire_end(&w, t - 2);
+      if (s == GS_SUCCESS) s = gs_wire_hook(hooks, 1, at, n);
+    }
   }
-  free(w.bytes);
-  free(w.packed);
-  free(w.recv);
-  free(w.acc);
+  if (s != GS_SUCCESS && !c->fate.broken) c->fate.broken = s;
   return s;
 }

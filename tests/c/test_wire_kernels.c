@@ -126,6 +126,19 @@ static void test_simd_blocks(gs_wire_t wire, const char *name) {
         "%s: the AVX2 encoder's bytes differ from the portable loop's", name);
   CHECK(memcmp(lost[0], lost[1], N * sizeof(float)) == 0,
         "%s: the AVX2 encoder's residuals differ from the portable loop's", name);
+  /* decoding those bytes (NaN, infinities and subnormals among them), and
+   * adding them to float32 values, the same bits either way too */
+  for (int add = 0; add < 2; add++) {
+    for (int k = 0; k < 2; k++) {
+      memcpy(lost[k], x, N * sizeof(float));
+      if (k) setenv("GRADSYNC_SIMD", "portable", 1);
+      if (add) gs_wire_decode_add(wire, out[0], N, lost[k]);
+      else gs_wire_decode(wire, out[0], N, lost[k]);
+      unsetenv("GRADSYNC_SIMD");
+    }
+    CHECK(memcmp(lost[0], lost[1], N * sizeof(float)) == 0,
+          "%s: the AVX2 %s differs from the portable loop's", name, add ? "decode_add" : "decode");
+  }
   for (int k = 0; k < 2; k++) {
     free(lost[k]);
     free(out[k]);

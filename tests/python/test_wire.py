@@ -236,6 +236,44 @@ def test_past_the_segments():
     comm.close()
 
 
+@pytest.mark.parametrize("cma", ["default", "off"])
+def test_list_past_the_segments(cma, monkeypatch):
+    """A list of separate tensors (odd sizes, one of a single element)
+    spanning three 4 MiB segments, the last one short: where the hosts'
+    ranks read each other's memory the hierarchical path's host stages read
+    and write the tensors where they lie (nothing packed: every segment of
+    at least 1 MiB, so the last, shorter one goes through the packed path
+    and MPI); with GRADSYNC_CMA_BYTES=0 every segment is packed and goes
+    through MPI; flat runs pipeline the same segments. The reference's bits
+    either way, in place and into new arrays, the inputs left alone."""
+    if cma == "off":
+        monkeypatch.setenv("GRADSYNC_CMA_BYTES", "0")
+    wire = "float8_e4m3"
+    comm = gs.Communicator()
+    p, r = comm.size, comm.rank
+    sizes = [700_001, 1, 1_397_119, 31, 100_000]  # 2 x 2**20 + 100_000 elements
+    per_rank = [[inputs(("list", wire, i), q, n) for i, n in enumerate(sizes)]
+                for q in range(p)]
+    ref = wire_reference([np.concatenate(x) for x in per_rank], wire, "average")
+    reads = comm.stats()["peer_reads"]
+    with collectively(what="in place") as blk:
+        mine = [x.copy() for x in per_rank[r]]
+        comm.allreduce_(mine, "average", wire=wire)
+        assert same_bits(np.concatenate(mine), ref), np.abs(np.concatenate(mine) - ref).max()
+        blk.same(np.concatenate(mine))
+    with collectively(what="new arrays"):
+        mine = [x.copy() for x in per_rank[r]]
+        got = comm.allreduce(mine, "average", wire=wire)
+        assert same_bits(np.concatenate(got), ref)
+        assert all(same_bits(a, b) for a, b in zip(mine, per_rank[r]))
+    # two calls, each three segments' host stages read directly (the
+    # reduce-scatter, the allgather), the short last segment's through MPI
+    reads = comm.stats()["peer_reads"] - reads
+    want = 2 * 2 * 2 if host_group(p) and cma == "default" else 0
+    collective_assert(reads == want, f"peer reads {reads}, expected {want}")
+    comm.close()
+
+
 def test_hierarchical_counts():
     """Forced hierarchical (the Makefile's 4-rank run): the wire call takes
     the host-by-host path; elsewhere the flat one."""
