@@ -7,13 +7,15 @@ rounded once the same way. Results must match it bit for bit and be the same
 on every rank; the error against a float64 sum must not grow with the rank
 count and must stay below a cast-then-ring-reduce baseline's."""
 
+import signal
+
 import numpy as np
 import pytest
 from mpi4py import MPI
 from wire_ref import BLOCK, FP8, host_group, quantize, wire_reference
 
 import gradsync as gs
-from gsutil import BF16, collective_assert, collectively, seed_for
+from gsutil import BF16, collective_assert, collectively, run_joined, seed_for
 
 pytestmark = pytest.mark.mpi
 
@@ -344,3 +346,60 @@ def test_async_matches_blocking(wire):
         with pytest.raises(gs.ArgumentError, match="residual"):
             comm.allreduce_async_(a.copy(), residual=[np.zeros(300, np.float32)])
     comm.close()
+
+
+# ---- a rank killed mid-call: jobs of their own, joined by gs.init (no
+# launcher, so the others outlive it)
+
+KILLED = r"""
+import os, signal, sys, threading
+import numpy as np
+import gradsync as gs
+from joined import DirStore
+
+rank, store, size = int(sys.argv[1]), DirStore(sys.argv[2]), int(sys.argv[3])
+gs.init(store, rank=rank, world_size=size)
+comm = gs.Communicator(stall_seconds=0)
+x = np.ones(1 << 23, np.float32)  # 32 MiB: eight segments, several in flight
+comm.allreduce_(x, wire="float8_e4m3")
+print("rank %d first call ok %s" % (rank, bool((x == size).all())), flush=True)
+gs.set_timeout(5.0)
+if rank == size - 1:
+    threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
+try:
+    for i in range(500):
+        x[:] = 1
+        comm.allreduce_(x, wire="float8_e4m3")
+        assert (x == size).all(), "wrong result"
+    print("rank %d never raised" % rank, flush=True)
+except gs.Error as e:
+    print("rank %d raised %s: %s" % (rank, type(e).__name__, e), flush=True)
+os._exit(0)  # MPI_Finalize would wait for a dead rank
+"""
+
+
+@pytest.mark.skipif(MPI.COMM_WORLD.size > 1, reason="starts its own jobs")
+@pytest.mark.parametrize("size,env", [(2, {}), (4, {"GRADSYNC_HIERARCHICAL": "1",
+                                                    "GRADSYNC_HIERARCHY_SIZE": "2"})],
+                         ids=["flat", "hierarchical"])
+def test_killed_peer_ends_the_pipeline_with_an_error(tmp_path, size, env):
+    """The last rank is SIGKILLed while wire allreduces run (segments'
+    exchanges in flight; hierarchical: the host stages reading the tensors
+    where they lie): every other rank raises, none hangs, none reports a
+    result of the dead rank's data as a success. UCX's own cross-memory
+    transport is left out (UCX_TLS=^cma): when its process_vm_readv finds
+    the peer gone, UCX aborts the process itself (ucs_fatal in uct_cma,
+    seen here about one run in four at 4 ranks), which no caller can turn
+    into an error; the simulated hosts are one machine, where a cluster's
+    ranks on other hosts would be reached over the network."""
+    store = tmp_path / "store"
+    store.mkdir()
+    env = dict(env, GRADSYNC_TIMEOUT_SECONDS="60", GRADSYNC_FLIGHT_DIR=str(tmp_path / "flight"),
+               UCX_TLS="^cma")
+    procs, outs = run_joined(KILLED, size, env, args=(store, size))
+    assert procs[-1].returncode == -signal.SIGKILL, outs[-1][-3000:]
+    for r in range(size - 1):
+        assert procs[r].returncode == 0, outs[r][-3000:]
+        assert "rank %d first call ok True" % r in outs[r], outs[r][-3000:]
+        assert "rank %d raised" % r in outs[r], outs[r][-3000:]
+        assert "never raised" not in outs[r] and "wrong result" not in outs[r], outs[r][-3000:]
