@@ -16,9 +16,9 @@ load falls on all alike, the slowest rank's time of:
 and a NumPy copy of the message on every rank at once, from which it
 derives the memory bandwidth each rank gets (bytes read + written per
 second) and the bound for the direct path: the bytes it touches per rank,
-(3p - 1)/p times the message (peers' slices read for the reduction, its own
-read and written, the others' reduced slices read and written), over that
-bandwidth. Prints medians, ratios to mpi4py and the bound's share of the
+2 times the message (the peers' share of its slice read for the reduction,
+its own read and written, the reduced slice written into the peers), over
+that bandwidth. Prints medians, ratios to mpi4py and the bound's share of the
 time (1.0: at the bandwidth limit). A benchmark, not a test.
 """
 import argparse
@@ -81,7 +81,7 @@ def run_case(name, counts, direct, through_mpi, world, repeats):
     nbytes = 4 * sum(counts)
     p = world.size
     bandwidth = 2 * nbytes / med["copy"] if med["copy"] > 0 else float("nan")
-    touched = (3 * p - 1) / p * nbytes
+    touched = 2 * nbytes if p > 1 else 0
     bound = touched / bandwidth
     return med, nbytes, touched, bound
 

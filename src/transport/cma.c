@@ -2,32 +2,37 @@
  *
  * MPI's shared-memory path copies every byte into a cell and out again
  * (about 5.5 times the message per rank at 2 ranks). Here each rank reads
- * its peers' memory where it lies, with Linux's process_vm_readv:
+ * and writes its peers' memory where it lies, with Linux's
+ * process_vm_readv and process_vm_writev:
  *
  *   1. the ranks exchange the addresses of their inputs and outputs (the
  *      message's segments: a fused list's tensors, each where it is);
- *   2. reduce-scatter: rank r owns slice r of the message and folds every
- *      rank's slice r into its own output, a cache-sized piece at a time
- *      (a peer's piece is read into a scratch piece, then reduced while
- *      both are in cache);
- *   3. allgather: every rank reads the other slices from their owners'
- *      outputs straight into its own.
+ *   2. rank r owns slice r of the message and folds every rank's slice r
+ *      into its own output, a cache-sized piece at a time (a peer's piece
+ *      is read into a scratch piece, then reduced while both are in
+ *      cache), and writes each reduced piece, still in cache, into every
+ *      peer's output (the allreduce; the reduce-scatter alone stops at the
+ *      fold, and the allgather alone reads the owners' slices).
  *
- * Per rank that touches about 2.5 times the message at 2 ranks (peer half
- * read twice, own half read once and written, the rest written once),
- * docs/DECISIONS.md has the counts. Each slice is reduced by one rank, in
- * rank order (x0 op x1 op ... from the left), and copied to the others, so
- * every rank holds the same bits; at 2 ranks that is MPI's x0 op x1.
+ * Per rank the allreduce touches about 2 times the message (the peers'
+ * share of its slice read, its own read and written, the result written
+ * to the peers), docs/DECISIONS.md has the counts. Each slice is reduced
+ * by one rank, in rank order (x0 op x1 op ... from the left), and copied
+ * to the others, so every rank holds the same bits; at 2 ranks that is
+ * MPI's x0 op x1. Nobody else touches slice r in any process while its
+ * owner works on it (the owner alone reads every rank's slice r, and
+ * writes it only after reading it), so in place is safe.
  *
- * Synchronisation is three small MPI collectives (the address exchange,
- * then an agreement after each phase): each completes only when every rank
- * has finished the phase before, so no rank reads memory a peer may still
- * write, and no rank returns (and frees or reuses its memory) while a peer
- * may still read it. The agreements carry each rank's read errors, so a
- * failed read (a peer gone: ESRCH) fails the call on every rank, and a dead
- * peer leaves the others in an MPI wait that ends in its timeout: never a
- * read of freed memory reported as success. No memory is shared, so nothing
- * is ever left in /dev/shm.
+ * Synchronisation is small MPI collectives: the address exchange (every
+ * rank has entered, its inputs are ready) and an agreement after each
+ * phase, which completes only when every rank has finished it, so no rank
+ * reads memory a peer may still write, and no rank returns (and frees or
+ * reuses its memory) while a peer may still read or write it. The
+ * agreements carry each rank's copy errors, so a failed copy (a peer gone:
+ * ESRCH) fails the call on every rank, and a dead peer leaves the others
+ * in an MPI wait that ends in its timeout: never a copy of freed memory
+ * reported as success. No memory is shared, so nothing is ever left in
+ * /dev/shm.
  *
  * Whether the ranks may read each other (ptrace rules, a container's
  * seccomp filter without CMA) is probed collectively at the first call that
@@ -61,6 +66,7 @@ typedef struct cma_call {
   double pre, post;    /* each input's scale (rounded to the dtype), the result's */
   const int64_t *counts, *displs; /* the ranks' slices (NULL: even; displs NULL: back to back) */
   char *fold, *peer;   /* scratch pieces */
+  int push;            /* the owner writes its reduced slice into every peer's outputs */
   int err_no, err_peer;
 } cma_call_t;
 
@@ -125,8 +131,10 @@ static int iovs(const cma_call_t *k, const uint64_t *at, int64_t first, int64_t 
 
 /* Copies elements [first, first + count) of `rank`'s segments (which: its
  * inputs or outputs) into `dst` (contiguous) or, when dst is NULL, into the
- * same elements of this rank's outputs. Records the first failure. */
-static int read_peer(cma_call_t *k, int rank, int which, int64_t first, int64_t count, char *dst) {
+ * same elements of this rank's outputs; push: the other way, this rank's
+ * outputs into `rank`'s (which: CMA_OUT). Records the first failure. */
+static int peer_copy(cma_call_t *k, int rank, int which, int64_t first, int64_t count, char *dst,
+                     int push) {
   pid_t pid = (pid_t)k->g->pids[rank];
   while (count > 0 && !k->err_no) {
     struct iovec rv[CMA_IOV], lv[CMA_IOV];
@@ -134,9 +142,10 @@ static int read_peer(cma_call_t *k, int rank, int which, int64_t first, int64_t 
     int nr = iovs(k, table(k, rank, which), first, count, rv, &got), nl = 1;
     if (dst) lv[0] = (struct iovec){dst, (size_t)got * k->es};
     else nl = iovs(k, table(k, k->g->rank, CMA_OUT), first, got, lv, &mine);
-    ssize_t b = process_vm_readv(pid, lv, (unsigned long)nl, rv, (unsigned long)nr, 0);
+    ssize_t b = push ? process_vm_writev(pid, lv, (unsigned long)nl, rv, (unsigned long)nr, 0)
+                     : process_vm_readv(pid, lv, (unsigned long)nl, rv, (unsigned long)nr, 0);
     int64_t moved = b > 0 ? (int64_t)((size_t)b / k->es) : 0;
-    if (moved == 0) { /* a partial read resumes; none at all is the peer's fault */
+    if (moved == 0) { /* a partial copy resumes; none at all is the peer's fault */
       k->err_no = b < 0 ? errno : EFAULT;
       k->err_peer = rank;
       return -1;
@@ -146,6 +155,10 @@ static int read_peer(cma_call_t *k, int rank, int which, int64_t first, int64_t 
     if (dst) dst += (size_t)moved * k->es;
   }
   return k->err_no ? -1 : 0;
+}
+
+static int read_peer(cma_call_t *k, int rank, int which, int64_t first, int64_t count, char *dst) {
+  return peer_copy(k, rank, which, first, count, dst, 0);
 }
 
 /* On this rank's outputs over [first, first + count): `src` (contiguous)
@@ -214,6 +227,9 @@ static void reduce_piece(cma_call_t *k, int64_t first, int64_t n) {
     local_pass(k, CMA_FOLD, k->peer, first, n, 1.0);
   }
   if (k->post != 1.0) local_pass(k, CMA_SCALE, NULL, first, n, k->post);
+  /* the allreduce hands the piece, still in cache, to every peer at once */
+  for (int r = 1; k->push && r < k->g->size && !k->err_no; r++)
+    peer_copy(k, (me + r) % k->g->size, CMA_OUT, first, n, NULL, 1);
 }
 
 /* Completes when every rank has finished the phase before; fails on every
@@ -321,13 +337,12 @@ gs_status_t gs_cma_allreduce(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *ou
                   .dtype = dtype,
                   .op = op,
                   .pre = pre,
-                  .post = post};
+                  .post = post,
+                  .push = 1};
   gs_status_t s = open_call(&k, in, out, "allreduce", taken);
   if (s == GS_SUCCESS && *taken) {
     reduce_slice(&k);
-    s = agree(&k, "allreduce (in the host): reduce-scatter");
-    if (s == GS_SUCCESS) gather_slices(&k, CMA_OUT);
-    if (s == GS_SUCCESS) s = agree(&k, "allreduce (in the host): allgather");
+    s = agree(&k, "allreduce (in the host)");
   }
   close_call(&k);
   return s;

@@ -15,15 +15,15 @@
 
 /* The probe's verdict, the same on every rank: the peers' process ids, or
  * the mechanism off, said once at debug level. */
-static gs_status_t adopt(gs_cma_group_t *g, int every, const uint64_t *all, int why, int peer,
-                         int64_t from_bytes) {
+static gs_status_t adopt(gs_cma_group_t *g, int every, const uint64_t *all, const char *call,
+                         int why, int peer, int64_t from_bytes) {
   if (!every) {
     g->state = -1;
     if (peer >= 0)
       gs_log(GS_LOG_DEBUG,
              "allreduce in the host: this rank cannot read rank %d's memory "
-             "(process_vm_readv: %s); large allreduces go through MPI",
-             peer, strerror(why));
+             "(%s: %s); large allreduces go through MPI",
+             peer, call, strerror(why));
     else
       gs_log(GS_LOG_DEBUG,
              "allreduce in the host: another rank cannot read its peers' "
@@ -56,8 +56,8 @@ void gs_cma_free(gs_comm_t c) {
   gs_cma_group_reset(&c->hier_cma, MPI_COMM_NULL);
 }
 
-/* Collective over g: every rank reads one word from every other; any
- * refusal turns the mechanism off on all of them. */
+/* Collective over g: every rank reads one word from every other and writes
+ * it back; any refusal turns the mechanism off on all of them. */
 gs_status_t gs_cma_probe(gs_cma_group_t *g, int64_t from_bytes) {
   /* Yama's ptrace scope 1 lets only ancestors read a process: allow any
    * (no effect, EINVAL, without Yama). */
@@ -72,12 +72,16 @@ gs_status_t gs_cma_probe(gs_cma_group_t *g, int64_t from_bytes) {
   gs_status_t s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "allreduce: probing peer reads", NULL, NULL)
                                    : gs_mpi_fail(e, "allreduce: probing peer reads");
   int ok = 1, why = 0, peer = -1, every = 0;
+  const char *call = "process_vm_readv";
   for (int r = 0; s == GS_SUCCESS && ok && r < g->size; r++) {
     uint64_t got = 0;
     struct iovec lv = {&got, sizeof got}, rv = {(void *)(uintptr_t)all[2 * r + 1], sizeof got};
     if (r == g->rank) continue;
     ok = process_vm_readv((pid_t)all[2 * r], &lv, 1, &rv, 1, 0) == (ssize_t)sizeof got &&
          got == (CMA_PROBE_MAGIC ^ (uint64_t)r);
+    /* the allreduce writes too: the same word back (its owner never reads it) */
+    if (ok && process_vm_writev((pid_t)all[2 * r], &lv, 1, &rv, 1, 0) != (ssize_t)sizeof got)
+      ok = 0, call = "process_vm_writev";
     if (!ok) why = errno, peer = r;
   }
   /* `word` is read until every rank is past this point */
@@ -86,7 +90,7 @@ gs_status_t gs_cma_probe(gs_cma_group_t *g, int64_t from_bytes) {
     s = e == MPI_SUCCESS ? gs_mpi_wait(&req, "allreduce: probing peer reads", NULL, NULL)
                          : gs_mpi_fail(e, "allreduce: probing peer reads");
   }
-  if (s == GS_SUCCESS) s = adopt(g, every, all, why, peer, from_bytes);
+  if (s == GS_SUCCESS) s = adopt(g, every, all, call, why, peer, from_bytes);
   free(all);
   return s;
 }

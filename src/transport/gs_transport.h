@@ -153,8 +153,8 @@ gs_status_t gs_cma_host_allgather_segs(gs_comm_t c, const void *from, const gs_s
 /* A group for `mpi`'s ranks, not probed yet (MPI_COMM_NULL: none); what the
  * group held before is freed. */
 void gs_cma_group_reset(gs_cma_group_t *g, MPI_Comm mpi);
-/* Collective over g: every rank reads one word from every other; any
- * refusal turns the reads off on all of them (cma_group.c). */
+/* Collective over g: every rank reads one word from every other and writes
+ * it back; any refusal turns the reads off on all of them (cma_group.c). */
 gs_status_t gs_cma_probe(gs_cma_group_t *g, int64_t from_bytes);
 void gs_cma_free(gs_comm_t c);
 
