@@ -135,8 +135,10 @@ static gs_status_t chunked_bcast(gs_comm_t c, void *buf, int64_t count, gs_dtype
     MPI_Request req;
     char *p = (char *)buf + (size_t)off * es;
     if (gs_use_blocking(c, (int64_t)n * (int64_t)es))
-      GS_CHECK(gs_mpi_finish(MPI_Bcast(p, n, dt, root, c->mpi), NULL, "MPI_Bcast"));
-    else GS_CHECK(gs_mpi_finish(MPI_Ibcast(p, n, dt, root, c->mpi, &req), &req, "MPI_Ibcast"));
+      GS_CHECK(gs_mpi_finish(MPI_Bcast(p, n, dt, root, c->mpi), NULL, "broadcast: MPI_Bcast"));
+    else
+      GS_CHECK(
+          gs_mpi_finish(MPI_Ibcast(p, n, dt, root, c->mpi, &req), &req, "broadcast: MPI_Ibcast"));
   }
   return GS_SUCCESS;
 }
@@ -276,7 +278,8 @@ static gs_status_t reduce_scatter_at(gs_comm_t c, const void *send, void *recv,
       const char *s = (const char *)send + (size_t)(displ + off) * es;
       void *d = r == c->rank ? (char *)recv + (size_t)off * es : NULL;
       MPI_Request req;
-      GS_CHECK(gs_mpi_finish(MPI_Ireduce(s, d, n, dt, mop, r, c->mpi, &req), &req, "MPI_Ireduce"));
+      GS_CHECK(gs_mpi_finish(MPI_Ireduce(s, d, n, dt, mop, r, c->mpi, &req), &req,
+                             "reduce: MPI_Ireduce"));
     }
     displ += counts[r];
   }
