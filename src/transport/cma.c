@@ -417,10 +417,15 @@ static gs_seg_t *contiguous_like(const gs_seg_t *like, int64_t nseg, const void 
   return v;
 }
 
-gs_status_t gs_cma_host_reduce_scatter_segs(gs_comm_t c, const gs_seg_t *in, int64_t nseg,
-                                            void *recv, const int64_t *counts, gs_dtype_t dtype,
-                                            gs_op_t op, int *taken) {
+/* The host stages on a message where it lies (gather 0: `segs` are the
+ * inputs, this rank's block goes to `block`; gather 1: `segs` are the
+ * outputs, each rank's block comes from its `block`). */
+static gs_status_t host_segs(gs_comm_t c, const gs_seg_t *segs, int64_t nseg, void *block,
+                             const int64_t *counts, gs_dtype_t dtype, gs_op_t op, int gather,
+                             int *taken) {
   gs_cma_group_t *g = &c->hier_cma;
+  const char *name = gather ? "allgather" : "reduce_scatter";
+  const char *phase = gather ? "allgather (in the host)" : "reduce_scatter (in the host)";
   int64_t mine = 0;
   for (int r = 0; r < g->rank; r++) mine += counts[r];
   cma_call_t k = {.c = c,
@@ -432,45 +437,36 @@ gs_status_t gs_cma_host_reduce_scatter_segs(gs_comm_t c, const gs_seg_t *in, int
                   .pre = 1.0,
                   .post = 1.0,
                   .counts = counts};
-  gs_seg_t *out = contiguous_like(in, nseg, recv, mine, k.es);
-  if (!out) return gs_fail(GS_ERR_NO_MEMORY, "reduce_scatter (in the host): out of memory");
-  gs_status_t s = open_call(&k, in, out, "reduce_scatter", taken);
+  gs_seg_t *other = contiguous_like(segs, nseg, block, mine, k.es);
+  if (!other) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", phase);
+  gs_status_t s =
+      gather ? open_call(&k, other, segs, name, taken) : open_call(&k, segs, other, name, taken);
   if (s == GS_SUCCESS && *taken) {
-    reduce_slice(&k);
-    s = agree(&k, "reduce_scatter (in the host)");
+    if (gather) {
+      int64_t lo, n;
+      slice(&k, g->rank, &lo, &n);
+      local_pass(&k, CMA_COPY_IN, NULL, lo, n, 1.0); /* this rank's own block */
+      gather_slices(&k, CMA_IN);
+    } else {
+      reduce_slice(&k);
+    }
+    s = agree(&k, phase);
   }
   close_call(&k);
-  free(out);
+  free(other);
   return s;
+}
+
+gs_status_t gs_cma_host_reduce_scatter_segs(gs_comm_t c, const gs_seg_t *in, int64_t nseg,
+                                            void *recv, const int64_t *counts, gs_dtype_t dtype,
+                                            gs_op_t op, int *taken) {
+  return host_segs(c, in, nseg, recv, counts, dtype, op, 0, taken);
 }
 
 gs_status_t gs_cma_host_allgather_segs(gs_comm_t c, const void *from, const gs_seg_t *out,
                                        int64_t nseg, const int64_t *counts, gs_dtype_t dtype,
                                        int *taken) {
-  gs_cma_group_t *g = &c->hier_cma;
-  int64_t mine = 0;
-  for (int r = 0; r < g->rank; r++) mine += counts[r];
-  cma_call_t k = {.c = c,
-                  .g = g,
-                  .nseg = nseg,
-                  .es = gs_dtype_size(dtype),
-                  .dtype = dtype,
-                  .pre = 1.0,
-                  .post = 1.0,
-                  .counts = counts};
-  gs_seg_t *in = contiguous_like(out, nseg, from, mine, k.es);
-  if (!in) return gs_fail(GS_ERR_NO_MEMORY, "allgather (in the host): out of memory");
-  gs_status_t s = open_call(&k, in, out, "allgather", taken);
-  if (s == GS_SUCCESS && *taken) {
-    int64_t lo, n;
-    slice(&k, g->rank, &lo, &n);
-    local_pass(&k, CMA_COPY_IN, NULL, lo, n, 1.0); /* this rank's own block */
-    gather_slices(&k, CMA_IN);
-    s = agree(&k, "allgather (in the host)");
-  }
-  close_call(&k);
-  free(in);
-  return s;
+  return host_segs(c, out, nseg, (void *)from, counts, dtype, GS_OP_SUM, 1, taken);
 }
 
 gs_status_t gs_cma_reduce_scatter(gs_comm_t c, const void *send, void *recv, const int64_t *counts,

@@ -231,6 +231,9 @@ gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire
  * fusion buffer, scratch, staging, the bounce buffer): MPI may have it. */
 int gs_mpi_owned(gs_comm_t c, const void *p, size_t bytes);
 /* The bounce buffer, at least `bytes` long; it replaces the last one. */
+/* *buf grown to at least `bytes` (64-byte aligned, gs_grow_size; contents
+ * not kept): the one growth of the host buffers MPI is handed. */
+gs_status_t gs_owned_grow(void **buf, size_t *have, size_t bytes, const char *what);
 gs_status_t gs_bounce_reserve(gs_comm_t c, size_t bytes, void **buf);
 void gs_bounce_free(gs_comm_t c);
 

@@ -26,16 +26,21 @@ int gs_mpi_owned(gs_comm_t c, const void *p, size_t bytes) {
          inside(p, bytes, c->pinned, c->pinned_bytes);
 }
 
-gs_status_t gs_bounce_reserve(gs_comm_t c, size_t bytes, void **buf) {
-  if (bytes > c->bounce_bytes || !c->bounce) {
-    size_t want = gs_grow_size(c->bounce_bytes, bytes ? bytes : 64);
+gs_status_t gs_owned_grow(void **buf, size_t *have, size_t bytes, const char *what) {
+  if (bytes > *have || !*buf) {
+    size_t want = gs_grow_size(*have, bytes ? bytes : 64);
     void *p = NULL;
     if (posix_memalign(&p, 64, want) != 0)
-      return gs_fail(GS_ERR_NO_MEMORY, "MPI bounce buffer: cannot allocate %zu bytes", want);
-    free(c->bounce);
-    c->bounce = p;
-    c->bounce_bytes = want;
+      return gs_fail(GS_ERR_NO_MEMORY, "%s: cannot allocate %zu bytes", what, want);
+    free(*buf);
+    *buf = p;
+    *have = want;
   }
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_bounce_reserve(gs_comm_t c, size_t bytes, void **buf) {
+  GS_CHECK(gs_owned_grow(&c->bounce, &c->bounce_bytes, bytes, "MPI bounce buffer"));
   *buf = c->bounce;
   return GS_SUCCESS;
 }

@@ -42,16 +42,8 @@ static size_t slot_bytes(gs_wire_t wire, int p, int64_t seg, size_t parts[4]) {
 /* The communicator keeps the scratch (MPI sees the same memory every
  * call: owned.c says why; and no page is faulted in again per call). */
 static gs_status_t scratch(gs_comm_t c, size_t bytes, char **buf) {
-  if (bytes > c->wire_scratch_bytes || !c->wire_scratch) {
-    size_t want = gs_grow_size(c->wire_scratch_bytes, bytes);
-    void *p = NULL;
-    if (posix_memalign(&p, 64, want) != 0)
-      return gs_fail(GS_ERR_NO_MEMORY, "allreduce (wire): cannot allocate %zu bytes of scratch",
-                     want);
-    free(c->wire_scratch);
-    c->wire_scratch = p;
-    c->wire_scratch_bytes = want;
-  }
+  GS_CHECK(
+      gs_owned_grow(&c->wire_scratch, &c->wire_scratch_bytes, bytes, "allreduce (wire): scratch"));
   *buf = c->wire_scratch;
   return GS_SUCCESS;
 }
