@@ -8,7 +8,11 @@ tensor; 200 tensors of 768 floats; 16 floats) it times, interleaved per repeat s
 load falls on all alike, the slowest rank's time of:
 
   direct   gradsync's ``allreduce_`` of the list in place (inside one host
-           the ranks read each other's memory: transport/cma.c)
+           the ranks read each other's memory: transport/cma.c; the list's
+           2 MiB blocks gathered into huge pages at its second call:
+           transport/cma_pages.c, done in the warm-up)
+  small    the same on a copy of the list, with GRADSYNC_CMA_HUGEPAGES=0
+           (the pages left as the allocator made them)
   mpi      the same call on a communicator made with GRADSYNC_CMA_BYTES=0
            (gradsync's MPI path, as before issue 33)
   mpi4py   one pre-fused MPI ``Allreduce`` of the same bytes (MPI_IN_PLACE)
@@ -52,7 +56,7 @@ def timed(world, fn):
     return world.allreduce(time.perf_counter() - t0, op=gs.MPI.MAX)
 
 
-def run_case(name, counts, direct, through_mpi, world, repeats):
+def run_case(name, counts, direct, small_pages, through_mpi, world, repeats):
     rng = np.random.default_rng(world.rank)
     base = [rng.standard_normal(n).astype(np.float32) for n in counts]
     flat = np.concatenate(base) if base else np.zeros(0, np.float32)
@@ -60,21 +64,25 @@ def run_case(name, counts, direct, through_mpi, world, repeats):
         grads = np.split(flat.copy(), np.cumsum(counts)[:-1])
     else:  # one allocation per tensor, as frameworks make them
         grads = [b.copy() for b in base]
+    other = [g.copy() for g in grads]  # small_pages' own memory, never gathered
     fused = flat.copy()
     src, dst = flat.copy(), np.empty_like(flat)
     variants = {
         "direct": lambda: direct.allreduce_(grads),
+        "small": lambda: small_pages.allreduce_(other),
         "mpi": lambda: through_mpi.allreduce_(grads),
         "mpi4py": lambda: world.Allreduce(gs.MPI.IN_PLACE, fused, op=gs.MPI.SUM),
         "copy": lambda: np.copyto(dst, src),
     }
     times = {v: [] for v in variants}
-    for fn in variants.values():  # warm-up: buffers, pages, the probe
+    for fn in variants.values():  # warm-up: buffers, pages, the probe; the gathering
+        fn()
         fn()
     for _ in range(repeats):
         for v, fn in variants.items():
-            for g, b in zip(grads, base):
+            for g, o, b in zip(grads, other, base):
                 g[...] = b
+                o[...] = b
             fused[...] = flat
             times[v].append(timed(world, fn))
     med = {v: float(np.median(t)) for v, t in times.items()}
@@ -92,26 +100,31 @@ def main(argv=None):
     ap.add_argument("--cases", default="resnet50,64Mi,200x768,16")
     args = ap.parse_args(argv)
     direct = gs.Communicator()
-    os.environ["GRADSYNC_CMA_BYTES"] = "0"  # read when a communicator is made
+    os.environ["GRADSYNC_CMA_HUGEPAGES"] = "0"  # read when a communicator is made
+    small_pages = gs.Communicator()
+    del os.environ["GRADSYNC_CMA_HUGEPAGES"]
+    os.environ["GRADSYNC_CMA_BYTES"] = "0"
     through_mpi = gs.Communicator()
     del os.environ["GRADSYNC_CMA_BYTES"]
     world = gs.world()
     if world.rank == 0:
         print(f"{world.size} ranks on one host, medians of {args.repeats} (slowest rank per call)")
-        print(f"{'case':10s} {'MiB':>7s} {'direct ms':>10s} {'mpi ms':>8s} {'mpi4py ms':>10s} "
+        print(f"{'case':10s} {'MiB':>7s} {'direct ms':>10s} {'small ms':>9s} {'mpi ms':>8s} "
+              f"{'mpi4py ms':>10s} "
               f"{'direct/mpi4py':>14s} {'mpi/mpi4py':>11s} {'touched/msg':>12s} "
               f"{'GB/s copy':>10s} {'bound/direct':>13s}")
     for name in args.cases.split(","):
-        med, nbytes, touched, bound = run_case(name, case_counts(name), direct, through_mpi,
-                                               world, args.repeats)
+        med, nbytes, touched, bound = run_case(name, case_counts(name), direct, small_pages,
+                                               through_mpi, world, args.repeats)
         if world.rank == 0:
             bw = 2 * nbytes / med["copy"] / 1e9 if med["copy"] else float("nan")
             print(f"{name:10s} {nbytes / 2**20:7.2f} {1e3 * med['direct']:10.3f} "
-                  f"{1e3 * med['mpi']:8.3f} {1e3 * med['mpi4py']:10.3f} "
+                  f"{1e3 * med['small']:9.3f} {1e3 * med['mpi']:8.3f} {1e3 * med['mpi4py']:10.3f} "
                   f"{med['direct'] / med['mpi4py']:14.2f} {med['mpi'] / med['mpi4py']:11.2f} "
                   f"{touched / max(nbytes, 1):12.2f} {bw:10.1f} {bound / med['direct']:13.2f}",
                   flush=True)
     through_mpi.close()
+    small_pages.close()
     direct.close()
 
 

@@ -78,6 +78,7 @@ typedef struct gs_comm_stats {
   uint64_t bytes;         /* bytes in those messages                          */
   uint64_t hierarchical;  /* of those, allreduces made host by host           */
   uint64_t peer_reads;    /* allreduces inside one host read from the peers   */
+  uint64_t hugepage_bytes; /* of the tensors they read, gathered in 2 MiB pages */
 } gs_comm_stats_t;
 
 GS_API gs_status_t gs_comm_get_stats(gs_comm_t comm, gs_comm_stats_t *stats);

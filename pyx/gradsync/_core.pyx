@@ -259,7 +259,8 @@ cdef class Comm:
         CHKERR(gs_comm_get_stats(self.live(), &st))
         return {"calls": st.calls, "validations": st.validations,
                 "rode_in_check": st.rode_in_check, "messages": st.messages, "bytes": st.bytes,
-                "hierarchical": st.hierarchical, "peer_reads": st.peer_reads}
+                "hierarchical": st.hierarchical, "peer_reads": st.peer_reads,
+                "hugepage_bytes": st.hugepage_bytes}
 
     def device_transport(self):
         cdef const char *name = NULL

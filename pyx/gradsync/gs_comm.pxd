@@ -31,6 +31,7 @@ cdef extern from "gs_comm.h" nogil:
         uint64_t bytes
         uint64_t hierarchical
         uint64_t peer_reads
+        uint64_t hugepage_bytes
 
     gs_status_t gs_comm_get_stats(gs_comm_t comm, gs_comm_stats_t *stats)
     gs_status_t gs_comm_create(MPI_Comm mpi_comm, const gs_config_t *config, gs_comm_t *comm)

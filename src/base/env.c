@@ -42,6 +42,11 @@ int64_t gs_env_cma_bytes(void) {
   return (env_int64("GRADSYNC_CMA_BYTES", &v) && v >= 0) ? v : GS_DEFAULT_CMA_BYTES;
 }
 
+int gs_env_cma_hugepages(void) {
+  int64_t v;
+  return env_int64("GRADSYNC_CMA_HUGEPAGES", &v) ? v != 0 : 1;
+}
+
 int gs_env_simd_portable(void) {
   const char *s = getenv("GRADSYNC_SIMD");
   return s && (strcmp(s, "portable") == 0 || strcmp(s, "none") == 0);

@@ -67,6 +67,7 @@ int64_t gs_env_stage_chunk_bytes(void);           /* GRADSYNC_STAGE_CHUNK_BYTES 
  * (cma.c); 0: never. */
 #define GS_DEFAULT_CMA_BYTES ((int64_t)1 << 20)
 int64_t gs_env_cma_bytes(void);                   /* GRADSYNC_CMA_BYTES */
+int gs_env_cma_hugepages(void);                   /* GRADSYNC_CMA_HUGEPAGES (default 1) */
 int64_t gs_env_fusion_threshold(void);            /* GRADSYNC_FUSION_THRESHOLD */
 int gs_env_check(void);                           /* GRADSYNC_CHECK */
 double gs_env_stall_seconds(void);                /* GRADSYNC_STALL_SECONDS */

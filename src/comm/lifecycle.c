@@ -122,6 +122,7 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
                         : gs_env_direct_bytes_for(c->host_max < c->size);
   c->pipeline_bytes = gs_env_pipeline_bytes_for(c->host_max < c->size);
   c->cma_bytes = gs_env_cma_bytes();
+  c->cma_hugepages = gs_env_cma_hugepages();
   c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
   c->stall_seconds =
       (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds : gs_env_stall_seconds();

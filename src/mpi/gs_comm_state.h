@@ -16,6 +16,10 @@ typedef struct gs_cma_group {
   int state;     /* 0 not probed yet, 1 usable, -1 refused somewhere */
   int64_t *pids; /* every rank's process id, once usable */
   char *scratch; /* two pieces: a peer's data, the running fold */
+  int64_t piece; /* their size (cma.c) */
+  uintptr_t *blocks;      /* 2 MiB blocks of this rank's tensors seen (cma_pages.c) */
+  unsigned char *asked;   /* per block: gathered into a 2 MiB page already asked for */
+  int64_t nblocks;
 } gs_cma_group_t;
 
 struct gs_comm {
@@ -66,6 +70,7 @@ struct gs_comm {
   int hier_group;          /* ranks per host they were made for (< 0: MPI's hosts) */
   /* reading the peers' memory inside one host (cma.c) */
   int64_t cma_bytes;       /* smallest message read so (0: never) */
+  int cma_hugepages;       /* persistent tensors gathered into 2 MiB pages (cma_pages.c) */
   gs_cma_group_t cma;      /* among all of the communicator's ranks */
   gs_cma_group_t hier_cma; /* among hier_node's (the hierarchical allreduce's host stages) */
 };

@@ -48,9 +48,6 @@
 
 #include "transport/gs_transport.h"
 
-/* A fold step's piece: the peer's piece, the running fold and the output's
- * piece stay inside a 512 KiB L2 together. */
-#define CMA_PIECE_BYTES ((int64_t)128 << 10)
 /* iovecs per system call (Linux's IOV_MAX is 1024). */
 #define CMA_IOV 256
 
@@ -66,6 +63,7 @@ typedef struct cma_call {
   double pre, post;    /* each input's scale (rounded to the dtype), the result's */
   const int64_t *counts, *displs; /* the ranks' slices (NULL: even; displs NULL: back to back) */
   char *fold, *peer;   /* scratch pieces */
+  int64_t piece;       /* their size in bytes */
   int push;            /* the owner writes its reduced slice into every peer's outputs */
   int err_no, err_peer;
 } cma_call_t;
@@ -250,14 +248,12 @@ static gs_status_t agree(cma_call_t *k, const char *phase) {
   return GS_SUCCESS;
 }
 
-/* The scratch pieces, kept per group. */
-static gs_status_t scratch(gs_cma_group_t *g, char **fold, char **peer) {
-  if (!g->scratch) {
-    g->scratch = aligned_alloc(64, 2 * (size_t)CMA_PIECE_BYTES);
-    if (!g->scratch) return gs_fail(GS_ERR_NO_MEMORY, "allreduce: out of memory");
-  }
-  *fold = g->scratch;
-  *peer = *fold + CMA_PIECE_BYTES;
+/* The scratch pieces, kept per group (cma_group.c sizes them). */
+static gs_status_t scratch(gs_cma_group_t *g, cma_call_t *k) {
+  GS_CHECK(gs_cma_scratch(g));
+  k->piece = g->piece;
+  k->fold = g->scratch;
+  k->peer = k->fold + g->piece;
   return GS_SUCCESS;
 }
 
@@ -300,8 +296,9 @@ static gs_status_t open_call(cma_call_t *k, const gs_seg_t *in, const gs_seg_t *
   k->at = all;
   *taken = 1;
   c->stats.peer_reads++;
+  gs_cma_settle_pages(c, g, in, out, k->nseg, k->es);
   GS_CHECK(exchange(g, in, out, k->nseg, all));
-  return scratch(g, &k->fold, &k->peer);
+  return scratch(g, k);
 }
 
 static void close_call(cma_call_t *k) {
@@ -311,7 +308,7 @@ static void close_call(cma_call_t *k) {
 
 /* Reduce-scatter: this rank's slice, folded piece by piece. */
 static void reduce_slice(cma_call_t *k) {
-  int64_t lo, n, piece = CMA_PIECE_BYTES / (int64_t)k->es;
+  int64_t lo, n, piece = k->piece / (int64_t)k->es;
   slice(k, k->g->rank, &lo, &n);
   for (int64_t at = lo; at < lo + n && !k->err_no; at += piece)
     reduce_piece(k, at, lo + n - at < piece ? lo + n - at : piece);
