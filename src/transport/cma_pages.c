@@ -43,8 +43,11 @@ static int by_start(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
-/* The segments' memory as sorted, disjoint spans; spans closer than a page
- * are one (every page of a span then holds some segment's bytes). */
+/* The segments' memory as sorted, disjoint spans; two are one unless a
+ * whole page lies between them, so every page of a span holds some
+ * segment's bytes. (Tensors malloc maps one by one lie a page's length
+ * apart: the rest of one's last page and the next mapping's 16-byte
+ * header; no whole page between them.) */
 static int64_t spans_of(const gs_seg_t *in, const gs_seg_t *out, int64_t nseg, size_t es,
                         span_t *v) {
   int64_t n = 0;
@@ -59,7 +62,7 @@ static int64_t spans_of(const gs_seg_t *in, const gs_seg_t *out, int64_t nseg, s
   qsort(v, (size_t)n, sizeof *v, by_start);
   int64_t m = 0;
   for (int64_t i = 0; i < n; i++) {
-    if (m > 0 && v[i].lo < v[m - 1].hi + PAGE_BYTES) {
+    if (m > 0 && v[i].lo < ((v[m - 1].hi + PAGE_BYTES - 1) & ~(PAGE_BYTES - 1)) + PAGE_BYTES) {
       if (v[i].hi > v[m - 1].hi) v[m - 1].hi = v[i].hi;
     } else {
       v[m++] = v[i];
@@ -78,18 +81,14 @@ static int64_t blocks_of(const span_t *v, int64_t n, uintptr_t *b, int64_t cap) 
   return m;
 }
 
-/* Asks for blocks b[0..n) (ascending) to be gathered, adjacent ones in one
- * call; returns the bytes the kernel gathered or found gathered. */
+/* Asks for blocks b[0..n) to be gathered, one call each: a block the
+ * kernel refuses (one straddling two mappings, say) stops a call there, so
+ * a run of blocks in one call would lose the rest. Returns the bytes the
+ * kernel gathered or found gathered. */
 static int64_t gather(const uintptr_t *b, int64_t n) {
   int64_t done = 0;
-  for (int64_t i = 0; i < n;) {
-    int64_t j = i + 1;
-    while (j < n && b[j] == b[j - 1] + HUGE_BYTES) j++;
-    size_t len = (size_t)(j - i) * HUGE_BYTES;
-    /* a run partly refused says so for all of it; the rest may be gathered */
-    if (madvise((void *)b[i], len, MADV_COLLAPSE) == 0) done += (int64_t)len;
-    i = j;
-  }
+  for (int64_t i = 0; i < n; i++)
+    if (madvise((void *)b[i], HUGE_BYTES, MADV_COLLAPSE) == 0) done += (int64_t)HUGE_BYTES;
   return done;
 }
 

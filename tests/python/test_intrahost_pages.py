@@ -64,9 +64,10 @@ def collapse_works():
 # Four float32 tensors in one 4 MiB region at B (2 MiB-aligned), in bytes:
 #   [B, B+1M) and [B+1M+4K, B+2M): a whole page between them holds neither,
 #       so block [B, B+2M) is not gathered (the page is not the tensors');
-#   [B+2M, B+3M) and [B+3M+100, B+4M): 100 bytes apart, one span, so block
-#       [B+2M, B+4M) is gathered.
-LAYOUT = [(0, MIB), (MIB + PAGE, 2 * MIB), (2 * MIB, 3 * MIB), (3 * MIB + 100, 4 * MIB)]
+#   [B+2M, B+3M-16) and [B+3M+4080, B+4M): a page's length apart but no
+#       whole page between them (as malloc lays out tensors it maps one by
+#       one), one span, so block [B+2M, B+4M) is gathered.
+LAYOUT = [(0, MIB), (MIB + PAGE, 2 * MIB), (2 * MIB, 3 * MIB - 16), (3 * MIB + PAGE - 16, 4 * MIB)]
 
 
 def tensors(raw):
