@@ -13,17 +13,22 @@
  * So each rank asks its own kernel to gather (MADV_COLLAPSE, Linux 6.1)
  * the 2 MiB blocks that lie wholly inside its tensors' memory, once, on a
  * block's second call: a gradient list reused every step pays the copy
- * (about 0.3 ms per MiB) once, memory allocated afresh per call never.
+ * (about 0.5 ms per MiB) once, memory allocated afresh per call never.
  * Only blocks every page of which holds some tensor's bytes are gathered
- * (gaps under a page between tensors are merged), so no memory the
- * process had not touched becomes resident. The contents and addresses do
- * not change; a refusal (an old kernel, pinned or file-backed memory,
- * MADV_NOHUGEPAGE, no free 2 MiB page) only leaves the block as it was,
- * and it is not asked again. GRADSYNC_CMA_HUGEPAGES=0 turns it off. */
+ * (tensors with no whole page between them are one span), so no memory
+ * the process had not touched becomes resident. The contents and
+ * addresses do not change. A block straddling two mappings is marked
+ * MADV_HUGEPAGE first, where the program has not said otherwise. A
+ * refusal (an old kernel, pinned or file-backed memory, MADV_NOHUGEPAGE,
+ * no free 2 MiB page) only leaves the block as it was, and it is not asked
+ * again. GRADSYNC_CMA_HUGEPAGES=0 turns it all off. */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 
 #include "transport/gs_transport.h"
 
@@ -81,14 +86,65 @@ static int64_t blocks_of(const span_t *v, int64_t n, uintptr_t *b, int64_t cap) 
   return m;
 }
 
-/* Asks for blocks b[0..n) to be gathered, one call each: a block the
- * kernel refuses (one straddling two mappings, say) stops a call there, so
- * a run of blocks in one call would lose the rest. Returns the bytes the
- * kernel gathered or found gathered. */
-static int64_t gather(const uintptr_t *b, int64_t n) {
-  int64_t done = 0;
-  for (int64_t i = 0; i < n; i++)
+/* Whether each of blocks b[0..n) (ascending) lies in memory that may be
+ * marked MADV_HUGEPAGE: anonymous private mappings the program did not
+ * mark MADV_NOHUGEPAGE ("nh" in /proc/self/smaps' VmFlags). ok[i] = 1 where
+ * so; all 0 when smaps cannot be read. */
+static void markable(const uintptr_t *b, int64_t n, unsigned char *ok) {
+  memset(ok, 0, (size_t)n);
+  FILE *f = fopen("/proc/self/smaps", "r");
+  if (!f) return;
+  memset(ok, 1, (size_t)n);
+  char *line = NULL;
+  size_t len = 0;
+  unsigned long lo = 0, hi = 0;
+  int plain = 0;
+  int64_t first = 0;
+  while (getline(&line, &len, f) > 0 && first < n) {
+    unsigned long a, z;
+    char perms[8] = "";
+    int at = 0;
+    if (sscanf(line, "%lx-%lx %7s %*x %*x:%*x %*u %n", &a, &z, perms, &at) == 3 && at > 0) {
+      const char *path = line + at;
+      lo = a, hi = z;
+      plain =
+          !strcmp(perms, "rw-p") && (!path[0] || path[0] == '\n' || !strncmp(path, "[heap]", 6));
+    } else if (!strncmp(line, "VmFlags:", 8)) {
+      int refused = !plain || strstr(line, " nh") != NULL;
+      for (int64_t i = first; i < n && b[i] < hi; i++)
+        if (refused && b[i] + HUGE_BYTES > lo) ok[i] = 0;
+      while (first < n && b[first] + HUGE_BYTES <= hi) first++;
+    }
+  }
+  free(line);
+  fclose(f);
+}
+
+/* Asks for blocks b[0..n) (ascending) to be gathered, one call each: a
+ * refused block stops a call there, so a run of blocks in one call would
+ * lose the rest. A block straddling two mappings is refused (EINVAL): NumPy
+ * marks a large array's memory MADV_HUGEPAGE, which splits it from its
+ * neighbours' mapping at a page boundary inside a block. Marking the block
+ * too makes the mappings one (unless the program marked it
+ * MADV_NOHUGEPAGE, or turned huge pages off with PR_SET_THP_DISABLE), and
+ * the block is asked again. Returns the bytes gathered or found so. */
+static int64_t gather(uintptr_t *b, int64_t n) {
+  int64_t done = 0, nagain = 0;
+  for (int64_t i = 0; i < n; i++) {
     if (madvise((void *)b[i], HUGE_BYTES, MADV_COLLAPSE) == 0) done += (int64_t)HUGE_BYTES;
+    else if (errno == EINVAL) b[nagain++] = b[i]; /* in place: nagain <= i */
+  }
+  unsigned char *ok = nagain ? malloc((size_t)nagain) : NULL;
+  if (!ok || prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) > 0) {
+    free(ok);
+    return done;
+  }
+  markable(b, nagain, ok);
+  for (int64_t i = 0; i < nagain; i++)
+    if (ok[i] && madvise((void *)b[i], HUGE_BYTES, MADV_HUGEPAGE) == 0 &&
+        madvise((void *)b[i], HUGE_BYTES, MADV_COLLAPSE) == 0)
+      done += (int64_t)HUGE_BYTES;
+  free(ok);
   return done;
 }
 

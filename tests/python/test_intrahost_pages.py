@@ -21,6 +21,8 @@ MIB = 1 << 20
 HUGE = 2 * MIB
 PAGE = 4096
 MADV_COLLAPSE = 25
+MADV_HUGEPAGE = 14
+MADV_NOHUGEPAGE = 15
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -37,18 +39,18 @@ def private_region(nbytes):
     return m, raw[skip:skip + nbytes], addr + skip
 
 
-def anon_huge_kib(addr):
-    """AnonHugePages of the mapping holding addr, from /proc/self/smaps."""
-    inside = False
+def anon_huge_kib(lo, hi):
+    """AnonHugePages of the mappings overlapping [lo, hi), from /proc/self/smaps."""
+    total, inside = 0, False
     with open("/proc/self/smaps") as f:
         for line in f:
             head = line.split()[0]
             if "-" in head and ":" not in head:
-                lo, hi = (int(x, 16) for x in head.split("-"))
-                inside = lo <= addr < hi
+                a, z = (int(x, 16) for x in head.split("-"))
+                inside = a < hi and lo < z
             elif inside and head == "AnonHugePages:":
-                return int(line.split()[1])
-    raise AssertionError("no mapping holds %#x" % addr)
+                total += int(line.split()[1])
+    return total
 
 
 def collapse_works():
@@ -99,7 +101,7 @@ def test_persistent_blocks_gathered_once(enabled):
         comm = gs.Communicator(MPI.COMM_WORLD)
     m, raw, base = private_region(4 * MIB)
     grads = tensors(raw)
-    huge_before = anon_huge_kib(base)
+    huge_before = anon_huge_kib(base, base + 4 * MIB)
     gathered = []
     try:
         with collectively() as blk:
@@ -115,7 +117,60 @@ def test_persistent_blocks_gathered_once(enabled):
             # first sight: remembered; second: the one whole block gathered; then never again
             want = [0, HUGE, 0] if enabled else [0, 0, 0]
             assert gathered == want, gathered
-            assert anon_huge_kib(base) - huge_before == (HUGE // 1024 if enabled else 0)
+            assert anon_huge_kib(base, base + 4 * MIB) - huge_before == (
+                HUGE // 1024 if enabled else 0)
             blk.same(grads)
     finally:
         comm.close()  # the mapping goes with its last view
+
+
+def vm_flags(addr):
+    """The VmFlags of the mapping holding addr."""
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0]
+            if "-" in head and ":" not in head:
+                a, z = (int(x, 16) for x in head.split("-"))
+                inside = a <= addr < z
+            elif inside and head == "VmFlags:":
+                return line.split()[1:]
+    raise AssertionError("no mapping holds %#x" % addr)
+
+
+@needs_peers
+@pytest.mark.parametrize("mark", ["hugepage", "nohugepage"])
+def test_block_straddling_two_mappings(mark):
+    """One 4 MiB tensor at B whose [B+1M, B+2M) the program marked: the first
+    block straddles two mappings, which MADV_COLLAPSE refuses. Marked
+    MADV_HUGEPAGE (as NumPy marks large arrays), gradsync marks the rest of
+    the block the same and gathers it: 4 MiB. Marked MADV_NOHUGEPAGE, the
+    program's word stands: only the second block, and the mark is kept."""
+    if not collapse_works():
+        pytest.skip("this kernel has no MADV_COLLAPSE")
+    comm = gs.Communicator(MPI.COMM_WORLD)
+    m, raw, base = private_region(4 * MIB)
+    grad = raw.view(np.float32)
+    advice = MADV_HUGEPAGE if mark == "hugepage" else MADV_NOHUGEPAGE
+    rng = np.random.default_rng(WORLD.rank)
+    values = [rng.standard_normal(grad.size).astype(np.float32) for _ in range(2)]
+    grad[...] = 0  # every page touched before the mark, as a gradient's are
+    assert _libc.madvise(base + MIB, MIB, advice) == 0
+    huge_before = anon_huge_kib(base, base + 4 * MIB)
+    everyone = [WORLD.allgather(v) for v in values]
+    try:
+        with collectively() as blk:
+            for call in range(2):
+                grad[...] = values[call]
+                comm.allreduce_([grad])
+                ref = everyone[call][0].copy()
+                for v in everyone[call][1:]:
+                    ref += v
+                assert grad.tobytes() == ref.tobytes(), call
+            want = 2 * HUGE if mark == "hugepage" else HUGE
+            assert comm.stats()["hugepage_bytes"] == want
+            assert anon_huge_kib(base, base + 4 * MIB) - huge_before == want // 1024
+            assert ("nh" in vm_flags(base + MIB)) == (mark == "nohugepage")
+            blk.same([grad])
+    finally:
+        comm.close()
