@@ -117,17 +117,20 @@ def main(argv=None):
         print(f"{'case':10s} {'MiB':>7s} {'direct ms':>10s} {'small ms':>9s} {'mpi ms':>8s} "
               f"{'mpi4py ms':>10s} "
               f"{'direct/mpi4py':>14s} {'mpi/mpi4py':>11s} {'touched/msg':>12s} "
-              f"{'GB/s copy':>10s} {'bound/direct':>13s}")
+              f"{'GB/s copy':>10s} {'bound/direct':>13s} {'2M-page MiB':>12s}")
     for name in args.cases.split(","):
+        huge = direct.stats()["hugepage_bytes"]
         med, nbytes, touched, bound = run_case(name, case_counts(name), direct, small_pages,
                                                through_mpi, world, args.repeats,
                                                [v for v in args.skip.split(",") if v])
+        huge = direct.stats()["hugepage_bytes"] - huge  # rank 0's, gathered in this case
         if world.rank == 0:
             bw = 2 * nbytes / med["copy"] / 1e9 if med["copy"] else float("nan")
             print(f"{name:10s} {nbytes / 2**20:7.2f} {1e3 * med['direct']:10.3f} "
                   f"{1e3 * med['small']:9.3f} {1e3 * med['mpi']:8.3f} {1e3 * med['mpi4py']:10.3f} "
                   f"{med['direct'] / med['mpi4py']:14.2f} {med['mpi'] / med['mpi4py']:11.2f} "
-                  f"{touched / max(nbytes, 1):12.2f} {bw:10.1f} {bound / med['direct']:13.2f}",
+                  f"{touched / max(nbytes, 1):12.2f} {bw:10.1f} {bound / med['direct']:13.2f} "
+                  f"{huge / 2**20:12.0f}",
                   flush=True)
     through_mpi.close()
     small_pages.close()
