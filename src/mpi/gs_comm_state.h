@@ -20,6 +20,7 @@ typedef struct gs_cma_group {
   uintptr_t *blocks;      /* 2 MiB blocks of this rank's tensors seen (cma_pages.c) */
   unsigned char *asked;   /* per block: gathered into a 2 MiB page already asked for */
   int64_t nblocks;
+  int collapse;           /* the kernel gathers on request: 0 not asked yet, 1 yes, -1 no */
 } gs_cma_group_t;
 
 struct gs_comm {

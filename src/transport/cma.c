@@ -65,6 +65,7 @@ typedef struct cma_call {
   char *fold, *peer;   /* scratch pieces */
   int64_t piece;       /* their size in bytes */
   int push;            /* the owner writes its reduced slice into every peer's outputs */
+  int out_stands_in;   /* `out` is addressed as the whole message but is this rank's block */
   int err_no, err_peer;
 } cma_call_t;
 
@@ -296,7 +297,8 @@ static gs_status_t open_call(cma_call_t *k, const gs_seg_t *in, const gs_seg_t *
   k->at = all;
   *taken = 1;
   c->stats.peer_reads++;
-  gs_cma_settle_pages(c, g, in, out, k->nseg, k->es);
+  /* only memory this call really writes (resident after it) is gathered */
+  if (!k->out_stands_in) gs_cma_settle_pages(c, g, out, k->nseg, k->es);
   GS_CHECK(exchange(g, in, out, k->nseg, all));
   return scratch(g, k);
 }
@@ -361,7 +363,8 @@ static gs_status_t reduce_scatter(gs_comm_t c, gs_cma_group_t *g, const void *se
                   .op = op,
                   .pre = 1.0,
                   .post = 1.0,
-                  .counts = counts};
+                  .counts = counts,
+                  .out_stands_in = 1};
   /* this rank's output holds its block only: addressed as if it were the
    * whole message (uintptr_t arithmetic: no pointer outside an object) */
   gs_seg_t in = {(void *)send, total},
@@ -436,6 +439,7 @@ static gs_status_t host_segs(gs_comm_t c, const gs_seg_t *segs, int64_t nseg, vo
                   .counts = counts};
   gs_seg_t *other = contiguous_like(segs, nseg, block, mine, k.es);
   if (!other) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", phase);
+  k.out_stands_in = !gather; /* the reduce-scatter's output is `block` alone */
   gs_status_t s =
       gather ? open_call(&k, other, segs, name, taken) : open_call(&k, segs, other, name, taken);
   if (s == GS_SUCCESS && *taken) {

@@ -29,6 +29,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <unistd.h>
 
 #include "transport/gs_transport.h"
 
@@ -53,16 +54,12 @@ static int by_start(const void *a, const void *b) {
  * segment's bytes. (Tensors malloc maps one by one lie a page's length
  * apart: the rest of one's last page and the next mapping's 16-byte
  * header; no whole page between them.) */
-static int64_t spans_of(const gs_seg_t *in, const gs_seg_t *out, int64_t nseg, size_t es,
-                        span_t *v) {
+static int64_t spans_of(const gs_seg_t *segs, int64_t nseg, size_t es, span_t *v) {
   int64_t n = 0;
   for (int64_t s = 0; s < nseg; s++) {
-    for (int side = 0; side < 2; side++) {
-      const gs_seg_t *seg = side ? &out[s] : (in ? &in[s] : NULL);
-      if (!seg || seg->count <= 0) continue;
-      uintptr_t lo = (uintptr_t)seg->at;
-      v[n++] = (span_t){lo, lo + (uintptr_t)seg->count * es};
-    }
+    if (segs[s].count <= 0) continue;
+    uintptr_t lo = (uintptr_t)segs[s].at;
+    v[n++] = (span_t){lo, lo + (uintptr_t)segs[s].count * es};
   }
   qsort(v, (size_t)n, sizeof *v, by_start);
   int64_t m = 0;
@@ -87,20 +84,21 @@ static int64_t blocks_of(const span_t *v, int64_t n, uintptr_t *b, int64_t cap) 
 }
 
 /* Whether each of blocks b[0..n) (ascending) lies in memory that may be
- * marked MADV_HUGEPAGE: anonymous private mappings the program did not
- * mark MADV_NOHUGEPAGE ("nh" in /proc/self/smaps' VmFlags). ok[i] = 1 where
- * so; all 0 when smaps cannot be read. */
+ * marked MADV_HUGEPAGE: covered wholly by anonymous private mappings the
+ * program did not mark MADV_NOHUGEPAGE ("nh" in /proc/self/smaps'
+ * VmFlags). ok[i] = 1 where so; 0 where anything else is seen or nothing
+ * is known (smaps unreadable, a hole). */
 static void markable(const uintptr_t *b, int64_t n, unsigned char *ok) {
   memset(ok, 0, (size_t)n);
-  FILE *f = fopen("/proc/self/smaps", "r");
-  if (!f) return;
-  memset(ok, 1, (size_t)n);
+  uintptr_t *covered = calloc((size_t)n, sizeof *covered);
+  unsigned char *refused = calloc((size_t)n, 1);
+  FILE *f = covered && refused ? fopen("/proc/self/smaps", "r") : NULL;
   char *line = NULL;
   size_t len = 0;
-  unsigned long lo = 0, hi = 0;
+  uintptr_t lo = 0, hi = 0;
   int plain = 0;
   int64_t first = 0;
-  while (getline(&line, &len, f) > 0 && first < n) {
+  while (f && getline(&line, &len, f) > 0 && first < n) {
     unsigned long a, z;
     char perms[8] = "";
     int at = 0;
@@ -110,14 +108,22 @@ static void markable(const uintptr_t *b, int64_t n, unsigned char *ok) {
       plain =
           !strcmp(perms, "rw-p") && (!path[0] || path[0] == '\n' || !strncmp(path, "[heap]", 6));
     } else if (!strncmp(line, "VmFlags:", 8)) {
-      int refused = !plain || strstr(line, " nh") != NULL;
-      for (int64_t i = first; i < n && b[i] < hi; i++)
-        if (refused && b[i] + HUGE_BYTES > lo) ok[i] = 0;
+      int bad = !plain || strstr(line, " nh") != NULL;
+      for (int64_t i = first; i < n && b[i] < hi; i++) {
+        uintptr_t from = b[i] > lo ? b[i] : lo,
+                  to = b[i] + HUGE_BYTES < hi ? b[i] + HUGE_BYTES : hi;
+        if (to <= from) continue;
+        covered[i] += to - from;
+        refused[i] |= (unsigned char)bad;
+      }
       while (first < n && b[first] + HUGE_BYTES <= hi) first++;
     }
   }
+  for (int64_t i = 0; f && i < n; i++) ok[i] = !refused[i] && covered[i] == HUGE_BYTES;
   free(line);
-  fclose(f);
+  if (f) fclose(f);
+  free(covered);
+  free(refused);
 }
 
 /* Asks for blocks b[0..n) (ascending) to be gathered, one call each: a
@@ -126,8 +132,8 @@ static void markable(const uintptr_t *b, int64_t n, unsigned char *ok) {
  * marks a large array's memory MADV_HUGEPAGE, which splits it from its
  * neighbours' mapping at a page boundary inside a block. Marking the block
  * too makes the mappings one (unless the program marked it
- * MADV_NOHUGEPAGE, or turned huge pages off with PR_SET_THP_DISABLE), and
- * the block is asked again. Returns the bytes gathered or found so. */
+ * MADV_NOHUGEPAGE: markable), and the block is asked again. Returns the
+ * bytes gathered or found so. */
 static int64_t gather(uintptr_t *b, int64_t n) {
   int64_t done = 0, nagain = 0;
   for (int64_t i = 0; i < n; i++) {
@@ -135,10 +141,7 @@ static int64_t gather(uintptr_t *b, int64_t n) {
     else if (errno == EINVAL) b[nagain++] = b[i]; /* in place: nagain <= i */
   }
   unsigned char *ok = nagain ? malloc((size_t)nagain) : NULL;
-  if (!ok || prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) > 0) {
-    free(ok);
-    return done;
-  }
+  if (!ok) return done;
   markable(b, nagain, ok);
   for (int64_t i = 0; i < nagain; i++)
     if (ok[i] && madvise((void *)b[i], HUGE_BYTES, MADV_HUGEPAGE) == 0 &&
@@ -153,13 +156,42 @@ static int64_t gather(uintptr_t *b, int64_t n) {
  * call would otherwise grow the set without end. */
 #define SEEN_MAX ((int64_t)1 << 17)
 
-void gs_cma_settle_pages(gs_comm_t c, gs_cma_group_t *g, const gs_seg_t *in, const gs_seg_t *out,
-                         int64_t nseg, size_t es) {
+/* Whether the kernel gathers on request, once per group: Linux 6.1's
+ * MADV_COLLAPSE (an older kernel rejects the advice even for no bytes),
+ * 4 KiB pages and 2 MiB huge ones (the sizes assumed here), and huge pages
+ * not turned off by the administrator ("[never]") or for this process
+ * (PR_SET_THP_DISABLE). */
+static int collapse_supported(void) {
+  static char page[1] __attribute__((aligned(4096)));
+  char mode[128] = "", pmd[32] = "";
+  FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+  if (f) {
+    if (!fgets(mode, sizeof mode, f)) mode[0] = 0;
+    fclose(f);
+  }
+  f = fopen("/sys/kernel/mm/transparent_hugepage/hpage_pmd_size", "r");
+  if (f) {
+    if (!fgets(pmd, sizeof pmd, f)) pmd[0] = 0;
+    fclose(f);
+  }
+  return sysconf(_SC_PAGESIZE) == (long)PAGE_BYTES && strtoull(pmd, NULL, 10) == HUGE_BYTES &&
+         !strstr(mode, "[never]") && prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 0 &&
+         madvise(page, 0, MADV_COLLAPSE) == 0;
+}
+
+void gs_cma_settle_pages(gs_comm_t c, gs_cma_group_t *g, const gs_seg_t *segs, int64_t nseg,
+                         size_t es) {
   if (!c->cma_hugepages || nseg <= 0) return;
-  span_t *v = malloc(2 * (size_t)nseg * sizeof *v);
+  if (!g->collapse) g->collapse = collapse_supported() ? 1 : -1;
+  if (g->collapse < 0) return;
+  span_t *v = malloc((size_t)nseg * sizeof *v);
   if (!v) return; /* only a speed-up: without memory, skip it */
-  int64_t nspan = spans_of(in, out, nseg, es, v), cap = 0;
+  int64_t nspan = spans_of(segs, nseg, es, v), cap = 0;
   for (int64_t i = 0; i < nspan; i++) cap += (int64_t)((v[i].hi - v[i].lo) / HUGE_BYTES);
+  if (!cap) { /* no whole block: nothing to remember or ask */
+    free(v);
+    return;
+  }
   int64_t room = cap + g->nblocks;
   uintptr_t *now = malloc((size_t)(cap + 1) * sizeof *now);
   uintptr_t *seen = malloc((size_t)(room + 1) * sizeof *seen);

@@ -150,11 +150,12 @@ gs_status_t gs_cma_host_reduce_scatter_segs(gs_comm_t c, const gs_seg_t *in, int
 gs_status_t gs_cma_host_allgather_segs(gs_comm_t c, const void *from, const gs_seg_t *out,
                                        int64_t nseg, const int64_t *counts, gs_dtype_t dtype,
                                        int *taken);
-/* Before a call's copies: the 2 MiB blocks wholly inside this rank's
- * segments that an earlier call saw too are gathered into 2 MiB pages, once
- * (peer copies then pin one page per block, not 512); cma_pages.c. */
-void gs_cma_settle_pages(gs_comm_t c, gs_cma_group_t *g, const gs_seg_t *in, const gs_seg_t *out,
-                         int64_t nseg, size_t es);
+/* Before a call's copies: the 2 MiB blocks wholly inside `segs` (memory
+ * the call writes, so resident after it) that an earlier call saw too are
+ * gathered into 2 MiB pages, once (peer copies then pin one page per
+ * block, not 512); cma_pages.c. */
+void gs_cma_settle_pages(gs_comm_t c, gs_cma_group_t *g, const gs_seg_t *segs, int64_t nseg,
+                         size_t es);
 /* A group for `mpi`'s ranks, not probed yet (MPI_COMM_NULL: none); what the
  * group held before is freed. */
 void gs_cma_group_reset(gs_cma_group_t *g, MPI_Comm mpi);
