@@ -10,8 +10,12 @@ CUDA: when nvcc is found ($NVCC, PATH, /usr/local/cuda/bin) the CUDA kernels
 (src/*/*.cu) are compiled for GRADSYNC_CUDA_ARCHS (default "80;90": A100 and
 H100/H200 code, plus PTX of the newest for later GPUs) and the CUDA runtime is
 linked statically, so the library loads on machines without a GPU or driver.
-GRADSYNC_CUDA=0 builds for the CPU only. NCCL's header comes from $NCCL_HOME or
-the nvidia-nccl-cu13 wheel; the library itself is opened at run time.
+GRADSYNC_CUDA=0 builds for the CPU only, GRADSYNC_CUDA=1 fails without nvcc
+or NCCL's header. NCCL's header comes from $NCCL_HOME or the nvidia-nccl-cu13
+wheel (pip's build adds that wheel to its build requirements when nvcc is
+found); the library itself is opened at run time. Which of these was found
+is scripts/gradsync_build.py's job; the build's last lines say what it built.
+The version is include/gs_export.h's GS_VERSION_STRING, written nowhere else.
 """
 import glob
 import os
@@ -19,104 +23,22 @@ import shlex
 import shutil
 import subprocess
 import sys
-import sysconfig
 
-from setuptools import Extension, setup
+from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(ROOT, "scripts"))
+from gradsync_build import (  # noqa: E402  (the build's configuration: scripts/gradsync_build.py)
+    NCCL_WHEEL, cuda_archs, cuda_dirs, cuda_version, find_mpicc, find_nvcc, mpi_flags,
+    require_nccl, summary, version)
+
 INCLUDE = os.path.join(ROOT, "include")
 SRC = os.path.join(ROOT, "src")
 OBJ_DIR = os.path.join(ROOT, "build", "objects")
 C_FLAGS = ["-O3", "-g", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
            "-fvisibility=hidden", "-fno-fast-math", "-ffp-contract=off", "-fopenmp",
            "-DGS_BUILDING_LIBRARY"]
-
-
-def find_mpicc():
-    cc = os.environ.get("MPICC")
-    if cc:
-        return cc
-    found = shutil.which("mpicc")
-    if found:
-        return found
-    wheel = os.path.join(sysconfig.get_path("scripts"), "mpicc")
-    if os.path.exists(wheel):
-        return wheel
-    sys.exit("gradsync: no MPI C compiler found. Set MPICC=/path/to/mpicc for your "
-             "cluster's MPI, or run `python -m pip install mpich` (what `make` does).")
-
-
-def mpi_flags(mpicc):
-    """(compile flags, link flags) that the wrapper adds, for the Cython extension."""
-    for opt in ("-show", "-showme"):
-        try:
-            out = subprocess.run(shlex.split(mpicc) + [opt], capture_output=True, text=True,
-                                 check=True).stdout.split()
-        except (OSError, subprocess.CalledProcessError):
-            continue
-        words = out[1:]
-        cflags = [w for w in words if w.startswith(("-I", "-D", "-pthread"))]
-        lflags = [w for w in words if w.startswith(("-L", "-l", "-Wl", "-pthread"))]
-        return cflags, lflags
-    sys.exit(f"gradsync: cannot ask {mpicc} for its flags (-show / -showme)")
-
-
-def find_nvcc():
-    if os.environ.get("GRADSYNC_CUDA", "") == "0":
-        return None
-    for cand in (os.environ.get("NVCC"), shutil.which("nvcc"), "/usr/local/cuda/bin/nvcc"):
-        if cand and os.path.exists(cand):
-            return cand
-    if os.environ.get("GRADSYNC_CUDA", "") == "1":
-        sys.exit("gradsync: GRADSYNC_CUDA=1 but no nvcc found (set NVCC or PATH)")
-    return None
-
-
-def cuda_dirs(nvcc):
-    """(include dir, library dir) of the toolkit nvcc belongs to. nvcc may be
-    a wrapper script, so its own report of its toolkit (TOP) comes first."""
-    homes = []
-    try:
-        out = subprocess.run([nvcc, "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
-                             capture_output=True, text=True).stderr
-        homes += [line.split("=", 1)[1].strip() for line in out.splitlines()
-                  if line.startswith("#$ TOP=")]
-    except OSError:
-        pass
-    homes += [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""),
-              os.path.dirname(os.path.dirname(os.path.realpath(nvcc))), "/usr/local/cuda"]
-    for home in filter(None, homes):
-        for inc, lib in (("include", "lib64"), ("targets/x86_64-linux/include",
-                                               "targets/x86_64-linux/lib")):
-            if os.path.exists(os.path.join(home, inc, "cuda_runtime_api.h")):
-                return os.path.join(home, inc), os.path.join(home, lib)
-    sys.exit(f"gradsync: cannot find cuda_runtime_api.h for {nvcc} (set CUDA_HOME)")
-
-
-def cuda_archs():
-    archs = [a.strip() for a in os.environ.get("GRADSYNC_CUDA_ARCHS", "80;90").split(";")
-             if a.strip()]
-    flags = []
-    for a in archs:
-        flags += ["-gencode", f"arch=compute_{a},code=sm_{a}"]
-    flags += ["-gencode", f"arch=compute_{archs[-1]},code=compute_{archs[-1]}"]
-    names = [f"sm_{a}" for a in archs] + [f"compute_{archs[-1]}"]
-    return flags, ",".join(names)
-
-
-def find_nccl():
-    """(include dir, library path) of NCCL, or None."""
-    roots = []
-    if os.environ.get("NCCL_HOME"):
-        roots.append(os.environ["NCCL_HOME"])
-    for site in sys.path:
-        roots.append(os.path.join(site, "nvidia", "nccl"))
-    for root in roots:
-        if os.path.exists(os.path.join(root, "include", "nccl.h")):
-            lib = os.path.join(root, "lib", "libnccl.so.2")
-            return os.path.join(root, "include"), lib if os.path.exists(lib) else ""
-    return None
 
 
 def newer(sources, target):
@@ -127,7 +49,9 @@ def newer(sources, target):
 
 
 class BuildWithRuntime(build_ext):
-    """Builds libgradsync.so into the package directory, then the extension."""
+    """Builds libgradsync.so into the package directory, copies the public
+    headers beside it (gradsync.get_include()), then builds the extension,
+    and says on its last lines what it built."""
 
     def run(self):
         mpicc = find_mpicc()
@@ -140,15 +64,15 @@ class BuildWithRuntime(build_ext):
         cu_sources = sorted(glob.glob(os.path.join(SRC, "*", "*.cu")))
         deps = sources + cu_sources + glob.glob(os.path.join(SRC, "*", "*.h")) + \
             glob.glob(os.path.join(SRC, "*", "*.cuh")) + glob.glob(os.path.join(INCLUDE, "*.h")) + \
-            [os.path.abspath(__file__)]
+            [os.path.abspath(__file__), os.path.join(ROOT, "scripts", "gradsync_build.py")]
         nvcc = find_nvcc()
+        flags, libs, cuda = list(C_FLAGS), [], None
+        if nvcc:
+            flags, libs, cuda = self.cuda_flags(nvcc, flags)
         config = os.path.join(pkg_dir, ".gradsync-build")
-        config_now = f"nvcc={nvcc} archs={os.environ.get('GRADSYNC_CUDA_ARCHS', '')}\n"
+        config_now = f"nvcc={nvcc} flags={' '.join(flags)}\n"
         config_old = open(config).read() if os.path.exists(config) else ""
         if self.force or newer(deps, lib) or config_now != config_old:
-            flags, libs = list(C_FLAGS), []
-            if nvcc:
-                flags, libs = self.cuda_flags(nvcc, flags)
             compiles = [self.cuda_compile(nvcc, src) for src in cu_sources] if nvcc else []
             compiles += [self.c_compile(mpicc, flags, src) for src in sources]
             run_all([cmd for cmd, _ in compiles])
@@ -163,12 +87,14 @@ class BuildWithRuntime(build_ext):
             os.replace(tmp, lib)
             with open(config, "w") as f:
                 f.write(config_now)
+        copy_headers(os.path.join(pkg_dir, "include"))
         cflags, lflags = mpi_flags(mpicc)
         for ext in self.extensions:
             ext.library_dirs.append(pkg_dir)
             ext.extra_compile_args += cflags
             ext.extra_link_args += lflags
         super().run()
+        print(summary(mpicc, cuda), flush=True)
 
     @staticmethod
     def c_compile(mpicc, flags, src):
@@ -189,17 +115,29 @@ class BuildWithRuntime(build_ext):
 
     @staticmethod
     def cuda_flags(nvcc, flags):
-        """(C flags, link libraries) of a build with the CUDA kernels."""
+        """(C flags, link libraries, what was found) of a build with the CUDA
+        kernels and, where NCCL's header is found, the NCCL backend."""
         inc, libdir = cuda_dirs(nvcc)
         _, names = cuda_archs()
         flags = flags + ["-DGS_HAVE_CUDA", f'-DGS_CUDA_ARCHS="{names}"', "-I" + inc]
-        nccl = find_nccl()
+        nccl, why = require_nccl()
         if nccl:
             flags += ["-DGS_HAVE_NCCL", "-I" + nccl[0], f'-DGS_NCCL_LIBRARY="{nccl[1]}"']
         else:
-            print("gradsync: NCCL header not found (NCCL_HOME or the nvidia-nccl-cu13 wheel); "
-                  "building without the NCCL backend")
-        return flags, ["-L" + libdir, "-lcudart_static", "-lrt", "-lstdc++"]
+            print(f"gradsync: {why}; building without the NCCL backend", flush=True)
+        found = {"version": cuda_version(inc), "archs": names,
+                 "nccl": nccl[2] if nccl else None, "nccl_why": why}
+        return flags, ["-L" + libdir, "-lcudart_static", "-lrt", "-lstdc++"], found
+
+
+def copy_headers(dest):
+    """The public headers, as gradsync.get_include() and embedders find them
+    in the installed package (the checkout's include/ is their only source)."""
+    os.makedirs(dest, exist_ok=True)
+    for header in glob.glob(os.path.join(INCLUDE, "*.h")):
+        target = os.path.join(dest, os.path.basename(header))
+        if newer([header], target):
+            shutil.copy2(header, target)
 
 
 def run_all(commands):
@@ -257,20 +195,50 @@ def extensions():
     return cythonize([ext], include_path=["pyx"], language_level=3, quiet=True)
 
 
+def long_description():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        return f.read()
+
+
 setup(
     name="gradsync",
-    version="0.1.0",
+    version=version(),
     description="Collective communication for distributed training: fused MPI/NCCL "
                 "collectives, Adasum and gradient kernels",
-    packages=["gradsync", "gradsync.bench", "gradsync.torch", "gradsync.torch.distributed",
-              "gradsync.horovod", "gradsync.horovod.torch"],
+    long_description=long_description(),
+    long_description_content_type="text/markdown",
+    author="gradsync developers",
+    author_email="dev@gradsync.dev",
+    license="BSD-3-Clause",
+    license_files=["LICENSE"],
+    classifiers=[
+        "Development Status :: 4 - Beta",
+        "Intended Audience :: Developers",
+        "Intended Audience :: Science/Research",
+        "Operating System :: POSIX :: Linux",
+        "Programming Language :: C",
+        "Programming Language :: Cython",
+        "Programming Language :: Python :: 3",
+        "Programming Language :: Python :: 3 :: Only",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+        "Topic :: System :: Distributed Computing",
+    ],
+    keywords=["mpi", "nccl", "allreduce", "distributed training", "adasum", "horovod"],
+    # every package under pyx/, the Horovod alias's horovod.* tree included
+    packages=find_packages(where="pyx"),
     package_dir={"": "pyx"},
-    package_data={"gradsync": ["*.pxd", "*.pxi", "*.pyx", "libgradsync.so"],
+    package_data={"gradsync": ["*.pxd", "*.pxi", "*.pyx", "libgradsync.so", "include/*.h"],
                   "gradsync.bench": ["gradient_shapes.json"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildWithRuntime},
+    entry_points={"console_scripts": [
+        "gsbench = gradsync.bench:main",
+        "gradsyncrun = gradsync.horovod.run:main",
+        "gradsync-doctor = gradsync.doctor:main",
+    ]},
     python_requires=">=3.9",
     install_requires=["numpy>=1.24", "mpi4py>=3.1", "ml_dtypes>=0.3"] + runtime_mpi(),
-    extras_require={"torch": ["torch"], "test": ["pytest", "pytest-mpi"]},
+    extras_require={"torch": ["torch"], "jax": ["jax"], "nccl": [NCCL_WHEEL],
+                    "test": ["pytest", "pytest-mpi", "hypothesis"]},
     zip_safe=False,
 )

@@ -13,7 +13,11 @@ TMP=$(mktemp -d "${TMPDIR:-/tmp}/gs-check-install.XXXXXX")
 trap 'rm -rf "$TMP"' EXIT INT TERM
 "$PYTHON" -m venv "$TMP/build"
 # a copy without build outputs, so the wheel is built from sources only
-git -C "$SRC" ls-files -z | (cd "$SRC" && xargs -0 tar cf -) | (mkdir "$TMP/src" && cd "$TMP/src" && tar xf -)
+# (one tar reading the names: xargs may split them over several tars, and the
+# reading tar stops at the first archive's end, losing the rest)
+git -C "$SRC" ls-files -z --cached --others --exclude-standard |
+  (cd "$SRC" && tar cf - --null --no-recursion --ignore-failed-read -T -) |
+  (mkdir "$TMP/src" && cd "$TMP/src" && tar xf -)
 echo "check-install: building a wheel from a clean copy (pip's isolated build)"
 "$TMP/build/bin/python" -m pip wheel -q --no-deps -w "$TMP/wheels" "$TMP/src"
 "$PYTHON" -m venv "$TMP/run"

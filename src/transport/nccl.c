@@ -1,6 +1,7 @@
 /* The NCCL transport's library, polling and communicators (the data
  * movement is nccl_ops.c's). NCCL is opened at run time (GRADSYNC_NCCL_LIBRARY, the
- * library found at build time, then libnccl.so.2 on the loader's path), so
+ * library found at build time, the nvidia-nccl-cu13 wheel beside an installed
+ * gradsync, then libnccl.so.2 on the loader's path), so
  * one build runs on machines with and without it; only its header is needed
  * to compile. NCCL older than 2.14 is refused (no non-blocking communicators
  * to poll; bf16 came in 2.10), and the device path then stages through MPI.
@@ -17,6 +18,7 @@
  * under the lock the handle is only taken out of the communicator, so every
  * later poll, which runs under the lock, sees it gone and never touches a
  * communicator NCCL is freeing. */
+#define _GNU_SOURCE /* dladdr */
 #include <dlfcn.h>
 #include <limits.h>
 #include <pthread.h>
@@ -46,9 +48,26 @@ static void refuse(const char *why) {
   api.handle = NULL;
 }
 
+/* The nvidia-nccl-cu13 wheel's library in the site-packages folder this
+ * library was installed into (site-packages/gradsync/libgradsync.so beside
+ * site-packages/nvidia/nccl/lib/): a wheel built by pip found NCCL's header
+ * in a build environment that is gone by run time, so the path it saw is
+ * not where the user's NCCL is. Empty when the folder is unknown. */
+static void wheel_beside_us(char *path, size_t size) {
+  Dl_info self;
+  path[0] = '\0';
+  if (!dladdr((void *)wheel_beside_us, &self) || !self.dli_fname) return;
+  const char *slash = strrchr(self.dli_fname, '/');
+  if (slash)
+    snprintf(path, size, "%.*s/../nvidia/nccl/lib/libnccl.so.2", (int)(slash - self.dli_fname),
+             self.dli_fname);
+}
+
 static void open_library(void) {
   const char *env = gs_env_nccl_library();
-  const char *candidates[] = {env, GS_NCCL_LIBRARY, "libnccl.so.2", "libnccl.so"};
+  char beside[PATH_MAX + 64];
+  wheel_beside_us(beside, sizeof beside);
+  const char *candidates[] = {env, GS_NCCL_LIBRARY, beside, "libnccl.so.2", "libnccl.so"};
   for (size_t k = 0; k < sizeof candidates / sizeof *candidates && !api.handle; k++)
     if (candidates[k] && *candidates[k]) api.handle = dlopen(candidates[k], RTLD_NOW | RTLD_LOCAL);
   if (!api.handle) {
