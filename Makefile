@@ -41,7 +41,7 @@ LIB := pyx/gradsync/libgradsync.so
 # 10 polls: the suites at 4 ranks run about twice as fast on two cores, at
 # 2 ranks as fast as before (docs/DECISIONS.md). Timings (bench, demo) keep
 # MPICH's defaults; other MPIs ignore these variables.
-TEST_TARGETS := test c-tests py-tests test-emulated gpu-session-dry cluster-smoke cluster-test \
+TEST_TARGETS := test c-tests py-tests test-emulated gpu-session-dry cluster-smoke cluster-test test-installed \
     slurm-smoke torch-upstream torch-upstream-spawn check-memory
 $(TEST_TARGETS): export MPIR_CVAR_ENABLE_HEAVY_YIELD ?= 1
 $(TEST_TARGETS): export MPIR_CVAR_POLLS_BEFORE_YIELD ?= 10
@@ -58,7 +58,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: check-install all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream torch-upstream-spawn demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
+.PHONY: check-install test-installed all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream torch-upstream-spawn demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
 
 all: build
 
@@ -219,7 +219,7 @@ test-emulated: build $(EMU_C_TESTS)
 	done
 
 test: lint check-bindings check-layers c-tests py-tests test-emulated gpu-session-dry cluster-smoke \
-      slurm-smoke
+      slurm-smoke test-installed
 	@rm -rf $(FLIGHT_RECORDS)
 
 # src/'s layering from the compiler's call graph (scripts/check_layers.py,
@@ -258,6 +258,14 @@ CLUSTER_CHECK = $(SIMCLUSTER) --check || { echo "== $@: skipped (no simulated cl
 # minutes here, most of it pip building; not part of `make test`).
 check-install:
 	sh scripts/check_install.sh
+
+# Part of `make test`: the package `pip install .` builds from a clean copy
+# of the sources, installed into a fresh venv, tested from outside the
+# checkout (scripts/test_installed.sh: what the install holds, console
+# scripts, build info equal to this build's, then collectives, the doctor,
+# torch, Horovod, JAX and embedding at 2 ranks).
+test-installed: build
+	@MPIEXEC=$(MPIEXEC) MPICC=$(MPICC_RESOLVED) TEST_TIMEOUT=$(TEST_TIMEOUT) sh scripts/test_installed.sh
 
 cluster-smoke: build
 	@$(CLUSTER_CHECK); echo "== cluster 2 hosts x 2 ranks: allreduce and Adasum suites"; \

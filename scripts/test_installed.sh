@@ -1,0 +1,79 @@
+#!/bin/sh
+# make test-installed (part of make test): a tier of the suites run against
+# the package `pip install .` gives, not against the in-place build.
+#
+# pip builds a wheel from a clean copy of the sources (tracked files and new
+# ones git does not ignore; no build outputs) in its isolated build
+# environment, exactly as a newcomer's `pip install .` does, and installs it
+# into a fresh venv. The venv sees this Python's site-packages
+# (--system-site-packages) so that torch, jax, mpi4py and pytest are not
+# downloaded again; gradsync itself is only in the venv, PYTHONPATH is unset
+# and the suites are copied into a folder outside the checkout, so `import
+# gradsync` can only find what pip installed (tests/installed checks that
+# first). `make check-install` does the same with nothing pre-installed.
+#
+# The tier: what only an install can get wrong (tests/installed: every file
+# shipped, console scripts, build info equal to make's, the Horovod alias,
+# the C example built with `python -m gradsync --cflags --libs`), then the
+# collectives, the doctor, the torch backend, the Horovod drop-in, JAX and
+# the embedding tests at 2 ranks. Everything lives in one folder under
+# TMPDIR, removed on exit, also on failure.
+set -eu
+PYTHON=${PYTHON:-python3}
+MPIEXEC=${MPIEXEC:-mpiexec}
+NP=${GS_INSTALLED_NP:-2}
+TIMEOUT=${TEST_TIMEOUT:-900}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+RUN=$(mktemp -d "${TMPDIR:-/tmp}/gs-installed.XXXXXX")
+trap 'rm -rf "$RUN"' EXIT
+trap 'exit 130' INT TERM
+unset PYTHONPATH
+
+say() { echo "== test-installed: $*"; }
+
+# make's in-place build, which the installed one must equal
+PYTHONPATH="$SRC/pyx" "$PYTHON" -c "import json, sys, gradsync; json.dump(gradsync.build_info(), \
+open(sys.argv[1], 'w'))" "$RUN/reference.json"
+
+mkdir "$RUN/src"
+git -C "$SRC" ls-files -z --cached --others --exclude-standard |
+  (cd "$SRC" && tar cf - --null --no-recursion --ignore-failed-read -T -) | (cd "$RUN/src" && tar xf -)
+"$PYTHON" -m venv --system-site-packages "$RUN/venv"
+VPY=$RUN/venv/bin/python
+extras=""
+# A CUDA build loads NCCL at run time: the nvidia-nccl-cu13 wheel beside the
+# package, as a user installing gradsync[nccl] has it.
+if "$PYTHON" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['nccl'] else 1)" \
+    "$RUN/reference.json"; then extras="[nccl]"; fi
+say "pip install $extras from a clean copy of the sources (pip's isolated build)"
+"$VPY" -m pip install -q --disable-pip-version-check "$RUN/src$extras" > "$RUN/pip.log" 2>&1 ||
+  { cat "$RUN/pip.log"; exit 1; }
+
+cp -R "$SRC/tests" "$RUN/tests"
+rm -rf "$RUN/src"
+cd "$RUN"
+export GS_CHECKOUT="$SRC" GS_INSTALLED_REFERENCE="$RUN/reference.json" MPIEXEC
+export MPICC="${MPICC:-$("$PYTHON" -c "import sysconfig, shutil, os; print(shutil.which('mpicc') \
+or os.path.join(sysconfig.get_path('scripts'), 'mpicc'))")}"
+PYTEST="$VPY -m pytest -q -p no:cacheprovider"
+MPI_PYTEST="$MPIEXEC -n $NP $VPY -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider"
+
+say "what the install holds (tests/installed)"
+timeout "$TIMEOUT" $PYTEST tests/installed
+say "collectives and the doctor at $NP ranks"
+timeout "$TIMEOUT" $MPI_PYTEST tests/python/test_allreduce.py \
+  tests/python/test_broadcast_gather_scatter.py tests/python/test_doctor.py
+if [ -d tests/embed ]; then
+  say "embedding: a Cython extension cimporting the installed .pxd files"
+  timeout "$TIMEOUT" $PYTEST tests/embed
+fi
+if "$VPY" -c "import torch" 2>/dev/null; then
+  say "the torch backend and the Horovod drop-in at $NP ranks"
+  timeout "$TIMEOUT" $MPI_PYTEST tests/torch_tests/test_backend.py \
+    tests/horovod_tests/test_hvd_allreduce.py tests/horovod_tests/test_hvd_conformance.py
+else say "torch is not importable: the torch and Horovod tier skipped"; fi
+if "$VPY" -c "import jax" 2>/dev/null; then
+  say "gradsync.jax at $NP ranks"
+  timeout "$TIMEOUT" $MPI_PYTEST tests/jax_tests
+else say "jax is not importable: the JAX tier skipped"; fi
+say "ok"
