@@ -40,14 +40,19 @@ git -C "$SRC" ls-files -z --cached --others --exclude-standard |
   (cd "$SRC" && tar cf - --null --no-recursion --ignore-failed-read -T -) | (cd "$RUN/src" && tar xf -)
 "$PYTHON" -m venv --system-site-packages "$RUN/venv"
 VPY=$RUN/venv/bin/python
-extras=""
-# A CUDA build loads NCCL at run time: the nvidia-nccl-cu13 wheel beside the
-# package, as a user installing gradsync[nccl] has it.
-if "$PYTHON" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['nccl'] else 1)" \
-    "$RUN/reference.json"; then extras="[nccl]"; fi
-say "pip install $extras from a clean copy of the sources (pip's isolated build)"
-"$VPY" -m pip install -q --disable-pip-version-check "$RUN/src$extras" > "$RUN/pip.log" 2>&1 ||
+say "pip install . from a clean copy of the sources (pip's isolated build)"
+"$VPY" -m pip install -q --disable-pip-version-check "$RUN/src" > "$RUN/pip.log" 2>&1 ||
   { cat "$RUN/pip.log"; exit 1; }
+# A CUDA build opens NCCL at run time, here the nvidia-nccl-cu13 wheel beside
+# the package as `pip install gradsync[nccl]` puts it in a user's venv (this
+# venv would otherwise take it from the outer site-packages, where only the
+# path baked in by `make` finds it).
+if "$PYTHON" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['nccl'] else 1)" \
+    "$RUN/reference.json"; then
+  say "pip install nvidia-nccl-cu13 into the venv (gradsync[nccl])"
+  "$VPY" -m pip install -q --disable-pip-version-check --ignore-installed --no-deps \
+    nvidia-nccl-cu13 > "$RUN/pip.log" 2>&1 || { cat "$RUN/pip.log"; exit 1; }
+fi
 
 cp -R "$SRC/tests" "$RUN/tests"
 rm -rf "$RUN/src"

@@ -1,4 +1,4 @@
-"""python -m gradsync.doctor DIR: reads the flight records the ranks of a job
+"""gradsync-doctor DIR (or python -m gradsync.doctor DIR): reads the flight records the ranks of a job
 wrote (rank-<N>.jsonl, format 1: docs/GUIDE.md "When a job hangs") and says,
 first, in one sentence, which rank and call made the job hang or fail, then
 the evidence: per communicator the call each rank reached, the first call
@@ -477,7 +477,7 @@ def slowest_phase(calls):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print(__doc__)
+        print("usage: gradsync-doctor DIR\n\n" + __doc__)
         return NO_DUMPS if argv and argv[0] not in ("-h", "--help") else OK
     rep = diagnose(argv[0])
     print(rep.verdict)
