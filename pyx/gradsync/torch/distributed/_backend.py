@@ -475,6 +475,23 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                           what="recv from any source", limit=self.comm.timeout)
 
 
+# torch.compile never traces the backend. torch reaches a process group's
+# collectives from C++ (c10d's dispatch: gloo's and NCCL's are C++ and never
+# seen by Dynamo), but a Python group's methods met inside a compiled region
+# (DDP rebuilding its buckets on the second step calls broadcast) were
+# traced, and Dynamo stopped at the first member it could not model
+# ("Attempted to access unregistered member on an OpaqueObject ... '_run'").
+# Each collective runs eagerly, as a C++ backend's does (issue 46).
+COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "allgather", "_allgather_base",
+               "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter",
+               "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "alltoall_base",
+               "alltoall", "barrier", "monitored_barrier", "gather", "scatter", "reduce", "send",
+               "recv", "recv_anysource")
+for _name in COLLECTIVES:
+    setattr(ProcessGroupGradsync, _name,
+            torch.compiler.disable(getattr(ProcessGroupGradsync, _name), recursive=True))
+del _name
+
 def _rows(view, rows):
     """gradsync's flat view reshaped into ``rows`` rows (dim 0 is split)."""
     if isinstance(view, np.ndarray):
