@@ -30,8 +30,17 @@ from setuptools.command.build_ext import build_ext
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
 from gradsync_build import (  # noqa: E402  (the build's configuration: scripts/gradsync_build.py)
-    NCCL_WHEEL, cuda_archs, cuda_dirs, cuda_version, find_mpicc, find_nvcc, mpi_flags,
-    require_nccl, summary, version)
+    NCCL_WHEEL,
+    cuda_archs,
+    cuda_dirs,
+    cuda_version,
+    find_mpicc,
+    find_nvcc,
+    mpi_flags,
+    require_nccl,
+    summary,
+    version,
+)
 
 INCLUDE = os.path.join(ROOT, "include")
 SRC = os.path.join(ROOT, "src")

@@ -66,7 +66,9 @@ GS_API int32_t gs_flight_site(const char *text);
 /* The site the calling thread's next calls are recorded with (-1: none). */
 GS_API void gs_flight_set_site(int32_t site);
 /* Dumps on SIGUSR1 from a thread of its own, without stopping the job (the
- * handler only writes to a pipe). Idempotent; GS_ERR_INTERNAL if no thread. */
+ * handler only writes to a pipe, then calls the handler it replaced, if
+ * any). Never installed unless asked for: this call, or GRADSYNC_FLIGHT_SIGNAL=1
+ * in Python. Idempotent; GS_ERR_INTERNAL if no thread. */
 GS_API gs_status_t gs_flight_on_signal(void);
 
 #ifdef __cplusplus

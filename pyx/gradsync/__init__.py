@@ -28,6 +28,7 @@ from gradsync._core import (  # noqa: E402
     UnsupportedError,
     bfloat16,
     dump_flight_record,
+    flight_on_signal,
     flight_record_dir,
     flight_stacks,
     set_timeout,
@@ -95,6 +96,6 @@ __all__ = [
     "DtypeError", "Error", "ErrorFeedback", "JoinError", "MismatchError", "Op", "Request",
     "Partition", "ShardLayout", "TimeoutError", "UnsupportedError", "WIRES", "accumulate_",
     "accumulate_v2_", "all_finite", "bfloat16", "build_info", "dump_flight_record",
-    "flight_record_dir", "flight_stacks", "init", "scale_", "set_timeout", "start_timeline",
-    "stop_timeline", "to_device", "world", "zero_", "zero_volume_array",
+    "flight_on_signal", "flight_record_dir", "flight_stacks", "init", "scale_", "set_timeout",
+    "start_timeline", "stop_timeline", "to_device", "world", "zero_", "zero_volume_array",
 ]

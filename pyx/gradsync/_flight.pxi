@@ -172,6 +172,20 @@ def _flight_excepthook(exc_type, exc, tb, _previous=sys.excepthook):
     _previous(exc_type, exc, tb)
 
 
-if os.environ.get("GRADSYNC_FLIGHT_SIGNAL", "") != "0":
+def flight_on_signal():
+    """Dumps this rank's flight record whenever the process gets SIGUSR1
+    (``kill -USR1 <pid>`` on a hung rank), from a thread of gradsync's own,
+    without stopping the job; a handler the program or a framework installed
+    before is still called after the dump. Off unless asked for, by this
+    call or GRADSYNC_FLIGHT_SIGNAL=1: a library takes no signal by itself."""
     CHKERR(gs_flight_on_signal())
-sys.excepthook = _flight_excepthook
+
+
+# Importing gradsync changes no process-wide state it was not asked to: the
+# signal handler is opt-in, and the hook on uncaught exceptions (a dump when
+# a gradsync error ends the program) is installed only while the recorder is
+# on, calling the hook it found.
+if os.environ.get("GRADSYNC_FLIGHT_SIGNAL", "") not in ("", "0"):
+    flight_on_signal()
+if gs_flight_capacity() > 0:
+    sys.excepthook = _flight_excepthook

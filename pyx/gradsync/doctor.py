@@ -1,9 +1,10 @@
-"""gradsync-doctor DIR (or python -m gradsync.doctor DIR): reads the flight records the ranks of a job
-wrote (rank-<N>.jsonl, format 1: docs/GUIDE.md "When a job hangs") and says,
-first, in one sentence, which rank and call made the job hang or fail, then
-the evidence: per communicator the call each rank reached, the first call
-where ranks disagree, the ranks that never entered a call the others wait
-in, calls entered everywhere but not completed, ranks that left no dump.
+"""gradsync-doctor DIR (or python -m gradsync.doctor DIR): reads the flight
+records the ranks of a job wrote (rank-<N>.jsonl, format 1: docs/GUIDE.md
+"When a job hangs") and says, first, in one sentence, which rank and call
+made the job hang or fail, then the evidence: per communicator the call each
+rank reached, the first call where ranks disagree, the ranks that never
+entered a call the others wait in, calls entered everywhere but not
+completed, ranks that left no dump.
 
 Standard library only (it runs without MPI: `python path/to/doctor.py DIR`
 works too). The exit status tells the class of problem: 0 nothing wrong

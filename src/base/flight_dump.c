@@ -223,12 +223,19 @@ void gs_flight_end(uint64_t id, gs_status_t status) {
 /* ---- SIGUSR1 ------------------------------------------------------------ */
 
 static int wake_fd[2] = {-1, -1};
+/* The handler SIGUSR1 had before ours: called after ours, so a program's or
+ * framework's own use of the signal (Lightning's Slurm requeue) goes on. */
+static struct sigaction previous;
 
-static void on_usr1(int sig) {
-  (void)sig;
+static void on_usr1(int sig, siginfo_t *info, void *context) {
   int saved = errno;
   char b = 1;
   if (write(wake_fd[1], &b, 1) < 0) { /* a full pipe already has a dump coming */
+  }
+  if (previous.sa_flags & SA_SIGINFO) {
+    if (previous.sa_sigaction) previous.sa_sigaction(sig, info, context);
+  } else if (previous.sa_handler != SIG_DFL && previous.sa_handler != SIG_IGN) {
+    previous.sa_handler(sig); /* SIG_DFL would end the process: ours replaces that */
   }
   errno = saved;
 }
@@ -265,10 +272,10 @@ gs_status_t gs_flight_on_signal(void) {
         pthread_detach(t);
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
-        sa.sa_handler = on_usr1;
-        sa.sa_flags = SA_RESTART;
+        sa.sa_sigaction = on_usr1;
+        sa.sa_flags = SA_RESTART | SA_SIGINFO;
         sigemptyset(&sa.sa_mask);
-        sigaction(SIGUSR1, &sa, NULL);
+        sigaction(SIGUSR1, &sa, &previous);
         installed = 1;
       }
     }

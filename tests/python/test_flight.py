@@ -103,6 +103,7 @@ def test_sigusr1_dumps_while_in_user_code(flight):
     y = np.arange(5, dtype=np.int64)
     comm.broadcast_(y, root=0)
     path = rank_file(flight, WORLD.rank)
+    gs.flight_on_signal()  # opt-in: importing gradsync takes no signal
     os.kill(os.getpid(), signal.SIGUSR1)
     seen = wait_for([path])  # this rank sleeps in its own code meanwhile
     recs = read_dump(path) if seen else []
@@ -166,6 +167,7 @@ def test_rank_stuck_in_its_own_code(flight):
     gs.set_timeout(1.0)
     ok = True
     if WORLD.rank == late:
+        gs.flight_on_signal()
         os.kill(os.getpid(), signal.SIGUSR1)
         # stays out of gradsync until the others have given up (their dumps)
         ok = wait_for([rank_file(flight, r) for r in range(WORLD.size)])
@@ -255,6 +257,56 @@ def test_uncaught_gradsync_error_dumps(tmp_path):
         calls = [(r["op"], r["status"]) for r in recs if r["type"] == "call"]
         assert calls == [("allreduce", "ok"), ("abandon", "invalid_argument")], calls
 
+
+
+def test_import_takes_no_signal_and_the_handler_chains(tmp_path):
+    """Importing gradsync leaves SIGUSR1's handler as it was (MPI may have
+    its own: read with sigaction before and after the import);
+    gs.flight_on_signal() dumps on it and then calls the handler the program
+    had installed first (Lightning's Slurm requeue uses SIGUSR1), and
+    GRADSYNC_FLIGHT_SIGNAL=1 asks for it at import."""
+    plain = run_child(
+        "import ctypes, signal\n"
+        "from mpi4py import MPI\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\n"
+        "def handler():  # struct sigaction begins with the handler's address\n"
+        "    old = ctypes.create_string_buffer(512)\n"
+        "    assert libc.sigaction(signal.SIGUSR1, None, old) == 0\n"
+        "    return old.raw[:8]\n"
+        "before = handler()\n"
+        "import gradsync as gs\n"
+        "after = handler()\n"
+        "gs.flight_on_signal()\n"
+        "print(before == after, handler() != after)\n")
+    chained = run_child(
+        "import os, signal, time, gradsync as gs\n"
+        "seen = []\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: seen.append(1))\n"
+        "gs.flight_on_signal()\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "for _ in range(2000):\n"
+        "    d = gs.flight_record_dir()\n"
+        "    if seen and os.path.isdir(d) and os.listdir(d): break\n"
+        "    time.sleep(0.01)\n"
+        "print('handler', len(seen), 'dumps', sorted(os.listdir(gs.flight_record_dir())))\n",
+        {"GRADSYNC_FLIGHT_DIR": str(tmp_path / "chained")})
+    by_env = run_child("import os, signal, time, gradsync as gs\n"
+                       "os.kill(os.getpid(), signal.SIGUSR1)\n"
+                       "for _ in range(2000):\n"
+                       "    d = gs.flight_record_dir()\n"
+                       "    if os.path.isdir(d) and os.listdir(d): break\n"
+                       "    time.sleep(0.01)\n"
+                       "print('dumps', sorted(os.listdir(gs.flight_record_dir())))\n",
+                       {"GRADSYNC_FLIGHT_DIR": str(tmp_path / "env"),
+                        "GRADSYNC_FLIGHT_SIGNAL": "1"})
+    with collectively():
+        assert plain.returncode == 0 and plain.stdout.split() == ["True", "True"], \
+            (plain.stdout, plain.stderr[-800:])
+        assert chained.returncode == 0, chained.stderr[-1500:]
+        assert chained.stdout.split() == ["handler", "1", "dumps", "['rank-0.jsonl']"], \
+            chained.stdout
+        assert by_env.returncode == 0 and by_env.stdout.split() == ["dumps", "['rank-0.jsonl']"], \
+            (by_env.stdout, by_env.stderr[-800:])
 
 KILLED_JOB = r"""
 import os, signal, sys, time
