@@ -32,7 +32,7 @@ typedef enum gs_op {
   GS_OP_MAX = 3,
   GS_OP_PROD = 4,
   GS_OP_ADASUM = 5,  /* allreduce only, floating dtypes only */
-  /* Adasum across groups of ranks, average inside each group (DESIGN.md section 4's
+  /* Adasum across groups of ranks, average inside each group (docs/DESIGN.md section 4's
    * hierarchical mode): groups are the ranks of a node, or consecutive
    * blocks of GRADSYNC_HIERARCHY_SIZE ranks; equal power-of-two sizes. */
   GS_OP_ADASUM_HIERARCHICAL = 6

@@ -3,7 +3,7 @@ Python run with gradsync's ASan build preloaded, as `make check-asan` makes
 them, and fails on what belongs to gradsync:
 
 * any AddressSanitizer or UndefinedBehaviorSanitizer error report;
-* any leak whose allocation stack passes through libgradsync or src/*.c.
+* any leak whose allocation stack passes through libgradsync or src/*/*.c.
 
 Leaks whose stacks stay in CPython, NumPy or MPI (memory those keep until
 exit by design) are counted and ignored.
@@ -13,7 +13,7 @@ exit by design) are counted and ignored.
 import re
 import sys
 
-OURS = re.compile(r"libgradsync\.so|/src/[a-z_]+\.c|gs_[a-z_]+ ")
+OURS = re.compile(r"libgradsync\.so|/src/(?:[a-z_]+/)?[a-z_]+\.c|gs_[a-z_]+ ")
 
 
 def blocks(text):

@@ -1,5 +1,5 @@
 /* gradsync private, coll/ (a layer: docs/ARCHITECTURE.md): every public collective fills
- * one call descriptor and hands it to one skeleton (collective.c), as NCCL's
+ * one call descriptor and hands it to one skeleton (skeleton.c), as NCCL's
  * collectives hand an info struct to one enqueue: enter the runtime, check
  * the arguments, validate across ranks, open the engine, plan, run the
  * messages, close. Each collective's file says only what is its own. */
@@ -54,7 +54,7 @@ struct gs_coll {
   const gs_tensor_t *memory;   /* where the data lives (the engine): in unless changed */
 };
 
-/* Runs one collective call described by d (collective.c). */
+/* Runs one collective call described by d (skeleton.c). */
 gs_status_t gs_collective(gs_comm_t c, gs_coll_t *d);
 /* For a call that exchanges counts only (no tensor data): the ranks
  * validate the row sizes, their element counts may differ, and no engine

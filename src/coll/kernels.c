@@ -1,6 +1,6 @@
 /* The gradient kernels' public entry points (gs_zero, gs_accumulate,
  * gs_all_finite, gs_scale): argument checks, then the host kernels
- * (cpu_kernels.c) or, for CUDA memory, the device ones (device_kernels.c). */
+ * (kernels/cpu.c) or, for CUDA memory, the device ones (device/kernels.c). */
 #include "coll/gs_collective.h"
 
 static int on_device(const gs_tensor_t *t, int64_t n) {

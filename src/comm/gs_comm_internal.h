@@ -1,4 +1,4 @@
-/* gradsync private, comm/ (a layer: docs/ARCHITECTURE.md): communicators (comm.c),
+/* gradsync private, comm/ (a layer: docs/ARCHITECTURE.md): communicators (lifecycle.c),
  * argument checks (args.c) and cross-rank validation (check.c, with
  * check_explain.c and check_stall.c). */
 #ifndef GRADSYNC_COMM_INTERNAL_H
@@ -7,7 +7,7 @@
 #include "algorithms/gs_algorithms.h"
 #include "base/gs_flight_ring.h"
 
-/* ---- communicators (comm.c) ----------------------------------------------- */
+/* ---- communicators (lifecycle.c) ------------------------------------------ */
 
 /* Validates a handle at an API entry point. */
 gs_status_t gs_comm_valid(gs_comm_t comm, const char *where);

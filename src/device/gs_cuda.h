@@ -1,13 +1,13 @@
 /* gradsync private, device/ (a layer: docs/ARCHITECTURE.md): the CUDA side of the runtime,
- * callable from C. Over the launchers (gs_kernels_internal.h), two parts:
- * - the device runtime (cuda_device.c): contexts entered by push and pop,
+ * callable from C. Over the launchers (kernels/gs_kernels.h), two parts:
+ * - the device runtime (cuda.c, memory.c): contexts entered by push and pop,
  *   a non-blocking stream per communicator, each device's entry stream, the
  *   calling thread's work stream, events and waits that poll (timeouts, interrupts,
  *   the runtime lock released), stream-ordered memory, sticky errors;
- * - the kernel-table ring (cuda_ring.c): pinned memory and its device
+ * - the kernel-table ring (ring.c): pinned memory and its device
  *   mirror, a region reused only after the kernel that read it has
  *   finished; pinned buffers for results the host reads back;
- * - the jobs (cuda_jobs.c): a host list of runs becomes work items, uploaded
+ * - the jobs (jobs.c): a host list of runs becomes work items, uploaded
  *   through the ring, then launched.
  * Nothing here waits for the device unless its comment says so. */
 #ifndef GRADSYNC_CUDA_INTERNAL_H
@@ -23,7 +23,7 @@
 extern "C" {
 #endif
 
-/* ---- the device runtime (cuda_device.c) --------------------------------------- */
+/* ---- the device runtime (cuda.c, memory.c) ------------------------------------ */
 
 /* A device made current for the length of a call, through its primary
  * context: gs_cu_leave restores exactly what the thread had, which may be
@@ -116,7 +116,7 @@ static inline gs_status_t gs_cu_launched(int cuda_error, const char *what) {
   return cuda_error ? gs_cu_fail(cuda_error, what) : GS_SUCCESS;
 }
 
-/* ---- the kernel-table ring and result buffers (cuda_ring.c) ---------------------- */
+/* ---- the kernel-table ring and result buffers (ring.c) --------------------------- */
 
 /* Room for one kernel table on the current device: `len` bytes of pinned
  * host memory and their device mirror, usable on `stream`. Open returns
@@ -152,7 +152,7 @@ gs_status_t gs_cu_result_upload(gs_cu_result_t *r, void *dst, const void *src, s
                                 void *stream);
 void gs_cu_result_put(gs_cu_result_t *r);
 
-/* ---- the jobs (cuda_jobs.c): host lists in, one launch each ----------------------- */
+/* ---- the jobs (jobs.c): host lists in, one launch each ---------------------------- */
 
 gs_status_t gs_cu_elementwise(gs_cu_mode_t mode, const gs_cu_run_t *runs, int64_t n, double scale,
                               void *stream);
@@ -175,7 +175,7 @@ typedef enum { GS_CU_WIRE_ENCODE, GS_CU_WIRE_REDUCE, GS_CU_WIRE_DECODE } gs_cu_w
 gs_status_t gs_cu_wire_pass(gs_cu_wire_pass_t pass, gs_cu_wire_job_t job, const void *src,
                             void *dst, void *stream);
 
-/* ---- the gradient kernels on CUDA memory (device_kernels.c) -------------------
+/* ---- the gradient kernels on CUDA memory (kernels.c) --------------------------
  * On the calling thread's work stream, no host wait (gs_all_finite reads
  * its answer, polling). Arguments are checked by kernels.c. */
 gs_status_t gs_device_zero(const gs_tensor_t *t, int64_t n);

@@ -1,6 +1,6 @@
 /* The jobs of gs_cuda.h: a host list of runs (tensors, slots, slices) becomes
  * a table of work items of at most PIECE elements, one block each; the table
- * goes to the device through the kernel-table ring (cuda_ring.c: pinned host
+ * goes to the device through the kernel-table ring (ring.c: pinned host
  * memory and its device mirror, a region reused only after the kernel that
  * read it has finished), and results the host reads back through a pinned
  * buffer of the call's own. The host never hands CUDA a pageable buffer that

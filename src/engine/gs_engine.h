@@ -1,12 +1,12 @@
 /* gradsync private, engine/ (a layer: docs/ARCHITECTURE.md): where a call's data lives and which
- * path moves it (engine.c), every buffer a communicator keeps (buffers.c),
+ * path moves it (path.c), every buffer a communicator keeps (buffers.c),
  * and the fusion plan with its pack and unpack (fusion.c). */
 #ifndef GRADSYNC_ENGINE_H
 #define GRADSYNC_ENGINE_H
 
 #include "transport/gs_transport.h"
 
-/* ---- where a call's data lives (engine.c) --------------------------------
+/* ---- where a call's data lives (path.c) ----------------------------------
  * Every collective opens an engine after validation: host memory goes to the
  * MPI transport and the host kernels; CUDA memory to NCCL or staged MPI and
  * the CUDA kernels, queued on the communicator's stream and awaited at close. */

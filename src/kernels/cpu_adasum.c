@@ -57,7 +57,7 @@ static void portable_dots(gs_dtype_t dt, const void *a, const void *b, int64_t n
   lanes_into(out, d, aa, bb);
 }
 
-/* float16/bfloat16 combine in float32 as DESIGN says, unless a coefficient
+/* float16/bfloat16 combine in float32 as docs/DESIGN.md says, unless a coefficient
  * is beyond float32's range (bfloat16 spans float32's exponents, so per-rank
  * scales from tiny to sqrt(max) give coefficients near 1e57): then in float64,
  * still rounded once. */

@@ -1,7 +1,7 @@
 /* The CUDA kernels and their launchers: gradient control, fusion-buffer
  * packing, Adasum's local math and min/max order keys. Every launcher queues
  * one kernel (or two, for the dot products) on the stream it is given over
- * tables already in device memory (cuda_jobs.c uploads them), and returns:
+ * tables already in device memory (device/jobs.c uploads them), and returns:
  * nothing here waits or reads host memory. Block b does work item b. What
  * one thread does is cuda_pieces.cuh's (also run on the host by the tests);
  * the build passes --fmad=false, so results have the host kernels' bits

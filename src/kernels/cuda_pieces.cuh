@@ -1,5 +1,5 @@
 /* What one thread of a CUDA kernel does with its share of a work item, as
- * plain C++ templates over (thread index, thread count): cuda_kernels.cu
+ * plain C++ templates over (thread index, thread count): cuda.cu
  * calls them with threadIdx.x and blockDim.x, and tests/c/test_cuda_pieces.cc
  * runs every thread of a block in turn on the host, so the index arithmetic
  * (vector bodies, scalar heads and tails) is checked on any machine against

@@ -1,5 +1,5 @@
 /* gradsync private, kernels/ (a layer: docs/ARCHITECTURE.md): the host kernels (cpu_*.c) and the
- * CUDA kernels' launchers (cuda_kernels.cu; on a machine without a GPU,
+ * CUDA kernels' launchers (cuda.cu; on a machine without a GPU,
  * tests/emulated_cuda). Pure computation: no MPI, no waits, no
  * communicators. The launchers queue one kernel on a stream over tables
  * that already sit in device memory, and return. */
@@ -53,7 +53,7 @@ void gs_cpu_adasum_dots(gs_dtype_t dtype, const void *a, const void *b, int64_t 
 void gs_cpu_adasum_combine(gs_dtype_t dtype, double ca, const void *a, double cb, const void *b,
                            void *out, int64_t n);
 
-/* ---- gradient kernels over tensor lists (cpu_kernels.c) ----------------------
+/* ---- gradient kernels over tensor lists (cpu.c, cpu_simd.c) ------------------
  * Host memory; the arguments are checked by the caller (kernels.c). */
 void gs_cpu_zero(const gs_tensor_t *t, int64_t n);
 gs_status_t gs_cpu_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64_t n,

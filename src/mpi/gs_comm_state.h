@@ -1,5 +1,5 @@
 /* gradsync private, mpi/ (a layer: docs/ARCHITECTURE.md): a communicator's state. Every layer
- * from here up reads its fields; comm.c owns its lifetime, and each field's
+ * from here up reads its fields; comm/lifecycle.c owns its lifetime, and each field's
  * comment names the file that owns it. */
 #ifndef GRADSYNC_COMM_STATE_H
 #define GRADSYNC_COMM_STATE_H
@@ -48,7 +48,7 @@ struct gs_comm {
   size_t bounce_bytes;
   void *wire_scratch;      /* the wire allreduce's encoded segments in flight (wire.c) */
   size_t wire_scratch_bytes;
-  /* CUDA memory (engine.c): the path is chosen at the first such call */
+  /* CUDA memory (engine/path.c): the path is chosen at the first such call */
   int dev_path;            /* GS_PATH_* */
   int dev_id;              /* the CUDA device this communicator serves */
   void *dev_stream;

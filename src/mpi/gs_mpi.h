@@ -1,5 +1,5 @@
 /* gradsync private, mpi/ (a layer: docs/ARCHITECTURE.md): MPI's types and ops for gradsync's
- * dtypes (mpi_types.c), the MPI wait (mpi_wait.c) and the one recursive
+ * dtypes (types.c), the MPI wait (wait.c) and the one recursive
  * doubling that validation, small allreduces and Adasum's fold share
  * (rdouble.c). */
 #ifndef GRADSYNC_MPI_H
@@ -7,7 +7,7 @@
 
 #include "mpi/gs_comm_state.h"
 
-/* ---- types and ops (mpi_types.c) ---------------------------------------- */
+/* ---- types and ops (types.c) -------------------------------------------- */
 
 gs_status_t gs_mpi_datatype(gs_dtype_t dtype, MPI_Datatype *out);
 /* `op` is a reduction (sum, min, max, prod; average sums): float16/bfloat16
@@ -21,7 +21,7 @@ int gs_mpi_op_is_builtin(gs_dtype_t dtype, gs_op_t op);
 gs_status_t gs_mpi_big_type(gs_dtype_t dtype, int64_t count, MPI_Datatype *type, int *n,
                             int *derived);
 
-/* ---- waiting (mpi_wait.c) ------------------------------------------------- */
+/* ---- waiting (wait.c) ----------------------------------------------------- */
 
 /* Turns an MPI error code into GS_ERR_MPI with MPI's own message. */
 gs_status_t gs_mpi_fail(int mpi_err, const char *what);

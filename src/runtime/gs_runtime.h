@@ -11,7 +11,7 @@
 extern "C" {
 #endif
 
-/* ---- the runtime lock (runtime.c) ------------------------------------------
+/* ---- the runtime lock (lock.c) ---------------------------------------------
  * Keeps gradsync's MPI calls one at a time across threads
  * (MPI_THREAD_SERIALIZED). Waits release it between polls
  * (gs_runtime_pause), so threads driving different communicators all
@@ -42,7 +42,7 @@ void gs_runtime_set_worker(void);
  * shared reach under the lock first. */
 void gs_runtime_after_unlock(void (*fn)(void *), void *arg);
 
-/* ---- a communicator's fate (runtime.c) --------------------------------------
+/* ---- a communicator's fate (lock.c) -----------------------------------------
  * What the waits need of the communicator a thread works on: where a wait
  * that gives up (timeout, interrupt, a lost device context) records why,
  * which leaves the communicator unusable, and whether its ranks each own a

@@ -1,4 +1,4 @@
-/* The allreduce inside one host by cross-memory attach (DESIGN section 15).
+/* The allreduce inside one host by cross-memory attach (docs/DESIGN.md section 15).
  *
  * MPI's shared-memory path copies every byte into a cell and out again
  * (about 5.5 times the message per rank at 2 ranks). Here each rank reads

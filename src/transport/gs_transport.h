@@ -1,6 +1,6 @@
 /* gradsync private, transport/ (a layer: docs/ARCHITECTURE.md): one gs_transport_t per way of
- * moving data, each in its own file (transport_mpi.c, transport_cuda_aware.c,
- * transport_staged.c, transport_nccl.c), so a new transport (UCC, Gloo)
+ * moving data, each in its own file (mpi.c, cuda_aware.c, staged.c,
+ * nccl.c), so a new transport (UCC, Gloo)
  * touches one file; the hosts' topology and the hierarchical allreduce
  * (hierarchical.c); MPI's own exchange collectives (mpi_xfer.c). Every call
  * takes 64-bit counts. `op` is a reduction (sum, min, max, prod): average
@@ -65,19 +65,19 @@ typedef struct gs_transport {
                            const int64_t *rdispls, gs_dtype_t);
 } gs_transport_t;
 
-/* Host memory through MPI (transport_mpi.c). */
+/* Host memory through MPI (mpi.c). */
 extern const gs_transport_t gs_mpi_transport;
 /* MPI's own allreduce, chunked, never touching the data: device pointers
  * may go in when MPI is CUDA-aware and the op is MPI's. */
 gs_status_t gs_mpi_native_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
                                     gs_dtype_t dtype, gs_op_t op);
-/* Device buffers straight to a CUDA-aware MPI (transport_cuda_aware.c):
+/* Device buffers straight to a CUDA-aware MPI (cuda_aware.c):
  * detected with MPIX_GPU_query_support, or GRADSYNC_CUDA_AWARE_MPI=0/1. */
 extern const gs_transport_t gs_cuda_aware_transport;
 int gs_mpi_cuda_aware(void);
-/* MPI over pinned host staging for device buffers (transport_staged.c). */
+/* MPI over pinned host staging for device buffers (staged.c). */
 extern const gs_transport_t gs_staged_transport;
-/* NCCL (transport_nccl.c): opened at run time; these fail cleanly when it
+/* NCCL (nccl.c): opened at run time; these fail cleanly when it
  * is absent. */
 extern const gs_transport_t gs_nccl_transport;
 int gs_nccl_loadable(void);

@@ -1,4 +1,4 @@
-/* The topology-aware allreduce (DESIGN section 11; hosts.c says which
+/* The topology-aware allreduce (docs/DESIGN.md section 11; hosts.c says which
  * ranks share a host and when this path is wanted).
  *
  * A job spanning hosts has two networks: shared memory inside a host, and

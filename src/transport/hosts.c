@@ -1,6 +1,6 @@
 /* Hosts: which ranks share one, agreed when a communicator is made, and
  * whether an allreduce takes the hierarchical path (hierarchical.c) over
- * them (DESIGN section 11). Apart from hierarchical.c so the host-local
+ * them (docs/DESIGN.md section 11). Apart from hierarchical.c so the host-local
  * paths (cma.c) can ask without calling into the path that uses them.
  *
  * Hosts are MPI_Comm_split_type(SHARED) groups; GRADSYNC_HIERARCHY_SIZE=g

@@ -14,7 +14,7 @@
  * Also: a deterministic per-rank RNG (splitmix64), so every rank can
  * regenerate every other rank's inputs for a reference, a byte hash for
  * cross-rank bitwise comparisons, and float16/bfloat16 reference conversions
- * written independently of src/half.h. */
+ * written independently of src/base/half.h. */
 #ifndef GS_TEST_H
 #define GS_TEST_H
 
@@ -172,7 +172,7 @@ static inline uint64_t gs_hash_bytes(uint64_t h, const void *p, size_t n) {
   return h;
 }
 
-/* ---- float16 / bfloat16 references (independent of src/half.h) ---------- */
+/* ---- float16 / bfloat16 references (independent of src/base/half.h) ----- */
 
 static inline uint32_t gs_ref_f32_bits(float f) {
   uint32_t u;

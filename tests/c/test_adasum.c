@@ -1,6 +1,6 @@
 /* Adasum through the C API at any rank count: the 2-rank exact cases and
  * random fused float64 lists (sizes 0, 1, odd, large) against a float64 tree
- * written here from DESIGN section 4; results identical on every rank. Also
+ * written here from docs/DESIGN.md section 4; results identical on every rank. Also
  * runs Adasum's memory paths under `make check-memory`. */
 #include <math.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* The emulated CUDA runtime's internals, shared by its files. Not a header
  * of gradsync's: the emulation stands in for cudart, the driver entry
- * points gradsync asks for, and the kernel launchers of cuda_kernels.cu.
+ * points gradsync asks for, and the kernel launchers of src/kernels/cuda.cu.
  *
  * What it models, so that a missing synchronization, a use after free or a
  * misaligned access fails `make test` on a machine without a GPU:

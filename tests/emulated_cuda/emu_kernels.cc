@@ -1,4 +1,4 @@
-// Emulated CUDA: the kernel launchers of cuda_kernels.cu on the host. Each
+// Emulated CUDA: the kernel launchers of src/kernels/cuda.cu on the host. Each
 // launch is queued on its stream (emu_enqueue copies the arguments, as a
 // launch does) and runs there later: it reads its tables from emulated
 // device memory when it runs, checks every range and alignment it touches
