@@ -18,6 +18,11 @@ figure is the median over rounds of the slowest rank's time.
      exposed      ddp - compute: the communication the step waits for
      collective   the gradients' bucket allreduces alone (DDP's buckets,
                   averaged, one after another): the communication itself
+3. Per-call cost of a small dist.all_reduce (1 to 16384 floats, in place),
+   gradsync's backend against the same call on a gs.Communicator (the
+   backend's own cost is the difference: issue 46's goal is <= 5 us), gloo,
+   and mpi4py's Allreduce on a NumPy array; also barrier. --only latency
+   runs this part alone.
 Timings only; nothing is asserted.
 """
 import argparse
@@ -80,6 +85,48 @@ def allreduce_table(groups, rounds):
     return rows
 
 
+LATENCY_FLOATS = (1, 16, 256, 1024, 4096, 16384)
+
+
+def latency_table(groups, rounds):
+    """Microseconds per blocking call (median over rounds of the slowest
+    rank's mean over a burst of calls), every candidate sampled in turn."""
+    import numpy as np
+
+    import gradsync as gs
+
+    comm = gs.Communicator()
+    rows = []
+    for n in LATENCY_FLOATS:
+        t, a = torch.ones(n), np.ones(n, np.float32)
+        reps = 2000 if n <= 1024 else 500
+        fns = {"mpi4py": lambda: WORLD.Allreduce(MPI.IN_PLACE, a),
+               "communicator": lambda: comm.allreduce_(t),
+               "gradsync": lambda: dist.all_reduce(t, group=groups["gradsync"]),
+               "gloo": lambda: dist.all_reduce(t, group=groups["gloo"])}
+        times = interleaved(fns, WORLD, 100, rounds, reps)
+        rows.append({"floats": n, **{f"{k}_us": statistics.median(v) * 1e6
+                                     for k, v in times.items()}})
+    fns = {"communicator": comm.barrier,
+           "gradsync": lambda: dist.barrier(group=groups["gradsync"]),
+           "gloo": lambda: dist.barrier(group=groups["gloo"]), "mpi4py": WORLD.Barrier}
+    times = interleaved(fns, WORLD, 100, rounds, 1000)
+    rows.append({"floats": "barrier", **{f"{k}_us": statistics.median(v) * 1e6
+                                         for k, v in times.items()}})
+    comm.close()
+    return rows
+
+
+def print_latency(rows):
+    print(f"blocking calls, {WORLD.size} ranks, us per call (median of rounds)")
+    print(f"{'floats':>8} {'mpi4py':>8} {'gs.Comm':>8} {'backend':>8} {'gloo':>8} "
+          f"{'backend-Comm':>13}")
+    for r in rows:
+        print(f"{r['floats']:>8} {r['mpi4py_us']:>8.1f} {r['communicator_us']:>8.1f} "
+              f"{r['gradsync_us']:>8.1f} {r['gloo_us']:>8.1f} "
+              f"{r['gradsync_us'] - r['communicator_us']:>13.1f}")
+
+
 def model_rows(kind, groups, steps, batch):
     torch.manual_seed(0)
     if kind == "resnet":
@@ -136,10 +183,20 @@ def main():
     p.add_argument("--steps", type=int, default=15, help="timed training rounds (default 15)")
     p.add_argument("--rounds", type=int, default=7, help="timed allreduce rounds (default 7)")
     p.add_argument("--json", help="write the results here (rank 0)")
+    p.add_argument("--only", choices=["latency"], help="run only this part")
     args = p.parse_args()
     torch.set_num_threads(1)
     groups = init()
-    result = {"ranks": WORLD.size, "torch": torch.__version__,
+    latency = latency_table(groups, args.rounds)
+    if WORLD.rank == 0:
+        print_latency(latency)
+    if args.only == "latency":
+        if WORLD.rank == 0 and args.json:
+            write_json(args.json, {"ranks": WORLD.size, "torch": torch.__version__,
+                                   "latency": latency})
+        dist.destroy_process_group()
+        return
+    result = {"latency": latency, "ranks": WORLD.size, "torch": torch.__version__,
               "allreduce": allreduce_table(groups, args.rounds),
               "ddp": [model_rows("resnet", groups, args.steps, 16),
                       model_rows("transformer", groups, args.steps, 8)]}

@@ -14,8 +14,8 @@ wait limit, unless GRADSYNC_TIMEOUT_SECONDS is set; a blocking call's
 that runs out raises ``_work.TimeoutError`` ("Timed out ...").
 """
 import contextlib
+import itertools
 import os
-import threading
 import zlib
 from datetime import timedelta
 
@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 import gradsync as gs
+from gradsync import _core
 from gradsync.torch.distributed import _monitored, _work
 from gradsync.torch.distributed._tensors import Staged, export, flat_view, numel_units, reduce_op
 
@@ -46,6 +47,36 @@ def _seconds(timeout):
 
 
 _MAX_SPARSE_DIMS = 16
+# torch's "no timeout of the call's own" (kUnsetTimeout), as options carry it
+_UNSET_TIMEOUT = dist.AllreduceOptions().timeout
+# What gradsync reduces in a tensor's own memory, without a stand-in (host
+# bfloat16 goes through an ml_dtypes view: the general path)
+_DIRECT_DTYPES = frozenset({torch.float16, torch.float32, torch.float64, torch.int8, torch.uint8,
+                            torch.int32, torch.int64})
+
+
+def _direct(t):
+    """Whether gradsync takes tensor ``t`` as it is (no stand-in)."""
+    return isinstance(t, torch.Tensor) and t.dtype in _DIRECT_DTYPES and \
+        t.layout == torch.strided and t.is_contiguous()
+
+
+def _direct_op(red):
+    """gradsync's op for torch ReduceOp ``red`` on the direct path, or None
+    (PREMUL_SUM, bitwise ops). SUM first: comparing is the cheapest read."""
+    return "sum" if red == _SUM else _DIRECT_OPS.get(red.op.value)
+
+
+def _bare(t):
+    """``t`` as DLPack exports it (torch refuses tensors that require grad)."""
+    return t.detach() if t.requires_grad else t
+
+
+_SUM = dist.ReduceOp.SUM
+_DIRECT_OPS = {dist.ReduceOp.RedOpType.SUM.value: "sum", dist.ReduceOp.RedOpType.AVG.value:
+               "average", dist.ReduceOp.RedOpType.MIN.value: "min",
+               dist.ReduceOp.RedOpType.MAX.value: "max",
+               dist.ReduceOp.RedOpType.PRODUCT.value: "prod"}
 
 
 def _cat(tensors):
@@ -81,7 +112,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         self._timeout = timeout
         self._name, self._desc = "", ""
         self._seq = 0  # collectives started: torch's sequence number for the group
-        self._seq_lock = threading.Lock()
+        self._started = itertools.count(1)  # next() is atomic: no lock on the hot path
         self._last = None  # the latest asynchronous Work
         self._free_tags = _monitored.tags(comm)[0]  # user tags below; monitored_barrier's above
         seconds = _seconds(timeout)
@@ -123,14 +154,13 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         if not _is_async(opts):
             with self._limit(_seconds(getattr(opts, "timeout", None)), what):
                 blocking()
-            return _work.done(result, finish, what)
+            return _work.done(result, finish)
         work = _work.Work(asynchronous(), result, finish, what=what, limit=self.comm.timeout)
         self._last = work
         return work
 
     def _count(self):
-        with self._seq_lock:
-            self._seq += 1
+        self._seq = next(self._started)
 
     @contextlib.contextmanager
     def _limit(self, seconds, what):
@@ -157,6 +187,25 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             with contextlib.suppress(Exception):
                 last.wait()
 
+    # ---- the direct path ----------------------------------------------------
+    # The common calls (one dense tensor gradsync takes as it is, blocking,
+    # under the group's timeout: dist.all_reduce(t), broadcast, barrier,
+    # all_gather_into_tensor, reduce_scatter_tensor, as FSDP2 and metrics
+    # make them) go straight to the communicator's blocking call and return
+    # a finished Work (issue 46): no stand-ins, no Work machinery, no trip
+    # through the background thread, a few microseconds more than the same
+    # call on a gs.Communicator where the general path below cost 80.
+    @staticmethod
+    def _now(opts):
+        return opts is not None and not opts.asyncOp and opts.timeout == _UNSET_TIMEOUT
+
+    def _blocking(self, what, call, *args):
+        self._count()
+        try:
+            call(*args)
+        except gs.TimeoutError as exc:
+            raise _work.torch_error(exc, what, self.comm.timeout) from exc
+
     # ---- sequence numbers (torch's desync checks read them) -----------------
     def _get_sequence_number_for_group(self):
         """Collectives started on this group so far: the same on every rank
@@ -168,6 +217,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     # ---- allreduce ----------------------------------------------------------
     def allreduce(self, tensors, opts=None):
+        if self._now(opts) and len(tensors) == 1 and _direct(tensors[0]):
+            op = _direct_op(opts.reduceOp)
+            if op is not None:
+                self._blocking("allreduce", self.comm.allreduce_, _bare(tensors[0]), op)
+                return _work.finished(tensors)
         opts = opts or dist.AllreduceOptions()
         if any(isinstance(t, torch.Tensor) and t.is_sparse for t in tensors):
             return self._sparse_allreduce(tensors, opts)
@@ -198,13 +252,17 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             total = _sparse_sum(self.comm, local.coalesce())
         for t in tensors:
             t.copy_(total)
-        return _work.done(tensors, what="sparse allreduce")
+        return _work.done(tensors)
 
     def allreduce_coalesced(self, tensors, opts=None):
         return self.allreduce(tensors, opts or dist.AllreduceCoalescedOptions())
 
     # ---- broadcast ----------------------------------------------------------
     def broadcast(self, tensors, opts=None):
+        if self._now(opts) and len(tensors) == 1 and _direct(tensors[0]):
+            self._blocking("broadcast", self.comm.broadcast_, _bare(tensors[0]),
+                           int(opts.rootRank))
+            return _work.finished(tensors)
         opts = opts or dist.BroadcastOptions()
         staged = Staged(tensors, "tensors", True)
         root = int(opts.rootRank)
@@ -248,6 +306,11 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                                     lambda: _scatter_into(flat_view(flat), outs))
 
     def _allgather_base(self, output, input, opts=None):
+        if self._now(opts) and _direct(input) and _direct(output) and \
+                output.dtype == input.dtype and output.numel() == input.numel() * self.comm.size:
+            self._blocking("allgather", _core.allgatherv, self.comm.handle, _bare(input),
+                           output.detach().reshape(-1), [input.numel()] * self.comm.size, False)
+            return _work.finished([output])
         return self._allgather_flat(opts or dist.AllgatherOptions(), [input], [output],
                                     [output])
 
@@ -314,6 +377,14 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         return self._reduce_scatter_flat(opts, [flat], [out], output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts=None):
+        if self._now(opts) and _direct(input) and _direct(output) and \
+                output.dtype == input.dtype and input.numel() == output.numel() * self.comm.size:
+            op = _direct_op(opts.reduceOp)
+            if op is not None:
+                self._blocking("reduce_scatter", _core.reduce_scatter_into, self.comm.handle,
+                               input.detach().reshape(-1), output.detach().reshape(-1),
+                               [input.numel()], op, 1.0, 1.0, False)
+                return _work.finished([output])
         return self._reduce_scatter_flat(opts or dist.ReduceScatterOptions(), [input],
                                          [output], [output])
 
@@ -376,10 +447,13 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
     # ---- barrier ----------------------------------------------------------------
     def barrier(self, opts=None):
+        if self._now(opts):
+            self._blocking("barrier", self.comm.barrier)
+            return _work.finished([])
         self._count()
         with self._limit(_seconds(getattr(opts, "timeout", None)), "barrier"):
             self.comm.barrier()  # also waits for the collectives queued before it
-        return _work.done([], what="barrier")
+        return _work.done([])
 
     def monitored_barrier(self, timeout=None, wait_all_ranks=False):
         """torch's monitored_barrier: group rank 0 waits ``timeout`` (None:
