@@ -36,6 +36,7 @@ from gradsync._core import (  # noqa: E402
     stop_timeline,
     to_device,
 )
+from gradsync._paths import get_include, get_library_dir  # noqa: E402
 from gradsync._world import JoinError, init, world  # noqa: E402
 from gradsync.arena import Arena  # noqa: E402
 from gradsync.communicator import Communicator  # noqa: E402
@@ -96,6 +97,7 @@ __all__ = [
     "DtypeError", "Error", "ErrorFeedback", "JoinError", "MismatchError", "Op", "Request",
     "Partition", "ShardLayout", "TimeoutError", "UnsupportedError", "WIRES", "accumulate_",
     "accumulate_v2_", "all_finite", "bfloat16", "build_info", "dump_flight_record",
-    "flight_on_signal", "flight_record_dir", "flight_stacks", "init", "scale_", "set_timeout",
+    "flight_on_signal", "flight_record_dir", "flight_stacks", "get_include",
+    "get_library_dir", "init", "scale_", "set_timeout",
     "start_timeline", "stop_timeline", "to_device", "world", "zero_", "zero_volume_array",
 ]

@@ -488,6 +488,19 @@ cdef class CommunicatorBase:
     (0.2 us of a 0.7 us call)."""
     cdef public Comm handle
 
+    @property
+    def c_handle(self):
+        """The C communicator (a ``gs_comm_t``) as an int, for C, C++ and
+        Cython code that calls gradsync's C API on this communicator: in
+        Cython, ``<gs_comm_t><uintptr_t>comm.c_handle`` (docs/GUIDE.md,
+        "Embedding gradsync"). Borrowed: valid until ``close()``, never to be
+        freed by the caller; every rank makes the same collective calls on it
+        in the same order, as through this object. ClosedError once closed."""
+        cdef gs_comm_t h = self.handle.handle if self.handle is not None else NULL
+        if h == NULL:
+            raise ClosedError("the communicator is closed", GS_ERR_CLOSED)
+        return <uintptr_t>h
+
     def allreduce_(self, tensors, op="sum", *, double prescale=1.0, double postscale=1.0,
                    adasum=None, wire=None, residual=None):
         """Reduces in place over ranks; returns what it was given. wire:
