@@ -18,6 +18,11 @@
 # collectives, the doctor, the torch backend, the Horovod drop-in, JAX and
 # the embedding tests at 2 ranks. Everything lives in one folder under
 # TMPDIR, removed on exit, also on failure.
+#
+# GS_INSTALLED_FRESH=1 (`make check-install`): a newcomer's machine, a venv
+# with nothing in it first: pip pulls numpy, mpi4py, the mpich wheel and
+# ml_dtypes as gradsync's dependencies, then pytest and pytest-mpi; the
+# suites that need torch or jax say they are skipped.
 set -eu
 PYTHON=${PYTHON:-python3}
 MPIEXEC=${MPIEXEC:-mpiexec}
@@ -38,7 +43,11 @@ open(sys.argv[1], 'w'))" "$RUN/reference.json"
 mkdir "$RUN/src"
 git -C "$SRC" ls-files -z --cached --others --exclude-standard |
   (cd "$SRC" && tar cf - --null --no-recursion --ignore-failed-read -T -) | (cd "$RUN/src" && tar xf -)
-"$PYTHON" -m venv --system-site-packages "$RUN/venv"
+if [ "${GS_INSTALLED_FRESH:-0}" = 1 ]; then
+  "$PYTHON" -m venv "$RUN/venv"
+else
+  "$PYTHON" -m venv --system-site-packages "$RUN/venv"
+fi
 VPY=$RUN/venv/bin/python
 say "pip install . from a clean copy of the sources (pip's isolated build)"
 "$VPY" -m pip install -q --disable-pip-version-check "$RUN/src" > "$RUN/pip.log" 2>&1 ||
@@ -54,12 +63,20 @@ if "$PYTHON" -c "import json, sys; sys.exit(0 if json.load(open(sys.argv[1]))['n
     nvidia-nccl-cu13 > "$RUN/pip.log" 2>&1 || { cat "$RUN/pip.log"; exit 1; }
 fi
 
+if [ "${GS_INSTALLED_FRESH:-0}" = 1 ]; then
+  say "pip install pytest pytest-mpi (the test runner, nothing else)"
+  "$VPY" -m pip install -q --disable-pip-version-check pytest pytest-mpi > "$RUN/pip.log" 2>&1 ||
+    { cat "$RUN/pip.log"; exit 1; }
+  MPIEXEC=$RUN/venv/bin/mpiexec  # the mpich wheel pip installed with gradsync
+  GS_TEST_MPICC=$RUN/venv/bin/mpicc
+fi
 cp -R "$SRC/tests" "$RUN/tests"
 rm -rf "$RUN/src"
 cd "$RUN"
 export GS_CHECKOUT="$SRC" GS_INSTALLED_REFERENCE="$RUN/reference.json" MPIEXEC
-export MPICC="${MPICC:-$("$PYTHON" -c "import sysconfig, shutil, os; print(shutil.which('mpicc') \
-or os.path.join(sysconfig.get_path('scripts'), 'mpicc'))")}"
+# the MPI compiler wrapper the C example is built with (make's; pip's build
+# above saw only what the user's environment says, as a newcomer's does)
+export GS_TEST_MPICC="${GS_TEST_MPICC:-mpicc}"
 PYTEST="$VPY -m pytest -q -p no:cacheprovider"
 MPI_PYTEST="$MPIEXEC -n $NP $VPY -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider"
 

@@ -49,4 +49,5 @@ cdef extern from "gs_types.h" nogil:
 
     size_t gs_dtype_size(gs_dtype_t dtype)
     const char *gs_dtype_name(gs_dtype_t dtype)
+    const char *gs_wire_name(gs_wire_t wire)
     const char *gs_op_name(gs_op_t op)

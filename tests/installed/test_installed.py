@@ -7,7 +7,7 @@ suites of the tier into a folder outside the checkout, so `import gradsync`
 can only find the installed package. The environment names the checkout
 (GS_CHECKOUT, to compare the installed files with the sources), the build
 info of `make`'s in-place library (GS_INSTALLED_REFERENCE, a JSON file), the
-MPI compiler wrapper and launcher (MPICC, MPIEXEC).
+MPI compiler wrapper and launcher (GS_TEST_MPICC, MPIEXEC).
 
 Each test runs in this one process (no MPI communication of its own: the
 2-rank runs are child jobs), so the module runs at one rank.
@@ -117,7 +117,7 @@ def test_c_example_builds_against_the_wheel(tmp_path):
     own averages and exits non-zero on a wrong element)."""
     flags = _run([sys.executable, "-m", "gradsync", "--cflags", "--libs"]).split()
     exe = str(tmp_path / "example_allreduce")
-    mpicc = shlex.split(os.environ.get("MPICC", "mpicc"))
+    mpicc = shlex.split(os.environ.get("GS_TEST_MPICC", "mpicc"))
     _run(mpicc + [os.path.join(CHECKOUT, "tests", "c", "example_allreduce.c"), "-o", exe]
          + flags + ["-lm"])
     _run([MPIEXEC, "-n", "2", exe])
