@@ -61,15 +61,19 @@ def launch(kind, ranks):
         cmd = [_mpiexec(), "-n", str(ranks)] + me + ["gradsync", out]
     else:
         backend = kind.split("+")[1]
+        # --log-dir: else torchrun's agent leaves TMPDIR/torchelastic_* behind
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               f"--nproc_per_node={ranks}", "-m", "bench.launch", "--worker", backend, out]
+               f"--nproc_per_node={ranks}", "--log-dir=" + os.path.join(out, "torchrun-logs"),
+               "-m", "bench.launch", "--worker", backend, out]
     t0 = time.time()
-    subprocess.run(cmd, env=_env(), cwd=TOP, check=True, capture_output=True, timeout=600)
-    stamps = []
-    for r in range(ranks):
-        with open(os.path.join(out, f"rank{r}")) as f:
-            stamps.append([float(v) for v in f.read().split()])
-    shutil.rmtree(out, ignore_errors=True)
+    try:
+        subprocess.run(cmd, env=_env(), cwd=TOP, check=True, capture_output=True, timeout=600)
+        stamps = []
+        for r in range(ranks):
+            with open(os.path.join(out, f"rank{r}")) as f:
+                stamps.append([float(v) for v in f.read().split()])
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
     return max(s[1] for s in stamps) - t0, max(s[0] for s in stamps) - t0
 
 

@@ -67,6 +67,12 @@ def _singleton_env(**extra):
     return env
 
 
+def _log_dir(tmp_path):
+    """torchrun's --log-dir: without one, its agent makes TMPDIR/torchelastic_*
+    for the workers' logs and never removes it."""
+    return "--log-dir=" + str(tmp_path / "torchrun-logs")
+
+
 def _run(cmd, env, timeout=LAUNCH_SECONDS):
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     return out.returncode, out.stdout + out.stderr
@@ -99,8 +105,8 @@ def test_torchrun_standalone(tmp_path, nproc, mode):
     whichever comes first (a Communicator first joins from torchrun's
     environment, and torch's group then reuses that world)."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-           f"--nproc_per_node={nproc}", os.path.join(HERE, "worker.py"), str(tmp_path)] + \
-        ([mode] if mode else [])
+           f"--nproc_per_node={nproc}", _log_dir(tmp_path), os.path.join(HERE, "worker.py"),
+           str(tmp_path)] + ([mode] if mode else [])
     rc, log = _run(cmd, _singleton_env())
     assert rc == 0, log[-6000:]
     rec = _check_records(str(tmp_path), nproc, log)
@@ -201,7 +207,7 @@ def _demo_digest(log):
 
 @needs_join
 @pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec")
-def test_demo_torchrun_matches_mpiexec():
+def test_demo_torchrun_matches_mpiexec(tmp_path):
     """`make demo`'s torch-ddp backend launched by torchrun (singletons
     joined) trains to the same weights, bit for bit, as under mpiexec."""
     demo = [os.path.join(TOP, "scripts", "demo.py"), "--backend", "torch-ddp", "--steps", "40",
@@ -209,7 +215,7 @@ def test_demo_torchrun_matches_mpiexec():
     rc, by_mpiexec = _run([_mpiexec(), "-n", "2", sys.executable] + demo, _singleton_env())
     assert rc == 0, by_mpiexec[-6000:]
     rc, by_torchrun = _run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                            "--nproc_per_node=2"] + demo, _singleton_env())
+                            "--nproc_per_node=2", _log_dir(tmp_path)] + demo, _singleton_env())
     assert rc == 0, by_torchrun[-6000:]
     assert _demo_digest(by_torchrun) == _demo_digest(by_mpiexec)
 
@@ -237,6 +243,7 @@ def test_torchrun_two_nodes_on_simcluster(tmp_path):
     line = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
             "--nproc_per_node", "2", "--node_rank", "$SIMCLUSTER_HOST_INDEX",
             "--master_addr", "$SIMCLUSTER_HOST0_ADDR", "--master_port", str(_free_port()),
+            _log_dir(tmp_path),
             os.path.join(HERE, "worker.py"), str(tmp_path)]
     rc, log = _run([sys.executable, SIMCLUSTER, "--hosts", "2", "--per-host", "--timeout",
                     str(LAUNCH_SECONDS - 60), "--"] + line, _singleton_env())

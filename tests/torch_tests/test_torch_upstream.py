@@ -35,6 +35,7 @@ cannot run in this adapter and why.
 import importlib.util
 import inspect
 import os
+import shutil
 import socket
 import sys
 import tempfile
@@ -61,12 +62,7 @@ if NAME not in ("gradsync", "gloo"):
     raise ValueError(f"GS_TORCH_UPSTREAM_BACKEND must be gradsync or gloo, got {NAME!r}")
 GRADSYNC = NAME == "gradsync"
 
-_tmp = WORLD.bcast(tempfile.mkdtemp(prefix="gs-torch-tests-") if RANK == 0 else None)
-if RANK == 0:
-    for sub in ("barrier", "test_dir", "init_dir"):
-        os.makedirs(os.path.join(_tmp, sub), exist_ok=True)
-WORLD.Barrier()
-os.environ.update(BACKEND=NAME, WORLD_SIZE=str(SIZE), TEMP_DIR=_tmp,
+os.environ.update(BACKEND=NAME, WORLD_SIZE=str(SIZE),
                   INIT_METHOD="gradsync://" if GRADSYNC else "env://")
 
 from torch.testing._internal import common_distributed as _cd  # noqa: E402
@@ -112,7 +108,7 @@ class Adapter(BASE, _TorchTestCase):
     __test__ = False  # pytest runs the methods through test_upstream only
 
     rank = RANK
-    file_name = os.path.join(_tmp, "init_dir", "shared_init_file")
+    file_name = None  # in the module's TEMP_DIR (upstream_pg)
 
     @property
     def world_size(self):
@@ -189,7 +185,25 @@ def _reset_world():
 
 
 @pytest.fixture(scope="module")
-def upstream_pg():
+def upstream_temp_dir():
+    """torch's harness folders (TEMP_DIR: barrier, test_dir, init_dir), one
+    for every rank, made by rank 0 and removed after the module's last test."""
+    tmp = WORLD.bcast(tempfile.mkdtemp(prefix="gs-torch-tests-") if RANK == 0 else None)
+    if RANK == 0:
+        for sub in ("barrier", "test_dir", "init_dir"):
+            os.makedirs(os.path.join(tmp, sub), exist_ok=True)
+    WORLD.Barrier()
+    os.environ["TEMP_DIR"] = tmp
+    Adapter.file_name = os.path.join(tmp, "init_dir", "shared_init_file")
+    yield tmp
+    _quiesce()
+    WORLD.Barrier()  # every rank is done with it
+    if RANK == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def upstream_pg(upstream_temp_dir):
     """The default group on NAME: gradsync's of the session when the other
     torch test modules made one (conftest's torch_pg), else one of this
     module's own; gloo's is destroyed at the end."""

@@ -39,6 +39,16 @@ class GradsyncSpawnTest(MultiProcessTestCase):
         super().setUp()
         self._spawn_processes()
 
+    def tearDown(self):
+        """The rendezvous file torch's setUp made (and its .port), which
+        MultiProcessTestCase leaves in TMPDIR."""
+        super().tearDown()
+        for path in (self.file_name, self.file_name + ".port"):
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+
     def _check(self, init_method):
         dist.init_process_group("gradsync", init_method=init_method, rank=self.rank,
                                 world_size=self.world_size)
