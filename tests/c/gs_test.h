@@ -7,6 +7,9 @@
  *                                             (prints gs_last_error()); evaluates to 1 if it did
  *   GS_EXPECT(call, status)                   CHECK that a call returns exactly `status`
  *   return gs_test_finish();                  collective summary, MPI_Finalize, exit code
+ *   gs_test_stderr_begin(); ... text = gs_test_stderr_end();
+ *                                             gradsync's log lines a deliberate fault
+ *                                             provokes, for CHECK_LOGGED(text, "...")
  *
  * A failing CHECK never returns early: every rank keeps making the same
  * collective calls, so a failure can never leave a rank waiting.
@@ -25,6 +28,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gradsync.h"
 
@@ -112,6 +116,69 @@ static inline int gs_test_expect_(gs_status_t got, gs_status_t want, const char 
 #define CHECK_ERROR_MENTIONS(needle) \
   CHECK(strstr(gs_last_error(), (needle)) != NULL, "gs_last_error() = \"%s\" lacks \"%s\"", \
         gs_last_error(), (needle))
+
+/* ---- log lines a deliberate fault provokes ------------------------------ */
+
+/* A test that provokes a fault on purpose (a timeout, an NCCL error, a
+ * communicator freed after one) makes gradsync log "[gradsync rank N]
+ * ERROR: ..." or "WARNING: ..." on stderr, which would read as a problem in a
+ * passing run. gs_test_stderr_begin() sends this process's stderr to an
+ * unnamed temporary file (nothing is left behind); gs_test_stderr_end() puts
+ * stderr back and returns what was written (up to 64 KiB), first printing
+ * again every line that is not one of gradsync's log lines (a failed
+ * CHECK's, MPI's), so nothing else is hidden. The test then checks the
+ * lines it expects: CHECK_LOGGED(text, "aborting the NCCL communicator"),
+ * `text` a variable (CHECK may evaluate its arguments in any order). */
+static char gs_test_stderr_text_[65536];
+static FILE *gs_test_stderr_file_;
+static int gs_test_stderr_saved_ = -1;
+
+static inline void gs_test_stderr_begin(void) {
+  fflush(stderr);
+  gs_test_stderr_file_ = tmpfile();
+  if (!gs_test_stderr_file_) return; /* then the lines are printed, not checked */
+  gs_test_stderr_saved_ = dup(2);
+  dup2(fileno(gs_test_stderr_file_), 2);
+}
+
+static inline const char *gs_test_stderr_end(void) {
+  gs_test_stderr_text_[0] = '\0';
+  if (gs_test_stderr_saved_ < 0) return gs_test_stderr_text_;
+  fflush(stderr);
+  dup2(gs_test_stderr_saved_, 2);
+  close(gs_test_stderr_saved_);
+  gs_test_stderr_saved_ = -1;
+  rewind(gs_test_stderr_file_);
+  size_t n = fread(gs_test_stderr_text_, 1, sizeof gs_test_stderr_text_ - 1, gs_test_stderr_file_);
+  gs_test_stderr_text_[n] = '\0';
+  fclose(gs_test_stderr_file_);
+  for (const char *line = gs_test_stderr_text_; *line;) {
+    const char *end = strchr(line, '\n');
+    int len = end ? (int)(end - line) : (int)strlen(line);
+    if (strncmp(line, "[gradsync rank ", 15) != 0) fprintf(stderr, "%.*s\n", len, line);
+    line += len + (end != NULL);
+  }
+  fflush(stderr);
+  return gs_test_stderr_text_;
+}
+
+/* Whether what was captured so far has `needle` (to wait for a line another
+ * thread writes; the capture goes on). */
+static inline int gs_test_stderr_has(const char *needle) {
+  if (gs_test_stderr_saved_ < 0) return 0;
+  fflush(stderr);
+  ssize_t n = pread(fileno(gs_test_stderr_file_), gs_test_stderr_text_,
+                    sizeof gs_test_stderr_text_ - 1, 0);
+  gs_test_stderr_text_[n > 0 ? n : 0] = '\0';
+  return strstr(gs_test_stderr_text_, needle) != NULL;
+}
+
+/* Whether `text` (from gs_test_stderr_end) has `needle` (a failure if not). */
+#define CHECK_LOGGED(text, needle) \
+  CHECK(strstr((text), (needle)) != NULL, "stderr lacks \"%s\"; it has: %s", (needle), (text))
+/* Whether gradsync logged nothing into `text` (a failure if it did). */
+#define CHECK_NOTHING_LOGGED(text) \
+  CHECK(strstr((text), "[gradsync rank ") == NULL, "unexpected log lines: %s", (text))
 
 /* Collective over MPI_COMM_WORLD: sums the counts of every rank, rank 0
  * prints "name: N passed, M failed", then MPI_Finalize. Returns the exit code

@@ -528,7 +528,12 @@ static void test_comm_timeout(void) {
   CHECK(seconds == 600, "a split of b has timeout %g", seconds);
   GS_OK(gs_barrier(b));
   GS_OK(gs_comm_free(&child));
+  gs_test_stderr_begin();
   GS_OK(gs_comm_free(&a));
+  const char *log = gs_test_stderr_end();
+  CHECK_LOGGED(log,
+               "WARNING: freeing a communicator abandoned after a collective took longer "
+               "than GRADSYNC_TIMEOUT_SECONDS");
   GS_OK(gs_comm_free(&b));
 }
 

@@ -161,6 +161,7 @@ static void dumps(gs_comm_t comm) {
   SECTION("SIGUSR1 dumps from the watcher thread");
   unlink(path);
   GS_OK(gs_flight_on_signal());
+  gs_test_stderr_begin(); /* the watcher says where it wrote the record */
   raise(SIGUSR1);
   struct timespec nap = {0, 1000000};
   int seen = 0;
@@ -169,6 +170,12 @@ static void dumps(gs_comm_t comm) {
     if (!seen) nanosleep(&nap, NULL);
   }
   CHECK(seen, "SIGUSR1 wrote %s", path);
+  char said[1300];
+  snprintf(said, sizeof said, "WARNING: flight record written to %s (SIGUSR1)", path);
+  for (int k = 0; k < 20000 && seen && !gs_test_stderr_has(said); k++) /* after the record */
+    nanosleep(&nap, NULL);
+  const char *log = gs_test_stderr_end();
+  CHECK_LOGGED(log, said);
 }
 
 int main(int argc, char **argv) {
@@ -177,7 +184,8 @@ int main(int argc, char **argv) {
   int job = (int)getpid();
   MPI_Bcast(&job, 1, MPI_INT, 0, MPI_COMM_WORLD);
   char dir[256];
-  snprintf(dir, sizeof dir, "/tmp/gs-test-flight-%d", job);
+  const char *tmp = getenv("TMPDIR");
+  snprintf(dir, sizeof dir, "%s/gs-test-flight-%d", tmp && *tmp ? tmp : "/tmp", job);
   setenv("GRADSYNC_FLIGHT_DIR", dir, 1);
   gs_comm_t comm;
   GS_OK(gs_comm_create(MPI_COMM_WORLD, NULL, &comm));

@@ -84,8 +84,11 @@ int main(int argc, char **argv) {
   GS_OK(gs_malloc(DEV, 1024 * sizeof(float), &d));
   gs_tensor_t t = {d, 1024, GS_FLOAT32, DEV};
 
+  /* Each fault below is logged (the NCCL abort, an ERROR; freeing the broken
+   * communicator, a WARNING): each section captures its lines and checks them. */
   SECTION("a peer that never joins: timeout");
   gs_comm_t c = nccl_comm(&t, 2.0);
+  gs_test_stderr_begin();
   if (me == 0) {
     GS_EXPECT(gs_allreduce(c, &t, NULL, 1, GS_OP_SUM, 1.0, 1.0), GS_ERR_TIMEOUT);
     CHECK(strstr(gs_last_error(), "allreduce") && strstr(gs_last_error(), "TIMEOUT"), "message: %s",
@@ -104,6 +107,17 @@ int main(int argc, char **argv) {
     CHECK(emu_finalizes() == finalizes + 1 && emu_destroys() == destroys + 1,
           "a healthy communicator: %ld finalize(s) and %ld destroy(s), want 1 and 1",
           emu_finalizes() - finalizes, emu_destroys() - destroys);
+  const char *log = gs_test_stderr_end();
+  if (me == 0) {
+    CHECK_LOGGED(log,
+                 "ERROR: aborting the NCCL communicator (a collective took longer than "
+                 "GRADSYNC_TIMEOUT_SECONDS)");
+    CHECK_LOGGED(log,
+                 "WARNING: freeing a communicator abandoned after a collective took "
+                 "longer than GRADSYNC_TIMEOUT_SECONDS");
+  } else {
+    CHECK_NOTHING_LOGGED(log);
+  }
 
   SECTION("freeing a communicator whose last GPU work never finishes");
   c = nccl_comm(&t, 1.0);
@@ -111,7 +125,15 @@ int main(int argc, char **argv) {
   GS_OK(gs_comm_cuda_stream(c, &cs));
   destroys = emu_destroys();
   emu_hold((uintptr_t)cs); /* a kernel its stream waits for, that never ends */
+  gs_test_stderr_begin();
   GS_EXPECT(gs_comm_free(&c), GS_ERR_TIMEOUT);
+  log = gs_test_stderr_end();
+  CHECK_LOGGED(log,
+               "ERROR: aborting the NCCL communicator (a collective took longer than "
+               "GRADSYNC_TIMEOUT_SECONDS)");
+  CHECK_LOGGED(log,
+               "WARNING: freeing a communicator abandoned after a collective took longer "
+               "than GRADSYNC_TIMEOUT_SECONDS");
   CHECK(c == NULL, "the handle is released even so");
   CHECK(emu_destroys() == destroys, "ncclCommDestroy called after the last work's wait failed");
   emu_release();
@@ -119,6 +141,7 @@ int main(int argc, char **argv) {
 
   SECTION("peers that go away: NCCL's asynchronous error");
   c = nccl_comm(&t, 60.0); /* the error must come from NCCL, not the clock */
+  gs_test_stderr_begin();
   if (me == 0) {
     GS_EXPECT(gs_allreduce(c, &t, NULL, 1, GS_OP_SUM, 1.0, 1.0), GS_ERR_NCCL);
     CHECK(strstr(gs_last_error(), "lost its connection") != NULL,
@@ -131,10 +154,18 @@ int main(int argc, char **argv) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   if (me == 0) GS_OK(gs_comm_free(&c));
+  log = gs_test_stderr_end();
+  if (me == 0) {
+    CHECK_LOGGED(log, "ERROR: aborting the NCCL communicator (NCCL reported an error)");
+    CHECK_LOGGED(log, "WARNING: freeing a communicator abandoned after NCCL reported an error");
+  } else {
+    CHECK_NOTHING_LOGGED(log);
+  }
 
   SECTION("an interrupt");
   gs_set_interrupt_check(interrupt_now);
   c = nccl_comm(&t, 60.0);
+  gs_test_stderr_begin();
   if (me == 0) {
     interrupts = 1;
     GS_EXPECT(gs_allreduce(c, &t, NULL, 1, GS_OP_SUM, 1.0, 1.0), GS_ERR_INTERRUPTED);
@@ -143,9 +174,17 @@ int main(int argc, char **argv) {
   gs_set_interrupt_check(NULL);
   MPI_Barrier(MPI_COMM_WORLD);
   GS_OK(gs_comm_free(&c));
+  log = gs_test_stderr_end();
+  if (me == 0) {
+    CHECK_LOGGED(log, "ERROR: aborting the NCCL communicator (a wait was interrupted");
+    CHECK_LOGGED(log, "WARNING: freeing a communicator abandoned after a wait was interrupted");
+  } else {
+    CHECK_NOTHING_LOGGED(log);
+  }
 
   SECTION("an asynchronous request's device work times out in the background");
   c = nccl_comm(&t, 2.0);
+  gs_test_stderr_begin();
   if (me == 0) {
     /* Two requests: the first one's timeout aborts the NCCL communicator,
      * and the second, polled after that abort, must fail the same way (it
@@ -171,9 +210,24 @@ int main(int argc, char **argv) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   GS_OK(gs_comm_free(&c));
+  log = gs_test_stderr_end();
+  if (me == 0) {
+    CHECK_LOGGED(log,
+                 "ERROR: gs_allreduce_async: its device work did not complete within "
+                 "GRADSYNC_TIMEOUT_SECONDS=2 s");
+    CHECK_LOGGED(log,
+                 "ERROR: aborting the NCCL communicator (a collective took longer than "
+                 "GRADSYNC_TIMEOUT_SECONDS)");
+    CHECK_LOGGED(log,
+                 "WARNING: freeing a communicator abandoned after a collective took "
+                 "longer than GRADSYNC_TIMEOUT_SECONDS");
+  } else {
+    CHECK_NOTHING_LOGGED(log);
+  }
 
   SECTION("the background abort does not hold up another communicator's call");
   c = nccl_comm(&t, 1.0);
+  gs_test_stderr_begin();
   if (me == 0) {
     gs_comm_t self = NULL;
     GS_OK(gs_comm_create(MPI_COMM_SELF, NULL, &self));
@@ -202,6 +256,20 @@ int main(int argc, char **argv) {
   }
   MPI_Barrier(MPI_COMM_WORLD);
   GS_OK(gs_comm_free(&c));
+  log = gs_test_stderr_end();
+  if (me == 0) {
+    CHECK_LOGGED(log,
+                 "ERROR: gs_allreduce_async: its device work did not complete within "
+                 "GRADSYNC_TIMEOUT_SECONDS=1 s");
+    CHECK_LOGGED(log,
+                 "ERROR: aborting the NCCL communicator (a collective took longer than "
+                 "GRADSYNC_TIMEOUT_SECONDS)");
+    CHECK_LOGGED(log,
+                 "WARNING: freeing a communicator abandoned after a collective took "
+                 "longer than GRADSYNC_TIMEOUT_SECONDS");
+  } else {
+    CHECK_NOTHING_LOGGED(log);
+  }
   gs_set_timeout_seconds(0.0);
   gs_free(DEV, d);
   return gs_test_finish();

@@ -164,7 +164,20 @@ def test_monitored_barrier_on_a_subgroup(torch_pg):
 
 # ---------------------------------------------------------------- timeouts
 
-def test_group_timeout_ends_a_barrier_one_rank_never_joins(torch_pg):
+ABANDONED = ("WARNING: freeing a communicator abandoned after a collective took longer than "
+             "GRADSYNC_TIMEOUT_SECONDS")
+
+
+def _free_timed_out(group, capfd):
+    """Frees the communicator under a group a timeout left unusable, checking
+    gradsync's warning that it keeps its MPI resources (freed at exit, the
+    warning would come after pytest's report, unexplained)."""
+    capfd.readouterr()
+    group.comm.close()
+    assert ABANDONED in capfd.readouterr().err
+
+
+def test_group_timeout_ends_a_barrier_one_rank_never_joins(torch_pg, capfd):
     """new_group(timeout=1s): rank 0's barrier on it ends after the group's
     second (not the default group's 30 minutes) with torch's words."""
     if SIZE < 2:
@@ -180,9 +193,10 @@ def test_group_timeout_ends_a_barrier_one_rank_never_joins(torch_pg):
             assert "timeout" in str(err.value)
             with pytest.raises(gs.Error, match="unusable"):  # as gradsync leaves it
                 dist.all_reduce(torch.ones(1), group=group)
+            _free_timed_out(group, capfd)
 
 
-def test_call_timeout_overrides_the_groups(torch_pg):
+def test_call_timeout_overrides_the_groups(torch_pg, capfd):
     """barrier(timeout=) on a group whose own timeout is 300 s: the call's
     limit ends it; a call that completes leaves the group's limit in place."""
     if SIZE < 2:
@@ -197,6 +211,7 @@ def test_call_timeout_overrides_the_groups(torch_pg):
             with pytest.raises(RuntimeError, match="Timed out waiting 400ms"):
                 dist.barrier(group=lonely, timeout=timedelta(seconds=0.4))
             assert lonely.comm.timeout == 300
+            _free_timed_out(lonely, capfd)
 
 
 # ---------------------------------------------------------------- sequence numbers
