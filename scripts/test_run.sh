@@ -1,0 +1,109 @@
+#!/bin/sh
+# The run folder of `make test` and of every test target run on its own
+# (docs/DEVELOPERS.md "Temporary files", docs/DECISIONS.md): one folder made
+# under the user's TMPDIR when make starts, handed to everything the run
+# starts as TMPDIR (tempfile, mktemp, pytest's base directories, torch's
+# FileStore files and torchelastic's logs all follow it), and removed when
+# make exits: passed, failed or interrupted. KEEP_TEST_FILES=1 keeps it.
+#
+#   scripts/test_run.sh start MAKE_PID   makes the folder, prints its path,
+#                                        and leaves a watcher that removes it
+#                                        once MAKE_PID has exited
+#   scripts/test_run.sh check RUN        fails naming the entries the run
+#                                        left in the user's own TMPDIR
+#
+# The Makefile calls `start` while it reads itself (so the folder exists
+# before any recipe runs, whichever targets were asked for) and `check` as
+# the last step of `make test`.
+set -u
+
+# Names the run's own programs give what they make in TMPDIR: gradsync's
+# (gradsync-*, gs-*), pytest's, torchelastic's. Only these are compared:
+# TMPDIR is shared with whatever else this user runs at the same time.
+OURS='gs-* gs_* gradsync* pytest-of-* torchelastic_* pymp-*'
+
+ours() {
+  for pattern in $OURS; do
+    case "$1" in $pattern) return 0 ;; esac
+  done
+  return 1
+}
+
+# hydra (MPICH's mpiexec) writes the machine's topology to
+# /tmp/hydra_hwloc_xmlfile_* for its ranks, whatever TMPDIR says, and a job
+# that ends in MPI_Abort leaves the file there. Given HWLOC_XMLFILE it
+# writes none: the same topology, copied once from a 1-rank job (its
+# launcher holds the file open while the job runs). Nothing when there is
+# no MPI with mpi4py yet (the first `make` installs them) or it is not hydra.
+topology() {
+  [ -n "${MPIEXEC:-}" ] && [ -x "$MPIEXEC" ] || return 0
+  TMPDIR=$1 timeout 120 "$MPIEXEC" -n 1 "${PYTHON:-python3}" -c '
+import os, shutil, sys
+from mpi4py import MPI  # noqa: F401  (MPI_Init: hydra writes the file for its ranks)
+fds = "/proc/%d/fd" % os.getppid()
+for fd in os.listdir(fds):
+    try:
+        path = os.readlink(os.path.join(fds, fd))
+    except OSError:
+        continue
+    if os.path.basename(path).startswith("hydra_hwloc_xmlfile_"):
+        shutil.copyfile(path, sys.argv[1])
+        break
+' "$1/hwloc-topology.xml" >/dev/null 2>&1 || rm -f "$1/hwloc-topology.xml"
+}
+
+start() {
+  pid=$1
+  real=${TMPDIR:-/tmp}
+  run=$(mktemp -d "$real/gradsync-test-run.XXXXXX") || exit 1
+  mkdir "$run/.run"
+  printf '%s\n' "$real" > "$run/.run/tmpdir"
+  ls -A "$real" > "$run/.run/before" 2>/dev/null
+  touch "$run/.run/started"
+  topology "$run"
+  # The watcher outlives this shell (make's $(shell) returns at once) and
+  # ignores the Ctrl-C that stops make, so an interrupted run is removed too.
+  if [ -z "${KEEP_TEST_FILES:-}" ] || [ "$KEEP_TEST_FILES" = 0 ]; then
+    (
+      trap '' INT HUP
+      while kill -0 "$pid" 2>/dev/null; do sleep 1; done
+      rm -rf "$run"
+    ) </dev/null >/dev/null 2>&1 &
+  fi
+  printf '%s\n' "$run"
+}
+
+check() {
+  run=${1:-}
+  if [ -z "$run" ] || ! [ -f "$run/.run/tmpdir" ]; then
+    echo "== TMPDIR not checked: no run folder made by scripts/test_run.sh"
+    return 0
+  fi
+  real=$(cat "$run/.run/tmpdir")
+  me=$(id -u)
+  left=""
+  for path in "$real"/* "$real"/.[!.]*; do
+    [ -e "$path" ] || [ -L "$path" ] || continue
+    name=${path##*/}
+    [ "$path" = "$run" ] && continue
+    ours "$name" || continue
+    grep -qxF -- "$name" "$run/.run/before" && continue
+    [ -n "$(find "$path" -maxdepth 0 -user "$me" -newer "$run/.run/started" 2>/dev/null)" ] ||
+      continue
+    left="$left
+  $path"
+  done
+  if [ -n "$left" ]; then
+    echo "== make test left these in $real (its tests must use the run folder, TMPDIR):$left"
+    echo "   (made during this run by this user; another gradsync run of yours sharing $real"
+    echo "   at the same time would make such names too: give it a TMPDIR of its own)"
+    return 1
+  fi
+  echo "== $real: nothing left by this run"
+}
+
+case "${1:-}" in
+  start) start "${2:?MAKE_PID}" ;;
+  check) check "${2:-}" ;;
+  *) echo "usage: $0 start MAKE_PID | check RUN_FOLDER" >&2; exit 2 ;;
+esac
