@@ -35,7 +35,7 @@ import gradsync as gs
 from gradsync import _world
 from gradsync.torch.distributed._backend import ProcessGroupGradsync
 
-__all__ = ["ProcessGroupGradsync", "BACKEND", "mpi_launched"]
+__all__ = ["ProcessGroupGradsync", "BACKEND", "mpi_launched", "init"]
 
 BACKEND = "gradsync"
 # the module (torch.distributed.rendezvous is also the name of a function)
@@ -201,6 +201,61 @@ def _install_monitored_barrier():
     monitored_barrier.gradsync_wraps = torch_barrier
     c10d.monitored_barrier = monitored_barrier
     dist.monitored_barrier = monitored_barrier
+
+
+def _local_numbering(world):
+    """This process's rank and the process count on its node in ``world``."""
+    node = world.Split_type(gs.MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_rank(), node.Get_size()
+    finally:
+        node.Free()
+
+
+def init(**kwargs):
+    """torch's default process group on gradsync, created once: the one call
+    frameworks that pick their own backend accept (docs/TORCH_BACKEND.md,
+    "Frameworks").
+
+    accelerate, the HF Trainer, DeepSpeed and others create the default group
+    only when none exists, with a backend of their choosing (accelerate turns
+    every CPU backend but "mpi" into "gloo"); called before them, ``init()``
+    makes the group they then find and use. Idempotent: when a default group
+    already exists it is returned as it is if it is gradsync's, and a
+    RuntimeError names its backend otherwise (nothing can switch an existing
+    group). Returns the default group (``dist.group.WORLD``).
+
+    Rank and world size come from the launcher: torchrun's RANK/WORLD_SIZE/
+    MASTER_ADDR/MASTER_PORT, or, under mpiexec/srun, MPI's (as
+    ``init_process_group("gradsync")`` does, see "Starting"). A process that no
+    launcher started (plain ``python train.py``) gets a world of one. Under an
+    MPI launcher the variables frameworks read to learn they are distributed
+    (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE), when unset, are set to
+    MPI's numbering; set ones are left alone (RANK and WORLD_SIZE must agree
+    with MPI). ``kwargs`` go to ``dist.init_process_group`` (``timeout=``,
+    ``init_method=``, ``store=``, ``rank=``, ``world_size=``).
+    """
+    if dist.is_initialized():
+        backend = dist.get_backend()
+        if backend != BACKEND:
+            raise RuntimeError(
+                f"gradsync.torch.distributed.init(): the default process group already exists "
+                f"on {backend!r}; call init() before anything creates one (a framework's "
+                f"Trainer, Accelerator, Strategy or initialize()), or destroy that group first")
+        return dist.group.WORLD
+    explicit = any(k in kwargs for k in ("init_method", "store"))
+    if mpi_launched():
+        rank, size = _mpi_numbering()
+        local_rank, local_size = _local_numbering(gs.MPI.COMM_WORLD)
+        for var, value in (("RANK", rank), ("WORLD_SIZE", size), ("LOCAL_RANK", local_rank),
+                           ("LOCAL_WORLD_SIZE", local_size)):
+            if not os.environ.get(var):
+                os.environ[var] = str(value)
+    elif not explicit and not all(os.environ.get(v) for v in _MASTER_VARS + (
+            "RANK", "WORLD_SIZE")):
+        kwargs["init_method"] = "gradsync://"  # no launcher: a world of one
+    dist.init_process_group(BACKEND, **kwargs)
+    return dist.group.WORLD
 
 
 def _register():
