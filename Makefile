@@ -27,10 +27,10 @@ MPICC_RESOLVED = $(or $(MPICC),$(shell command -v mpicc 2>/dev/null),$(SCRIPTS_D
 export PYTHONPATH := $(CURDIR)/pyx:$(CURDIR)$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHON
 # Flight records the tests provoke (deliberate mismatches, timeouts) go here
-# rather than to TMPDIR/gradsync-flight-<job>, which nothing removes; `make
-# test` removes the folder when it passes (a failing run leaves them there,
-# inside build/, for diagnosis). A GRADSYNC_FLIGHT_DIR already set is kept.
-FLIGHT_RECORDS := $(CURDIR)/build/flight-records
+# rather than to TMPDIR/gradsync-flight-<job>: in a test run, into the run
+# folder (below), removed with it (KEEP_TEST_FILES=1 keeps them for
+# diagnosis); otherwise into build/. A GRADSYNC_FLIGHT_DIR already set is kept.
+FLIGHT_RECORDS = $(if $(TEST_RUN_DIR),$(TEST_RUN_DIR)/flight-records,$(CURDIR)/build/flight-records)
 export GRADSYNC_FLIGHT_DIR ?= $(FLIGHT_RECORDS)
 
 LIB := pyx/gradsync/libgradsync.so
@@ -45,6 +45,35 @@ TEST_TARGETS := test c-tests py-tests test-emulated gpu-session-dry cluster-smok
     slurm-smoke torch-upstream torch-upstream-spawn check-memory
 $(TEST_TARGETS): export MPIR_CVAR_ENABLE_HEAVY_YIELD ?= 1
 $(TEST_TARGETS): export MPIR_CVAR_POLLS_BEFORE_YIELD ?= 10
+
+# The run folder (scripts/test_run.sh; docs/DEVELOPERS.md, "Temporary
+# files"): when make is asked for a test target (those above, or any other
+# whose name has "test" in it), it makes one folder under your TMPDIR, gives
+# it to everything it runs as TMPDIR, so whatever the tests write there
+# (pytest's base directories, torch's stores and torchelastic's logs, flight
+# records) lands in it; the folder is removed when make exits, passed,
+# failed or interrupted. `make test KEEP_TEST_FILES=1` keeps it (make says
+# where). `make test` fails if the run left anything in your TMPDIR itself.
+KEEP_TEST_FILES ?=
+TEST_GOALS := $(filter $(TEST_TARGETS),$(MAKECMDGOALS)) \
+    $(foreach g,$(MAKECMDGOALS),$(if $(findstring /,$(g)),,$(if $(findstring test,$(g)),$(g))))
+ifeq ($(TEST_RUN_DIR),)
+ifneq ($(strip $(TEST_GOALS)),)
+TEST_RUN_DIR := $(shell KEEP_TEST_FILES=$(filter-out 0,$(KEEP_TEST_FILES)) MPIEXEC=$(MPIEXEC) \
+    PYTHON=$(PYTHON) sh scripts/test_run.sh start $$PPID)
+$(info == test files under $(TEST_RUN_DIR): $(if $(filter-out 0,$(KEEP_TEST_FILES)),kept (KEEP_TEST_FILES),removed when make exits (KEEP_TEST_FILES=1 keeps them)))
+endif
+endif
+ifneq ($(TEST_RUN_DIR),)
+export TEST_RUN_DIR
+export TMPDIR := $(TEST_RUN_DIR)
+# hydra writes its topology file to /tmp whatever TMPDIR says (and leaves it
+# when a job aborts) unless it is given one: scripts/test_run.sh copied it.
+ifneq ($(wildcard $(TEST_RUN_DIR)/hwloc-topology.xml),)
+export HWLOC_XMLFILE ?= $(TEST_RUN_DIR)/hwloc-topology.xml
+export HWLOC_THISSYSTEM ?= 1
+endif
+endif
 
 # The library's sources, named once: one folder per layer under src/
 # (docs/ARCHITECTURE.md); private includes name their folder, from -Isrc.
@@ -219,8 +248,14 @@ test-emulated: build $(EMU_C_TESTS)
 	done
 
 test: lint check-bindings check-layers c-tests py-tests test-emulated gpu-session-dry cluster-smoke \
-      slurm-smoke test-installed
-	@rm -rf $(FLIGHT_RECORDS)
+      slurm-smoke test-installed embed-test
+	@sh scripts/test_run.sh check $(TEST_RUN_DIR)
+
+# Every .pxd mirrors its public header (scripts/check_pxd.py: each function,
+# constant and struct field, compiled against the header). Its rule had gone
+# missing (the target was only .PHONY, so `make test` checked nothing).
+check-bindings: deps
+	$(PYTHON) scripts/check_pxd.py --cc $(MPICC_RESOLVED)
 
 # src/'s layering from the compiler's call graph (scripts/check_layers.py,
 # docs/ARCHITECTURE.md): every call and include goes down a layer or stays,
@@ -253,11 +288,13 @@ CLUSTER_LAYOUTS ?= 2x2 3x1
 CLUSTER_CHECK = $(SIMCLUSTER) --check || { echo "== $@: skipped (no simulated cluster here)"; exit 0; }
 
 # Part of `make test`: 2 hosts x 2 ranks, the allreduce and Adasum suites.
-# A newcomer's `pip install .`: a wheel built in pip's isolated environment,
-# installed in a fresh venv with nothing first, a 2-rank allreduce (about 7
-# minutes here, most of it pip building; not part of `make test`).
-check-install:
-	sh scripts/check_install.sh
+# A newcomer's `pip install .`: the same tier as test-installed in a venv
+# with nothing in it first (pip pulls mpich, mpi4py, numpy and ml_dtypes as
+# gradsync's dependencies; torch and jax are not installed, so their suites
+# say they are skipped). Not part of `make test` (pip builds the wheel again).
+check-install: build
+	@GS_INSTALLED_FRESH=1 MPIEXEC=$(MPIEXEC) GS_TEST_MPICC=$(MPICC_RESOLVED) \
+	    TEST_TIMEOUT=$(TEST_TIMEOUT) sh scripts/test_installed.sh
 
 # Part of `make test`: the package `pip install .` builds from a clean copy
 # of the sources, installed into a fresh venv, tested from outside the
@@ -265,7 +302,8 @@ check-install:
 # scripts, build info equal to this build's, then collectives, the doctor,
 # torch, Horovod, JAX and embedding at 2 ranks).
 test-installed: build
-	@MPIEXEC=$(MPIEXEC) MPICC=$(MPICC_RESOLVED) TEST_TIMEOUT=$(TEST_TIMEOUT) sh scripts/test_installed.sh
+	@MPIEXEC=$(MPIEXEC) GS_TEST_MPICC=$(MPICC_RESOLVED) TEST_TIMEOUT=$(TEST_TIMEOUT) \
+	    sh scripts/test_installed.sh
 
 cluster-smoke: build
 	@$(CLUSTER_CHECK); echo "== cluster 2 hosts x 2 ranks: allreduce and Adasum suites"; \
@@ -274,21 +312,26 @@ cluster-smoke: build
 	timeout $(TEST_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider \
 	    tests/cluster/test_cluster_faults.py -k "link_down and 2x2-default"
 
-# srun on a one-node Slurm of this machine (scripts/slurmlocal; Debian's
-# slurm-wlm and munge, installed when missing and this is root on Debian):
-# srun --mpi=pmi2, srun without PMI joined through MASTER_ADDR, and the error
-# without either (tests/cluster/test_slurm.py). Skipped where it cannot run.
+# srun on a one-node Slurm of this machine (scripts/slurmlocal: root, and
+# Debian's slurm-wlm and munge, which only `make slurm-install` installs:
+# no test target installs a system package): srun --mpi=pmi2, srun without
+# PMI joined through MASTER_ADDR, and the error without either
+# (tests/cluster/test_slurm.py). Skipped, saying why, where it cannot run.
 slurm-smoke: build
-	@if [ "$$(id -u)" = 0 ] && ! command -v slurmd >/dev/null 2>&1 && \
-	    ! [ -x /usr/sbin/slurmd ] && command -v apt-get >/dev/null 2>&1; then \
-	    echo "== slurm-smoke: installing slurm-wlm and munge (Debian)"; \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-	        slurm-wlm munge >/dev/null 2>&1 || { apt-get update -q >/dev/null 2>&1 && \
-	    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-	        slurm-wlm munge >/dev/null 2>&1; } || true; fi; \
-	if ! $(PYTHON) scripts/slurmlocal --check; then echo "== slurm-smoke: skipped"; exit 0; fi; \
+	@if ! why=$$($(PYTHON) scripts/slurmlocal --check 2>&1); then \
+	    echo "== slurm-smoke: skipped ($${why#slurmlocal: })"; exit 0; fi; \
 	echo "== srun on a one-node Slurm: --mpi=pmi2, without PMI, the torch backend"; \
 	timeout $(TEST_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider tests/cluster/test_slurm.py
+
+# Installs what `make slurm-smoke` needs, when asked (root on Debian or
+# Ubuntu): slurm-wlm and munge, with apt-get.
+.PHONY: slurm-install
+slurm-install:
+	@[ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 || \
+	    { echo "make slurm-install: needs root and apt-get (Debian, Ubuntu)"; exit 1; }
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends slurm-wlm munge || \
+	    { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	        --no-install-recommends slurm-wlm munge; }
 
 # The acceptance suites across hosts at each layout (the torch optimizer's too
 # when torch imports), the allreduce suite with the hierarchical path forced,
@@ -512,5 +555,70 @@ check-asan: build
 	    --small 20000 --resnet 20 --max-log2 18 --rss-bound-mb 1000000
 	$(PYTHON) scripts/asan_report.py build/asan/py.*
 
+# ---- make install: gradsync for C and C++ programs (docs/GUIDE.md, "Embedding gradsync")
+# Into PREFIX (staged under DESTDIR when set): include/*.h, the library
+# lib/libgradsync.so.MAJOR.MINOR.PATCH with SONAME libgradsync.so.MAJOR and
+# the links libgradsync.so.MAJOR and libgradsync.so, lib/pkgconfig/gradsync.pc
+# and the CMake package lib/cmake/gradsync (target gradsync::gradsync). The
+# library is the in-place build's objects relinked there with that SONAME
+# (scripts/install/gs_install.py); the in-place and wheel libraries keep
+# SONAME libgradsync.so (docs/DECISIONS.md, "Installing for C and C++").
+PREFIX ?= /usr/local
+# The version, read from include/gs_export.h only ("." matches the "#" that
+# make would take for a comment).
+gs_version_part = $(shell sed -n 's/^.define GS_VERSION_$(1)  *\([0-9][0-9]*\) *$$/\1/p' include/gs_export.h)
+GS_VERSION_MAJOR := $(call gs_version_part,MAJOR)
+GS_VERSION_MINOR := $(call gs_version_part,MINOR)
+GS_VERSION_PATCH := $(call gs_version_part,PATCH)
+GS_VERSION := $(GS_VERSION_MAJOR).$(GS_VERSION_MINOR).$(GS_VERSION_PATCH)
+INSTALL_ROOT = $(DESTDIR)$(abspath $(PREFIX))
+INSTALL_CMAKE = $(INSTALL_ROOT)/lib/cmake/gradsync
+
+.PHONY: install uninstall embed-test
+install: build
+	@[ -n "$(GS_VERSION_MAJOR)" ] && [ -n "$(GS_VERSION_MINOR)" ] && [ -n "$(GS_VERSION_PATCH)" ] || \
+	    { echo "make install: include/gs_export.h has no GS_VERSION_MAJOR/MINOR/PATCH"; exit 1; }
+	install -d $(INSTALL_ROOT)/include $(INSTALL_ROOT)/lib
+	install -m 644 include/*.h $(INSTALL_ROOT)/include/
+	$(PYTHON) scripts/install/gs_install.py link -o $(INSTALL_ROOT)/lib/libgradsync.so.$(GS_VERSION) \
+	    --soname libgradsync.so.$(GS_VERSION_MAJOR)
+	ln -sfn libgradsync.so.$(GS_VERSION) $(INSTALL_ROOT)/lib/libgradsync.so.$(GS_VERSION_MAJOR)
+	ln -sfn libgradsync.so.$(GS_VERSION_MAJOR) $(INSTALL_ROOT)/lib/libgradsync.so
+	$(PYTHON) scripts/install/gs_install.py configure --prefix $(abspath $(PREFIX)) \
+	    --version $(GS_VERSION) --destroot $(INSTALL_ROOT)
+
+uninstall:
+	rm -f $(addprefix $(INSTALL_ROOT)/include/,$(notdir $(wildcard include/*.h))) \
+	    $(INSTALL_ROOT)/lib/libgradsync.so $(INSTALL_ROOT)/lib/libgradsync.so.$(GS_VERSION_MAJOR) \
+	    $(INSTALL_ROOT)/lib/libgradsync.so.$(GS_VERSION) $(INSTALL_ROOT)/lib/pkgconfig/gradsync.pc \
+	    $(INSTALL_CMAKE)/gradsyncConfig.cmake $(INSTALL_CMAKE)/gradsyncConfigVersion.cmake
+	@rmdir $(INSTALL_CMAKE) 2>/dev/null || true
+
+# Part of `make test`: a C program built with pkg-config and one built with
+# CMake against `make install PREFIX=build/embed-prefix`, and a Cython
+# extension cimporting gradsync's .pxd files built against the in-place
+# package, each run at 2 ranks (tests/embed). The prefix is removed after,
+# also on failure.
+EMBED_PREFIX := $(CURDIR)/build/embed-prefix
+embed-test: build
+	@rm -rf $(EMBED_PREFIX); \
+	$(MAKE) --no-print-directory install PREFIX=$(EMBED_PREFIX) DESTDIR= >$(EMBED_PREFIX).log 2>&1 || \
+	    { cat $(EMBED_PREFIX).log; rm -rf $(EMBED_PREFIX) $(EMBED_PREFIX).log; exit 1; }; \
+	rm -f $(EMBED_PREFIX).log; echo "== pytest tests/embed (installed into $(EMBED_PREFIX))"; \
+	GS_EMBED_PREFIX=$(EMBED_PREFIX) MPIEXEC=$(MPIEXEC) MPICC=$(MPICC_RESOLVED) \
+	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTEST) tests/embed; \
+	rc=$$?; rm -rf $(EMBED_PREFIX); exit $$rc
+
 clean:
 	rm -rf build tests/c/bin pyx/gradsync/*.so pyx/gradsync/_core.c pyx/*.egg-info *.egg-info
+
+# Frameworks on the gradsync backend (issue 46 item 3; docs/TORCH_BACKEND.md
+# "Frameworks"): installs the tested versions into $(PYTHON) (torch pinned so
+# pip keeps the installed one) and runs each recipe at 2 ranks against gloo.
+FRAMEWORK_PINS = lightning==2.6.6 transformers==5.24.0 accelerate==1.15.0 deepspeed==0.19.8
+.PHONY: framework-test
+framework-test:
+	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q $(FRAMEWORK_PINS) \
+	    "torch==$$($(PYTHON) -c 'import torch; print(torch.__version__.split("+")[0])')"
+	PYTHONPATH=pyx timeout 2400 $(PYTHON) -m pytest -q -p no:cacheprovider tests/framework_tests \
+	    tests/torch_tests/test_init_helper.py

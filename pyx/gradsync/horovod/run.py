@@ -133,7 +133,11 @@ def main(argv=None):
     if args.dry_run:
         return 0
     env = dict(os.environ, **environment(args))
-    return subprocess.call(cmd, env=env)
+    try:
+        return subprocess.call(cmd, env=env)
+    finally:  # the translated hostfile Hydra read (MPICH), ours to remove
+        if "-f" in cmd and os.path.basename(cmd[cmd.index("-f") + 1]).startswith("gradsyncrun-"):
+            os.unlink(cmd[cmd.index("-f") + 1])
 
 
 if __name__ == "__main__":
