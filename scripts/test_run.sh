@@ -59,7 +59,6 @@ start() {
   mkdir "$run/.run"
   printf '%s\n' "$real" > "$run/.run/tmpdir"
   ls -A "$real" > "$run/.run/before" 2>/dev/null
-  touch "$run/.run/started"
   topology "$run"
   # The watcher outlives this shell (make's $(shell) returns at once) and
   # ignores the Ctrl-C that stops make, so an interrupted run is removed too.
@@ -87,9 +86,11 @@ check() {
     name=${path##*/}
     [ "$path" = "$run" ] && continue
     ours "$name" || continue
+    # new since the listing made at the start, and this user's (not compared
+    # by time: a file made in the same clock tick as the start mark is not
+    # -newer than it, and the check missed such an entry)
     grep -qxF -- "$name" "$run/.run/before" && continue
-    [ -n "$(find "$path" -maxdepth 0 -user "$me" -newer "$run/.run/started" 2>/dev/null)" ] ||
-      continue
+    [ -n "$(find "$path" -maxdepth 0 -user "$me" 2>/dev/null)" ] || continue
     left="$left
   $path"
   done
