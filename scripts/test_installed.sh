@@ -5,9 +5,10 @@
 # pip builds a wheel from a clean copy of the sources (tracked files and new
 # ones git does not ignore; no build outputs) in its isolated build
 # environment, exactly as a newcomer's `pip install .` does, and installs it
-# into a fresh venv. The venv sees this Python's site-packages
-# (--system-site-packages) so that torch, jax, mpi4py and pytest are not
-# downloaded again; gradsync itself is only in the venv, PYTHONPATH is unset
+# into a fresh venv. The venv sees this Python's site-packages (a .pth file
+# naming them, after the venv's own: --system-site-packages would name the
+# base interpreter's, not those of a venv make runs in) so that torch, jax,
+# mpi4py and pytest are not downloaded again; gradsync itself is only in the venv, PYTHONPATH is unset
 # and the suites are copied into a folder outside the checkout, so `import
 # gradsync` can only find what pip installed (tests/installed checks that
 # first). `make check-install` does the same with nothing pre-installed.
@@ -46,7 +47,10 @@ git -C "$SRC" ls-files -z --cached --others --exclude-standard |
 if [ "${GS_INSTALLED_FRESH:-0}" = 1 ]; then
   "$PYTHON" -m venv "$RUN/venv"
 else
-  "$PYTHON" -m venv --system-site-packages "$RUN/venv"
+  "$PYTHON" -m venv "$RUN/venv"
+  "$PYTHON" -c "import sys; print('\n'.join(p for p in sys.path if p.endswith(('site-packages', \
+'dist-packages'))))" > "$("$RUN/venv/bin/python" -c "import sysconfig; \
+print(sysconfig.get_paths()['purelib'])")/gs-outer-site-packages.pth"
 fi
 VPY=$RUN/venv/bin/python
 say "pip install . from a clean copy of the sources (pip's isolated build)"
