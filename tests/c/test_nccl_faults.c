@@ -59,6 +59,17 @@ static gs_comm_t nccl_comm(gs_tensor_t *t, double timeout) {
   return c;
 }
 
+/* What a communicator abandoned after a timeout logs: NCCL's communicator
+ * aborted, then the abandoned gradsync communicator freed. */
+static void check_abort_logged(const char *log) {
+  CHECK_LOGGED(log,
+               "ERROR: aborting the NCCL communicator (a collective took longer than "
+               "GRADSYNC_TIMEOUT_SECONDS)");
+  CHECK_LOGGED(log,
+               "WARNING: freeing a communicator abandoned after a collective took "
+               "longer than GRADSYNC_TIMEOUT_SECONDS");
+}
+
 /* What a rank logs when the background thread times out a handed-off
  * request on rank 0 (`seconds` as the message prints the timeout): the
  * timeout, the abort and the abandoned communicator's free on rank 0, nothing
@@ -74,12 +85,7 @@ static void check_background_timeout_logged(const char *log, int me, const char 
            "GRADSYNC_TIMEOUT_SECONDS=%s s",
            seconds);
   CHECK_LOGGED(log, timed_out);
-  CHECK_LOGGED(log,
-               "ERROR: aborting the NCCL communicator (a collective took longer than "
-               "GRADSYNC_TIMEOUT_SECONDS)");
-  CHECK_LOGGED(log,
-               "WARNING: freeing a communicator abandoned after a collective took "
-               "longer than GRADSYNC_TIMEOUT_SECONDS");
+  check_abort_logged(log);
 }
 
 int main(int argc, char **argv) {
@@ -132,12 +138,7 @@ int main(int argc, char **argv) {
           emu_finalizes() - finalizes, emu_destroys() - destroys);
   const char *log = gs_test_stderr_end();
   if (me == 0) {
-    CHECK_LOGGED(log,
-                 "ERROR: aborting the NCCL communicator (a collective took longer than "
-                 "GRADSYNC_TIMEOUT_SECONDS)");
-    CHECK_LOGGED(log,
-                 "WARNING: freeing a communicator abandoned after a collective took "
-                 "longer than GRADSYNC_TIMEOUT_SECONDS");
+    check_abort_logged(log);
   } else {
     CHECK_NOTHING_LOGGED(log);
   }
@@ -151,12 +152,7 @@ int main(int argc, char **argv) {
   gs_test_stderr_begin();
   GS_EXPECT(gs_comm_free(&c), GS_ERR_TIMEOUT);
   log = gs_test_stderr_end();
-  CHECK_LOGGED(log,
-               "ERROR: aborting the NCCL communicator (a collective took longer than "
-               "GRADSYNC_TIMEOUT_SECONDS)");
-  CHECK_LOGGED(log,
-               "WARNING: freeing a communicator abandoned after a collective took longer "
-               "than GRADSYNC_TIMEOUT_SECONDS");
+  check_abort_logged(log);
   CHECK(c == NULL, "the handle is released even so");
   CHECK(emu_destroys() == destroys, "ncclCommDestroy called after the last work's wait failed");
   emu_release();

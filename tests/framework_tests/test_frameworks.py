@@ -22,22 +22,16 @@ torch = pytest.importorskip("torch")
 HERE = os.path.dirname(os.path.abspath(__file__))
 RECIPES = os.path.join(HERE, "recipes")
 TOP = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(TOP, "tests", "python"))
+from launch_env import singleton_env  # noqa: E402  (os only: no MPI in this process)
+
 LAUNCH_SECONDS = 600
 
 
 def _env(tmp_path):
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_", "MPIR_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(TOP, "pyx"), RECIPES] +
-                                        [p for p in [os.environ.get("PYTHONPATH")] if p])
-    env.setdefault("GRADSYNC_TIMEOUT_SECONDS", "120")
-    env["OMP_NUM_THREADS"] = "1"
     # DeepSpeed JIT-builds a CPU op into TORCH_EXTENSIONS_DIR; HF caches
-    env["TORCH_EXTENSIONS_DIR"] = str(tmp_path / "torch_extensions")
-    env["HF_HOME"] = str(tmp_path / "hf_home")
-    env["TMPDIR"] = str(tmp_path)
-    return env
+    return singleton_env(RECIPES, TORCH_EXTENSIONS_DIR=tmp_path / "torch_extensions",
+                         HF_HOME=tmp_path / "hf_home", TMPDIR=tmp_path)
 
 
 def _free_port():

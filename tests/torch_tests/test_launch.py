@@ -20,6 +20,7 @@ import sys
 
 import numpy as np
 import pytest
+from launch_env import singleton_env  # tests/python (conftest puts it on sys.path)
 from mpi4py import MPI
 
 import gradsync as gs
@@ -56,15 +57,7 @@ needs_join = pytest.mark.skipif(bool(_can_join()), reason=_can_join() or "")
 def _singleton_env(**extra):
     """This environment less what an MPI launcher put there (the processes
     started from it are MPI singletons, as torchrun's are)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PMI_", "PMIX_", "HYDRA_", "MPI_LOCAL", "OMPI_", "MPIR_"))
-           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    env["PYTHONPATH"] = os.pathsep.join([os.path.join(TOP, "pyx"), TOP] +
-                                        [p for p in [os.environ.get("PYTHONPATH")] if p])
-    env.setdefault("GRADSYNC_TIMEOUT_SECONDS", "120")
-    env["OMP_NUM_THREADS"] = "1"
-    env.update({k: str(v) for k, v in extra.items()})
-    return env
+    return singleton_env(TOP, **extra)
 
 
 def _log_dir(tmp_path):
