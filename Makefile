@@ -130,7 +130,7 @@ c-tests: build $(C_TESTS) $(C_EXAMPLES) tests/c/bin/test_cuda_pieces
 # subprocess checks made on rank 0): at 1 and 2 ranks only, since 3 and 4
 # ranks would repeat them on the same two cores (about 70 s of make test).
 PROCESS_LOCAL_TESTS = test_kernels test_gpu_session test_gpu_visible test_import_check \
-    test_no_shadowing
+    test_no_shadowing test_nccl_bundle
 py-tests: build
 	@for n in $(NP_LIST); do \
 	    echo "== pytest at $$n ranks"; \
@@ -398,11 +398,17 @@ gpu-session-dry: build
 	@echo "== scripts/gpu_session.sh dry run (emulated CUDA runtime)"
 	@GS_PREP_DRY=1 GS_PREP_DIR=$(CURDIR)/$(GPU_DRY) GS_PREP_OUT=$(CURDIR)/$(GPU_DRY)/bundle \
 	    bash scripts/gpu_prepare.sh > $(GPU_DRY).log 2>&1 || { cat $(GPU_DRY).log; exit 1; }
+	@GS_NCCL_ARCH=0 GS_EMU_NCCL_VERSION=23007 GS_NCCL_OUT=$(CURDIR)/$(GPU_DRY)/nccl \
+	    bash scripts/build_nccl.sh --pack $(EMULATED_LIB) > $(GPU_DRY)-nccl.log 2>&1 || \
+	    { cat $(GPU_DRY)-nccl.log; exit 1; }
 	@cd $(GPU_DRY)/tree && GS_SESSION_DRY=1 GS_BUNDLE=$(CURDIR)/$(GPU_DRY)/bundle \
+	    GS_NCCL_BUNDLE=$(CURDIR)/$(GPU_DRY)/nccl \
 	    OUT=$(CURDIR)/$(GPU_DRY)/out timeout $(TEST_TIMEOUT) bash scripts/gpu_session.sh all \
-	    wire_np1 wire_np2 wire_nccl wire_memcheck wire_bench > /dev/null 2>&1; \
+	    wire_np1 wire_np2 wire_nccl wire_memcheck wire_bench nccl2 > /dev/null 2>&1; \
+	grep -q "the carried NCCL unpacked" $(CURDIR)/$(GPU_DRY)/out/session.log || \
+	    { echo "gpu-session-dry: the carried NCCL was not unpacked"; exit 1; }; \
 	$(PYTHON) scripts/gpu_summary.py build/gpu-session --expect-pass \
-	    build,visible,c_np1,c_np2,pytest_np1,memcheck,initcheck,nccl_shared,probes,wire_np1,wire_np2,wire_nccl,wire_memcheck$(if $(shell $(PYTHON) -c "import torch" 2>/dev/null && echo y),$(comma)bench$(comma)wire_bench)
+	    build,visible,c_np1,c_np2,pytest_np1,memcheck,initcheck,nccl_shared,probes,wire_np1,wire_np2,wire_nccl,wire_memcheck,nccl_c2,nccl_pytest2$(if $(shell $(PYTHON) -c "import torch" 2>/dev/null && echo y),$(comma)bench$(comma)wire_bench$(comma)nccl_latency$(comma)nccl_allreduce)
 
 comma := ,
 

@@ -77,6 +77,7 @@ DRY=${GS_SESSION_DRY:-0}
 BUDGET=${GS_SESSION_SECONDS:-470}
 STATE=${GS_SESSION_STATE:-$ROOT/build/gpu-session}
 BUNDLE=${GS_BUNDLE:-$ROOT/.gpu-build}
+NCCL_BUNDLE=${GS_NCCL_BUNDLE:-$ROOT/.nccl}
 LOGS=$STATE/logs
 OUTD=${OUT:-$STATE/out}
 SITE=${GS_SITE:-/tmp/gs-site}
@@ -117,7 +118,7 @@ plan c_np2 70 15
 plan pytest_np1 130 40
 plan memcheck 100 30
 plan initcheck 60 20
-plan nccl_shared 60 20
+plan nccl_shared 120 30
 plan probes 70 25
 plan bench 90 40
 plan pytest_np2 150 40
@@ -129,8 +130,15 @@ plan wire_nccl 90 30
 plan wire_memcheck 120 40
 plan wire_bench 70 30
 plan wire_profile 60 20
+plan nccl_c2 80 20
+plan nccl_latency 100 40
+plan nccl_allreduce 100 40
+plan nccl_pytest2 180 60
 ALL="visible c_np1 c_np2 pytest_np1 memcheck initcheck nccl_shared probes bench"
 WIRE="visible wire_np1 wire_np2 wire_nccl wire_bench wire_memcheck"
+# GROUP nccl2 (issue 50): two NCCL ranks sharing the one GPU, through the
+# carried NCCL 2.30+ (scripts/build_nccl.sh)
+NCCL2="visible nccl_shared nccl_latency nccl_allreduce wire_nccl nccl_c2 nccl_pytest2"
 if [ "$DRY" = 1 ]; then # proves the script: each step a few seconds
   for k in "${!CAP[@]}"; do
     CAP[$k]=${GS_DRY_CAP:-60}
@@ -144,6 +152,8 @@ write_results() {
   cp -f "$STATE/info.txt" "$OUTD/info.txt" 2>/dev/null
   [ -f "$STATE/bench_np1.json" ] && cp -f "$STATE/bench_np1.json" "$OUTD/bench.json"
   [ -f "$STATE/probes.json" ] && cp -f "$STATE/probes.json" "$OUTD/probes.json"
+  local b
+  for b in "$STATE"/bench_np2_*.json; do [ -f "$b" ] && cp -f "$b" "$OUTD/"; done
   tar -C "$STATE" -czf "$OUTD/logs.tar.gz.tmp" logs steps.tsv 2>/dev/null &&
     mv -f "$OUTD/logs.tar.gz.tmp" "$OUTD/logs.tar.gz"
 }
@@ -207,10 +217,25 @@ setup() {
   export LD_LIBRARY_PATH=$ROOT/pyx/gradsync${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export HYDRA_LAUNCHER=fork # one machine: no ssh
   MPIEXEC=${MPIEXEC:-$(command -v mpiexec || true)}
-  # NCCL: the device's own wheel (torch's), not the build machine's path
-  nccl=$("$PY" -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], \
+  # NCCL: the carried one (scripts/build_nccl.sh: 2.30+, two ranks on one
+  # GPU) for gradsync and, preloaded by its SONAME, for torch too; else the
+  # device's own wheel (torch's), not the build machine's path
+  if [ -f "$NCCL_BUNDLE/libnccl.so.2.xz" ]; then
+    nccl=$("$PY" scripts/nccl_bundle.py unpack "$NCCL_BUNDLE" "$SITE/nccl") ||
+      note "setup: unpacking the carried NCCL FAILED"
+    # the dry run's stand-in is a copy of the emulated runtime, which must
+    # not load beside the bundle's own: unpacked and checked, not used
+    if [ -f "$nccl" ] && [ "$DRY" != 1 ]; then
+      export GRADSYNC_NCCL_LIBRARY=$nccl LD_PRELOAD=$nccl${LD_PRELOAD:+:$LD_PRELOAD}
+      note "setup: the carried NCCL ($(grep -h '^version' "$NCCL_BUNDLE/MANIFEST")) at $nccl, preloaded for torch"
+    elif [ -f "$nccl" ]; then
+      note "setup: the carried NCCL unpacked at $nccl (dry run: not loaded)"
+    fi
+  else
+    nccl=$("$PY" -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], \
 'lib', 'libnccl.so.2'))" 2> /dev/null)
-  [ "$DRY" != 1 ] && [ -f "$nccl" ] && export GRADSYNC_NCCL_LIBRARY=${GRADSYNC_NCCL_LIBRARY:-$nccl}
+    [ "$DRY" != 1 ] && [ -f "$nccl" ] && export GRADSYNC_NCCL_LIBRARY=${GRADSYNC_NCCL_LIBRARY:-$nccl}
+  fi
   local nv
   nv=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
   [ -x "$nv" ] && export PATH=$PATH:$(dirname "$nv")
@@ -318,13 +343,16 @@ i = g.build_info(); print(\"cuda_devices\", i[\"cuda_devices\"], \"nccl\", i[\"n
     memcheck) sanitize memcheck "$rest" 2 ;;
     initcheck) sanitize initcheck "$rest" 1 ;;
     racecheck) sanitize racecheck "$rest" 1 ;;
-    nccl_shared)
-      if ! nccl_shares_gpu; then
-        skip_step nccl_shared "the device's NCCL is older than 2.30 (no multi-rank-per-GPU mode)"
-      else
-        step nccl_shared "$rest" "NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PYTEST \
-tests/gpu/test_nccl_ranks.py tests/gpu/test_device_exchange.py"
-      fi ;;
+    nccl_shared) nccl_step nccl_shared "$rest" "$MPIEXEC -n 2 $PYTEST \
+tests/gpu/test_nccl_ranks.py tests/gpu/test_device_exchange.py" ;;
+    nccl_c2) nccl_step nccl_c2 "$rest" "$MPIEXEC -n 2 tests/c/bin/test_device_paths && \
+$MPIEXEC -n 2 tests/c/bin/test_nccl_faults" ;;
+    nccl_pytest2) nccl_step nccl_pytest2 "$rest" "$MPIEXEC -n 2 $PYTEST $GPU_TESTS" ;;
+    nccl_latency) nccl_step nccl_latency "$rest" "$MPIEXEC -n 2 $PY -m bench.gpu --only latency \
+--json $STATE/bench_np2_latency.json $([ "$DRY" = 1 ] && echo --dry-run)" ;;
+    nccl_allreduce) nccl_step nccl_allreduce "$rest" "$MPIEXEC -n 2 $PY -m bench.gpu \
+--only allreduce --max-seconds 20 --json $STATE/bench_np2_allreduce.json \
+$([ "$DRY" = 1 ] && echo --dry-run)" ;;
     probes) step probes "$rest" "GS_PROBE_MPIEXEC=$MPIEXEC $PY scripts/gpu_probes.py --json $STATE/probes.json \
 $([ "$DRY" = 1 ] && echo --dry-run --timeout 12 || echo --timeout 35)" ;;
     bench) step bench "$rest" "$MPIEXEC -n 1 $PY -m bench.gpu \
@@ -333,14 +361,10 @@ $([ "$DRY" = 1 ] && echo --dry-run)" ;;
     wire_np1) step wire_np1 "$rest" "$MPIEXEC -n 1 $PYTEST $WIRE_TESTS" ;;
     wire_np2) step wire_np2 "$rest" "$MPIEXEC -n 2 $PYTEST $WIRE_TESTS" ;;
     wire_nccl)
-      if ! nccl_shares_gpu; then
-        skip_step wire_nccl "the device's NCCL is older than 2.30 (no multi-rank-per-GPU mode)"
-      else step wire_nccl "$rest" "NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PYTEST \
-$WIRE_NCCL_TESTS && \
-NCCL_MULTI_RANK_GPU_ENABLE=1 $MPIEXEC -n 2 $PY -c 'import gradsync as g, numpy as np; \
+      nccl_step wire_nccl "$rest" "$MPIEXEC -n 2 $PYTEST $WIRE_NCCL_TESTS && \
+$MPIEXEC -n 2 $PY -c 'import gradsync as g, numpy as np; \
 c = g.Communicator(); x = g.to_device(np.ones(4, np.float32)); c.allreduce_(x, wire=\"bfloat16\"); \
-print(\"device transport\", c.device_transport, x.numpy())'"
-      fi ;;
+print(\"device transport\", c.device_transport, x.numpy())'" ;;
     wire_memcheck)
       if [ -z "$SANITIZER" ]; then skip_step wire_memcheck "compute-sanitizer not found"; else
         step wire_memcheck "$rest" "$MPIEXEC -n 1 $SANITIZER --tool memcheck --report-api-errors no \
@@ -359,6 +383,18 @@ $([ "$DRY" = 1 ] && echo --dry-run)" ;;
       return 1
       ;;
   esac
+}
+
+# nccl_step NAME REST COMMAND: a step whose ranks share the one GPU over
+# NCCL (2.30+'s NCCL_MULTI_RANK_GPU_ENABLE=1, for gradsync's NCCL and
+# torch's alike); skipped when the NCCL loaded is older. NVLS off: NVSwitch
+# multicast is no single GPU's, and the carried build leaves its kernels out.
+nccl_step() {
+  if ! nccl_shares_gpu; then
+    skip_step "$1" "the NCCL loaded is older than 2.30 (no multi-rank-per-GPU mode)"
+  else
+    step "$1" "$2" "export NCCL_MULTI_RANK_GPU_ENABLE=1 NCCL_NVLS_ENABLE=0; $3"
+  fi
 }
 
 # Whether NCCL can put two ranks on one GPU (2.30+, NCCL_MULTI_RANK_GPU_ENABLE).
@@ -389,6 +425,7 @@ expand() {
     case $w in
       all) echo $ALL ;;
       wire) echo $WIRE ;;
+      nccl2) echo $NCCL2 ;;
       *) echo "$w" ;;
     esac
   done

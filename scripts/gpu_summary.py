@@ -35,7 +35,8 @@ C_LINE = re.compile(r"^(test_\w+) \((\d+) ranks\): (\d+) passed, (\d+) failed", 
 C_SKIP = re.compile(r"^(test_\w+): .*skipped", re.M)
 PYTEST_LINE = re.compile(r"^=*\s*((?:\d+ \w+(?:, )?)+) in [\d.]+s", re.M)
 RAN = re.compile(r"\b[1-9]\d* passed")
-RUNS_TESTS = ("c_np1", "c_np2", "pytest_np1", "pytest_np2", "nccl_shared")
+RUNS_TESTS = ("c_np1", "c_np2", "pytest_np1", "pytest_np2", "nccl_shared", "nccl_c2",
+              "nccl_pytest2", "wire_nccl")
 SANITIZER = re.compile(r"(ERROR SUMMARY: \d+ errors?|RACECHECK SUMMARY: .*)")
 
 
