@@ -126,3 +126,35 @@ def test_compiled_fsdp2_matches_one_process(torch_pg):
     with collectively(what="compiled FSDP2"):
         worst = max((a - b).abs().max().item() for a, b in zip(full, reference.parameters()))
         assert worst <= 2e-5, f"parameters differ from one process by {worst:g}"
+
+
+LAZY_PROBE = """
+import sys
+import gradsync.torch.distributed  # registers the backend
+from gradsync.torch.distributed._backend import COLLECTIVES, ProcessGroupGradsync as P
+print("dynamo at import:", "torch._dynamo" in sys.modules)
+print("wrapped before:", sum(bool(getattr(getattr(P, n), "_torchdynamo_disable", False))
+                             for n in COLLECTIVES))
+import torch._dynamo
+print("wrapped after:", sum(bool(getattr(getattr(P, n), "_torchdynamo_disable", False))
+                            for n in COLLECTIVES), "of", len(COLLECTIVES))
+"""
+
+
+def test_dynamo_is_not_imported_until_something_compiles():
+    """Registering the backend imports no torch._dynamo (2-5 s a process
+    that never compiles would pay); importing Dynamo wraps every collective
+    in torch.compiler.disable before anything can be traced."""
+    import subprocess
+    import sys
+
+    from launch_env import singleton_env
+    with collectively():
+        env = singleton_env()
+        r = subprocess.run([sys.executable, "-c", LAZY_PROBE], capture_output=True, text=True,
+                           env=env, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        from gradsync.torch.distributed._backend import COLLECTIVES
+        assert r.stdout.splitlines() == [
+            "dynamo at import: False", "wrapped before: 0",
+            f"wrapped after: {len(COLLECTIVES)} of {len(COLLECTIVES)}"], r.stdout

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 import gradsync as gs
 from gradsync import _core
-from gradsync.torch.distributed import _monitored, _work
+from gradsync.torch.distributed import _compile, _monitored, _work
 from gradsync.torch.distributed._tensors import Staged, export, flat_view, numel_units, reduce_op
 
 
@@ -549,22 +549,13 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                           what="recv from any source", limit=self.comm.timeout)
 
 
-# torch.compile never traces the backend. torch reaches a process group's
-# collectives from C++ (c10d's dispatch: gloo's and NCCL's are C++ and never
-# seen by Dynamo), but a Python group's methods met inside a compiled region
-# (DDP rebuilding its buckets on the second step calls broadcast) were
-# traced, and Dynamo stopped at the first member it could not model
-# ("Attempted to access unregistered member on an OpaqueObject ... '_run'").
-# Each collective runs eagerly, as a C++ backend's does (issue 46).
+# Collectives that run eagerly inside compiled regions (_compile.py says why).
 COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "allgather", "_allgather_base",
                "allgather_coalesced", "allgather_into_tensor_coalesced", "reduce_scatter",
                "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "alltoall_base",
                "alltoall", "barrier", "monitored_barrier", "gather", "scatter", "reduce", "send",
                "recv", "recv_anysource")
-for _name in COLLECTIVES:
-    setattr(ProcessGroupGradsync, _name,
-            torch.compiler.disable(getattr(ProcessGroupGradsync, _name), recursive=True))
-del _name
+_compile.eager_under_compile(ProcessGroupGradsync, COLLECTIVES)
 
 def _rows(view, rows):
     """gradsync's flat view reshaped into ``rows`` rows (dim 0 is split)."""
