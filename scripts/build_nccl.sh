@@ -27,8 +27,8 @@
 #                  uses neither, and the session sets NCCL_NVLS_ENABLE=0 so
 #                  nothing selects them). A function filtered out runs as a
 #                  no-op, so the bundle is for the session, not for users.
-#                  About an hour on 2 cores, a quarter of that with every
-#                  function; GS_NCCL_FUNCS="" builds all.
+#                  About 20 minutes on 2 cores (the full set has 60% more
+#                  kernels); GS_NCCL_FUNCS="" builds all.
 #   GS_NCCL_MAX_MIB  the bundle's limit, default 40
 #
 # The bundle: libnccl.so.2.xz and MANIFEST (version, architectures, sizes,

@@ -5,8 +5,9 @@ is, and unpack the bundle on the device machine.
     python scripts/nccl_bundle.py unpack BUNDLE_DIR DEST_DIR
 
 `check` prints the MANIFEST lines (version, architectures) and fails when
-the version is older than asked or the library's GPU code is not exactly
-the one architecture asked for (machine code only, no PTX). The
+the version is older than asked, or the library lacks machine code for the
+architecture asked for, or holds PTX (the driver would compile it at every
+start). The
 architectures are read from the library's fatbinary section, whose entry
 headers stay uncompressed when the payloads are compressed (nvcc
 -Xfatbin -compress-all): no cuobjdump needed, which the build machine lacks.
@@ -86,8 +87,13 @@ def check(args):
     if args.arch:
         archs = architectures(args.lib)
         print(f"architectures {','.join(sorted(archs))}", flush=True)
-        if archs != {f"sm_{args.arch}"}:
-            problems.append(f"GPU code for {sorted(archs)}, asked for sm_{args.arch} alone")
+        # NCCL compiles a few kernels for its own targets whatever it is
+        # asked (its Blackwell-only fp8 kernels: sm_100): reported above,
+        # not refused; what must hold is machine code for the GPU asked for
+        # and no PTX, which the driver would compile at every start
+        if f"sm_{args.arch}" not in archs or any(a.startswith("ptx") for a in archs):
+            problems.append(f"GPU code for {sorted(archs)}: want sm_{args.arch} machine code "
+                            f"and no PTX")
     for p in problems:
         print(f"nccl_bundle.py: {args.lib}: {p}", file=sys.stderr)
     return 1 if problems else 0
