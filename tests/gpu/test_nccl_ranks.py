@@ -311,3 +311,33 @@ def test_no_context_on_gpu0_for_a_process_on_gpu1():
         pytest.skip(verdict[1])
     with collectively():
         assert verdict[0] == "pass", verdict[1]
+
+
+@requires_gpus(2)
+def test_a_device_list_is_fused_into_one_nccl_launch(comm, device):
+    """Tensors at or above the direct size (256 KiB, which the host path
+    sends alone to save a copy) are fused with the rest on a device: one
+    NCCL launch for a list under the fusion threshold (issue 50's session:
+    ResNet-50's list made 85 NCCL calls, 390 ms instead of 6). The sums
+    equal NumPy's (integer values: exact in float32 in any order)."""
+    counts = [100_000, 3, 70_000, 0, 1, 65_537]  # 400 KB, 280 KB, 262,148 B: direct-size
+
+    def inputs(rank):
+        g = np.random.default_rng([50, rank])
+        return [g.integers(-1000, 1000, n).astype(np.float32) for n in counts]
+    every = [inputs(r) for r in range(WORLD.size)]
+    want = [np.sum([every[r][i].astype(np.float64) for r in range(WORLD.size)], axis=0)
+            for i in range(len(counts))]
+    launches = getattr(ctypes.CDLL("libgradsync.so"), "gs_emulated_nccl_launches", None)
+    if launches:
+        launches.restype = ctypes.c_long
+    with collectively():
+        xs = [gs.to_device(m, device) for m in every[WORLD.rank]]
+        before = launches() if launches else 0
+        comm.allreduce_(xs)
+        made = (launches() if launches else 0) - before
+        for i, x in enumerate(xs):
+            np.testing.assert_array_equal(x.numpy(), want[i].astype(np.float32),
+                                          err_msg=f"tensor {i}")
+        if launches:  # the emulated NCCL counts; on hardware the sums alone
+            assert made == 1, f"{made} NCCL launches for one fused list"

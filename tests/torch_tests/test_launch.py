@@ -120,7 +120,9 @@ def test_torch_spawn_harness():
 # once (dist_suite.py, GS_SPAWN_START_METHOD): with torch's spawn each rank
 # imports it afresh, 4 s of CPU a rank a test on two cores (hours for the
 # suite); test_torch_spawn_harness above runs torch's spawn itself.
-SUITE_SIZES = (2, 3, 4)
+# GS_TORCH_SUITE_SIZES (space-separated) picks the sizes: make test runs one
+# (the Makefile's TORCH_SUITE_SIZES), make test-extended all three.
+SUITE_SIZES = tuple(int(n) for n in os.environ.get("GS_TORCH_SUITE_SIZES", "2 3 4").split())
 
 
 def _suite_tests():
