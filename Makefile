@@ -19,6 +19,10 @@ EMU_PYTEST_NP_LIST ?= 1
 UPSTREAM_ADAPTER_NP ?= 4
 # Partitions with fixed worker counts (the 2x3 table, DistDL's 12 workers).
 PARTITION_NP_LIST ?= 6 12
+# torch's whole DistributedTest suite through torch's harness
+# (tests/torch_tests/test_launch.py): make test at 3 ranks (the odd size),
+# make test-extended at 2 and 4 as well (each size is minutes here).
+TORCH_SUITE_SIZES ?= 3
 TEST_TIMEOUT ?= 900
 SCRIPTS_DIR := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_path('scripts'))" 2>/dev/null)
 # mpiexec of the MPI we build with: next to $MPICC, else on PATH, else the wheel's.
@@ -41,7 +45,7 @@ LIB := pyx/gradsync/libgradsync.so
 # 10 polls: the suites at 4 ranks run about twice as fast on two cores, at
 # 2 ranks as fast as before (docs/DECISIONS.md). Timings (bench, demo) keep
 # MPICH's defaults; other MPIs ignore these variables.
-TEST_TARGETS := test c-tests py-tests test-emulated gpu-session-dry cluster-smoke cluster-test test-installed \
+TEST_TARGETS := test test-extended c-tests py-tests test-emulated gpu-session-dry cluster-smoke cluster-test test-installed \
     slurm-smoke torch-upstream torch-upstream-spawn check-memory
 $(TEST_TARGETS): export MPIR_CVAR_ENABLE_HEAVY_YIELD ?= 1
 $(TEST_TARGETS): export MPIR_CVAR_POLLS_BEFORE_YIELD ?= 10
@@ -87,7 +91,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: check-install test-installed all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream torch-upstream-spawn demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
+.PHONY: check-install test-installed test-extended all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream torch-upstream-spawn demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
 
 all: build
 
@@ -164,8 +168,8 @@ py-tests: build
 	        echo "== pytest tests/torch_tests tests/horovod_tests at $$n ranks"; \
 	        skip=""; case " $(UPSTREAM_ADAPTER_NP) " in *" $$n "*) ;; \
 	            *) skip="--ignore=tests/torch_tests/test_torch_upstream.py";; esac; \
-	        timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/torch_tests tests/horovod_tests \
-	            $$skip || exit 1; \
+	        GS_TORCH_SUITE_SIZES="$(TORCH_SUITE_SIZES)" timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n \
+	            $(PYTEST) tests/torch_tests tests/horovod_tests $$skip || exit 1; \
 	    done; \
 	else echo "== tests/torch_tests tests/horovod_tests skipped: torch is not importable by $(PYTHON) (pip install torch)"; fi
 	@if $(PYTHON) -c "import jax" >/dev/null 2>&1; then \
@@ -623,6 +627,16 @@ clean:
 # pip keeps the installed one) and runs each recipe at 2 ranks against gloo.
 FRAMEWORK_PINS = lightning==2.6.6 transformers==5.24.0 accelerate==1.15.0 deepspeed==0.19.8
 .PHONY: framework-test
+# The slow tiers make test leaves out, so that it stays near 20 minutes on
+# two cores (README): torch's suite through its harness at the sizes make
+# test skips, the framework recipes (installs Lightning, transformers,
+# accelerate, DeepSpeed), and the installed tier in a venv with nothing in it.
+test-extended: build
+	@echo "== torch's suite through its harness at 2 and 4 ranks"
+	@GS_TORCH_SUITE_SIZES="2 4" timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTEST) \
+	    tests/torch_tests/test_launch.py -k suite_through_its_harness
+	@$(MAKE) --no-print-directory framework-test check-install
+
 framework-test:
 	DS_BUILD_OPS=0 $(PYTHON) -m pip install -q $(FRAMEWORK_PINS) \
 	    "torch==$$($(PYTHON) -c 'import torch; print(torch.__version__.split("+")[0])')"

@@ -34,8 +34,8 @@ void gs_coll_counts_only(gs_coll_t *d, const int64_t *row_elems) {
  * calls, 390 ms; fused, 2 calls, 5.9 ms; docs/GPU.md, issue 50). */
 static gs_status_t messages(const gs_engine_t *e, gs_coll_t *d) {
   gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, d->plan_on, d->n, e->comm,
-                           d->fuse_direct || gs_engine_on_device(e)));
+  GS_CHECK(
+      gs_plan_tensors(&plan, d->plan_on, d->n, e->comm, d->fuse_direct || gs_engine_on_device(e)));
   gs_status_t s = GS_SUCCESS;
   for (int64_t k = 0; k < plan.nmsgs && s == GS_SUCCESS; k++)
     if (plan.msgs[k].count > 0) s = d->message(e, &plan, &plan.msgs[k], d);
