@@ -19,7 +19,6 @@ from mpi4py import MPI
 import gradsync as gs
 from bench.gpu import load_shapes
 
-
 CUDA = torch.cuda.is_available()  # without: a dry run of the logic on the CPU
 DEV = "cuda" if CUDA else "cpu"
 
@@ -77,7 +76,8 @@ def main(argv=None):
     put("gradsync first 16 ResNet-50 tensors", timed(lambda: comm.allreduce_(small), args.repeats,
                                                       world))
     from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if CUDA else [])
+    with profile(activities=activities) as prof:
         comm.allreduce_(grads)
         sync()
     if world.rank == 0:
