@@ -1,7 +1,8 @@
 """Helpers for the tests in tests/gpu that need real hardware or NCCL.
 
-- ``requires_gpus(n)``: the test needs n ranks on n GPUs, one each, so that
-  gradsync's device collectives take NCCL (NCCL refuses two ranks on one
+- ``requires_gpus(n)``: the test needs n ranks whose device collectives
+  take NCCL: n GPUs, one each, or ranks sharing a GPU under NCCL 2.30+'s
+  NCCL_MULTI_RANK_GPU_ENABLE=1 (older NCCL refuses two ranks on one
   GPU). Elsewhere it skips, saying what this run has. The decision is made
   once, by all ranks together (a collective at the first such test, which
   every rank reaches in the same order), so every rank skips or runs alike.
@@ -61,7 +62,7 @@ def requires_gpus(n):
             have, why = nccl_ranks(kwargs["device"])
             if have < n:
                 pytest.skip(f"needs {n} ranks on {n} GPUs, one each, reducing over NCCL "
-                            f"(NCCL refuses two ranks on one GPU); this run: {why}")
+                            f"(or NCCL 2.30+ with NCCL_MULTI_RANK_GPU_ENABLE=1); this run: {why}")
             return fn(*args, **kwargs)
         return wrapper
     return deco

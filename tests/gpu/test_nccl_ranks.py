@@ -1,9 +1,10 @@
 """gradsync's NCCL path across ranks (issue 13): tests that need n ranks on
-n GPUs, one each (``@requires_gpus(2)``; NCCL refuses two ranks on one
+n GPUs, one each, or sharing one under NCCL 2.30+'s multi-rank mode
+(``@requires_gpus(2)``; older NCCL refuses two ranks on one
 GPU), and one that needs two GPUs in one process. Where the run has fewer,
 they skip and say what it has. `make test-emulated` runs them over the
-emulated NCCL (one emulated GPU per process); on hardware they need a
-machine with 2+ GPUs.
+emulated NCCL (one emulated GPU per process); on hardware, a machine with
+2+ GPUs or one GPU shared under NCCL 2.30+ (scripts/gpu_session.sh nccl2).
 
 - min/max keep NaN and order -0 below +0 on NCCL exactly as on the host and
   the staged MPI path: the same bits on every path (NCCL's own fmin/fmax
