@@ -41,7 +41,7 @@ from gradsync.horovod.basics import (  # noqa: F401
     start_timeline,
     stop_timeline,
 )
-from gradsync.horovod.engine import HorovodInternalError, JoinedError, MismatchError  # noqa: F401
+from gradsync.horovod.errors import HorovodInternalError, JoinedError, MismatchError  # noqa: F401
 from gradsync.horovod.process_sets import (  # noqa: F401
     ProcessSet,
     add_process_set,

@@ -7,7 +7,8 @@ import os
 import gradsync as gs
 from gradsync import MPI
 from gradsync.horovod import state
-from gradsync.horovod.engine import Engine, Notices
+from gradsync.horovod.engine import Engine
+from gradsync.horovod.notices import Notices
 from gradsync.horovod.process_sets import ProcessSet, _register, global_process_set
 from gradsync.horovod.timeline import Timeline
 

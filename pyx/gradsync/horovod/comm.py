@@ -3,7 +3,7 @@ DistributedOptimizer and broadcasts use, routed through a Horovod engine, so
 their collectives are matched by name with the others, carry on while other
 ranks have called join(), and end when a rank shuts down. That is how the
 Horovod shim reuses them unchanged."""
-from gradsync.horovod.engine import signature_dtypes
+from gradsync.horovod.calls import signature_dtypes
 
 
 def _sig_like(tensors):

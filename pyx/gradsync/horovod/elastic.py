@@ -15,7 +15,7 @@ import copy
 import functools
 
 from gradsync.horovod import basics
-from gradsync.horovod.engine import HorovodInternalError
+from gradsync.horovod.errors import HorovodInternalError
 
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "run_fn"]
 

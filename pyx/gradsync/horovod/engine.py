@@ -45,11 +45,14 @@ ranks agree:
 
 With GRADSYNC_CHECK=0 (no cross-rank check) names are not compared, and a
 mismatch is not detected: the ranks must submit in the same order.
+
+This module is the Engine: submission, completion, shutdown, the executor
+thread and the fast path. The negotiation rounds are in
+gradsync.horovod.negotiation, a Call and its signature in
+gradsync.horovod.calls, the error classes in gradsync.horovod.errors, and
+the shutdown messages between processes in gradsync.horovod.notices.
 """
 import collections
-import hashlib
-import logging
-import pickle
 import threading
 import time
 
@@ -57,102 +60,14 @@ import numpy as np
 
 import gradsync as gs
 
-from . import stall_record
+from .calls import _DONE, _QUEUED, _RAISED, _RUNNING, Call, numpy_zeros, signature_dtypes
+from .errors import ShutdownError, _Abandoned
+from .negotiation import NegotiationRounds
 
-log = logging.getLogger("gradsync.horovod")
-
-_QUEUED, _RUNNING, _DONE, _RAISED = range(4)
-_SIG_DTYPES = (np.dtype(np.float16), np.dtype(gs.bfloat16), np.dtype(np.float32),
-               np.dtype(np.float64))
-_SIG_SLOTS = 12
-_JOIN_REPLAYABLE = ("allreduce", "barrier")
 _FIXED_NAMES = {"barrier": "barrier.noname", "join": "join.noname"}
 
 
-class HorovodInternalError(RuntimeError):
-    """A collective failed (Horovod's error class: a RuntimeError)."""
-
-
-class MismatchError(HorovodInternalError, gs.MismatchError):
-    """The ranks did not make the same call (a gs.MismatchError that is also
-    Horovod's HorovodInternalError). No tensor was written."""
-
-    def __init__(self, message="", status=None):
-        HorovodInternalError.__init__(self, message)
-        self.status = int(status) if status is not None else 3
-
-
-class JoinedError(HorovodInternalError):
-    """A collective that needs data from every rank ran while some ranks had
-    called join()."""
-
-
-class ShutdownError(HorovodInternalError):
-    """gradsync.horovod has been shut down on this rank or another."""
-
-
-def signature_dtypes(name):
-    """The dtypes of the zero-element tensors that carry ``name`` (None:
-    no signature)."""
-    if name is None:
-        return ()
-    h = int.from_bytes(hashlib.sha1(str(name).encode()).digest()[:3], "little")
-    return tuple(_SIG_DTYPES[(h >> (2 * i)) & 3] for i in range(_SIG_SLOTS))
-
-
-def _dtype_name(dtype):
-    name = getattr(dtype, "name", None)
-    return name if isinstance(name, str) else str(dtype).rsplit(".", 1)[-1]
-
-
-def _np_dtype(name):
-    return np.dtype(gs.bfloat16) if name == "bfloat16" else np.dtype(name)
-
-
-def numpy_zeros(dtype_name, shape):
-    return np.zeros(shape, _np_dtype(dtype_name))
-
-
-def _kind_label(kind):
-    """Horovod's name of an operation type (timeline and messages)."""
-    return {"reduce_scatter": "REDUCESCATTER", "add_set": "PROCESS_SET_ADD",
-            "remove_set": "PROCESS_SET_REMOVE"}.get(kind, kind.upper())
-
-
-class Call:
-    """One submitted operation: its arrays (data, then signature), what it
-    does, its result, and what becomes of it."""
-
-    __slots__ = ("kind", "arrays", "ndata", "args", "name", "result", "error", "state",
-                 "finish", "done", "observed", "submitted", "context", "unnamed", "site")
-
-    def __init__(self, kind, arrays, ndata, args, name, finish, context, unnamed):
-        self.kind, self.arrays, self.ndata, self.args = kind, arrays, ndata, args
-        self.name, self.finish, self.context, self.unnamed = name, finish, context, unnamed
-        self.result = self.error = None
-        self.state = _QUEUED
-        self.done = threading.Event()
-        self.observed = False
-        self.submitted = time.monotonic()
-        self.site = gs._core.flight_site_here()  # the submitting line, for the record
-
-    def describe(self):
-        """What a rank that joined needs to take part: kind, arguments, the
-        data's (dtype, shape) and the signature's dtypes."""
-        args = {k: v for k, v in self.args.items() if k not in ("out", "run")}
-        specs = [(_dtype_name(a.dtype), tuple(a.shape)) for a in self.arrays[:self.ndata]]
-        sig = [_dtype_name(a.dtype) for a in self.arrays[self.ndata:]]
-        return (self.kind, args, specs, sig)
-
-    def __repr__(self):
-        return self.name
-
-
-class _Abandoned(Exception):
-    """The executor was told to stop (shutdown) while it waited."""
-
-
-class Engine:
+class Engine(NegotiationRounds):
     """Operations of one process set, matched by name across its ranks, over
     one gs.Communicator. ``ranks``: the set's global ranks (member i is
     global rank ranks[i]); ``zeros(dtype_name, shape)`` makes what a joined
@@ -273,12 +188,6 @@ class Engine:
             raise call.error
         out = call.result if call.result is not None else call.arrays[:call.ndata]
         return call.finish(out) if call.finish is not None else out
-
-    def drain(self):
-        """Waits for every queued call (their errors stay with them)."""
-        for call in list(self._queue):
-            while not call.done.wait(0.05):
-                self.check_notices()
 
     def join(self):
         """Horovod's join(): contribute zeros to the other ranks' allreduces
@@ -450,257 +359,3 @@ class Engine:
             if call in self._queue:
                 self._queue.remove(call)
         call.done.set()
-
-    # ---- negotiation rounds ----------------------------------------------------
-    def _rendezvous(self, joined):
-        """The STATUS allreduce: returns each member's state (1 present, 2
-        joined). Repeats while other ranks are still in other collectives."""
-        size, me = self.comm.size, self.comm.rank
-        while True:
-            if self._closed is not None:
-                raise _Abandoned()
-            vec = np.zeros(size, np.int64)
-            vec[me] = 2 if joined else 1
-            try:
-                self.comm.allreduce_([vec] + self._status_sig, op="max")
-                return vec
-            except gs.MismatchError:
-                continue
-            except gs.Error as exc:
-                if self._closed is not None:
-                    raise _Abandoned() from exc
-                raise
-
-    def _exchange(self, mine):
-        """Every member's list of queued operations (a collective every
-        member makes once it is in the round)."""
-        data = np.frombuffer(pickle.dumps(mine), np.uint8).copy()
-        size = self.comm.size
-        lengths = np.zeros(size, np.int64)
-        lengths[self.comm.rank] = data.size
-        self.comm.allreduce_(lengths, "sum")
-        gathered = self.comm.allgather(data)
-        out, start = [], 0
-        for n in lengths.tolist():
-            out.append(pickle.loads(gathered[start:start + n].tobytes()))
-            start += n
-        return out
-
-    def _round(self):
-        gs._core.flight_use_site(-1)  # the round's own collectives have no user line
-        with self._cv:
-            queued = [c for c in self._queue if c.state == _QUEUED]
-        join_call = next((c for c in queued if c.kind == "join"), None)
-        ops = [c for c in queued if c.kind != "join"]
-        states = self._rendezvous(join_call is not None)
-        self._rounds += 1
-        if self.timeline is not None:
-            self.timeline.mark_cycle()
-        now = time.monotonic()
-        with self._cv:
-            counters = dict(self._counters)
-        exchanged = self._exchange((counters, [
-            (c.name, c.describe(), now - c.submitted,
-             repr(c.args["local_error"]) if "local_error" in c.args else None) for c in ops]))
-        all_counters = [e[0] for e in exchanged]
-        lists = [e[1] for e in exchanged]
-        size = self.comm.size
-        joined = [int(s) == 2 for s in states]
-        for r in range(size):
-            if joined[r]:
-                self._joined_round.setdefault(r, self._rounds)
-        active = [r for r in range(size) if not joined[r]]
-        by_rank = [{entry[0]: entry for entry in lst} for lst in lists]
-        mine = {c.name: c for c in ops}
-        if active:
-            ref = active[0]
-            ready = [e[0] for e in lists[ref] if all(e[0] in by_rank[r] for r in active)]
-        else:
-            ref = next((r for r in range(size) if lists[r]), None)
-            ready = [e[0] for e in lists[ref]] if ref is not None else []
-        progress = bool(ready)
-        for name in ready:
-            self._run_ready(name, by_rank, ref, mine, joined)
-        if not active:  # every member has joined: join() returns everywhere
-            last = max(self._joined_round.items(), key=lambda kv: (kv[1], kv[0]))[0]
-            self._joined_round = {}
-            if join_call is not None:
-                self._finish(join_call, result=self.ranks[last])
-            progress = True
-        left = [[e for e in lst if e[0] not in ready] for lst in lists]
-        if self._check_stall(left, active, mine, all_counters):
-            left = [[] for _ in lists]
-        if not any(left) and all(not j for j in joined):
-            self._negotiating = False
-        elif not progress:
-            self._pause(len(queued))
-
-    def _run_ready(self, name, by_rank, ref, mine, joined):
-        """Runs ``name`` on every member (joined ones with zeros), or fails
-        it on every rank that queued it."""
-        kind, args, specs, sig = by_rank[ref][name][1]
-        holders = [r for r in range(len(by_rank)) if name in by_rank[r]]
-        call = mine.get(name)
-        if call is None:
-            self._consume_name(name)
-        errors = [(r, by_rank[r][name][3]) for r in holders if by_rank[r][name][3]]
-        if errors:  # some rank's arguments failed there: fail it on every holder
-            if call is not None:
-                local = call.args.get("local_error")
-                self._finish(call, error=local if local is not None else MismatchError(
-                    f"{call}: rank {self.ranks[errors[0][0]]} could not make this "
-                    f"collective: {errors[0][1]}"))
-            return
-        if len(holders) < len(by_rank) and kind not in _JOIN_REPLAYABLE:
-            who = [self.ranks[r] for r in range(len(by_rank)) if r not in holders]
-            if call is not None:
-                self._finish(call, error=JoinedError(
-                    f"{call}: rank(s) {who} have called join(); {kind} needs every rank "
-                    "(only allreduce and barrier run with joined ranks, as in Horovod)"))
-            return
-        if call is not None:
-            arrays = call.arrays
-        else:  # joined here: zeros in the shape the others described
-            arrays = [self.zeros(d, s) for d, s in specs] + [self.zeros(d, (0,)) for d in sig]
-            call = Call(kind, arrays, len(specs), dict(args), name, None, None, False)
-            try:
-                self._execute(call, arrays, mine=False)
-            except (gs.MismatchError, ValueError, TypeError):
-                pass
-            return
-        try:
-            self._execute(call, arrays, mine=True)
-        except (gs.MismatchError, ValueError, TypeError) as exc:
-            self._finish(call, error=_translate(exc, call))
-
-    def _check_stall(self, left, active, mine, all_counters):
-        """Names some members queued and others did not: a warning after
-        HOROVOD_STALL_CHECK_TIME_SECONDS (rank 0); after
-        HOROVOD_STALL_SHUTDOWN_TIME_SECONDS, every queued operation of every
-        member raises HorovodInternalError naming the stalled names and the
-        ranks that never submitted them, and the members start again in
-        step (their unnamed counters set to the largest any member reached),
-        where Horovod shuts down. Decided from the shared lists, so every
-        member decides alike. Returns whether that happened."""
-        ages = {}
-        for r, lst in enumerate(left):
-            for name, _desc, age, _err in lst:
-                ages.setdefault(name, []).append((r, age))
-        stalled, newly = [], []
-        for name, seen in ages.items():
-            age = max(a for _, a in seen)
-            missing = [self.ranks[r] for r in active if r not in {x for x, _ in seen}]
-            if not missing:
-                continue
-            what = (f"{name} waited {age:.0f} s for rank(s) {missing} (submitted "
-                    f"by {[self.ranks[r] for r, _ in seen]})")
-            shut = self._stall_shutdown > 0 and age > self._stall_shutdown
-            if shut:
-                stalled.append(what)
-            if (shut or self._stall_warn > 0 and age > self._stall_warn) and \
-                    name not in self._warned:
-                self._warned.add(name)
-                newly.append(what)
-        if newly:  # every member: the doctor compares their queued names
-            path = stall_record.write(self.ranks, list(mine.values()),
-                                      "horovod stall: " + "; ".join(newly[:4]))
-            if self.comm.rank == 0:
-                log.warning("gradsync.horovod: stalled: %s%s",
-                            "; ".join(newly[:4]), "" if path is None else
-                            " (python -m gradsync.doctor %s)" % gs.flight_record_dir())
-        if not stalled:
-            return False
-        why = ("; ".join(stalled[:4]) + ": HOROVOD_STALL_SHUTDOWN_TIME_SECONDS passed; every "
-               "queued operation fails on every rank, which then carry on in step")
-        with self._cv:
-            for kind in {k for c in all_counters for k in c}:
-                self._counters[kind] = max(c.get(kind, 0) for c in all_counters)
-        for call in mine.values():
-            self._finish(call, error=HorovodInternalError(f"{call}: {why}"))
-        return True
-
-    def _pause(self, nqueued):
-        """No progress this round: wait a little (or until this rank queues
-        more) before the next one."""
-        with self._cv:
-            if self._closed is None and \
-                    sum(1 for c in self._queue if c.state == _QUEUED) == nqueued:
-                self._cv.wait(0.002)
-
-
-def _translate(exc, call):
-    """Horovod raises HorovodInternalError (a RuntimeError) for collectives
-    that fail across ranks; argument errors found on this rank keep their
-    own class (ValueError, TypeError)."""
-    if isinstance(exc, gs.MismatchError) and not isinstance(exc, MismatchError):
-        err = MismatchError(f"{call}: the ranks' operations of this name differ: {exc}",
-                            exc.status)
-        err.__cause__ = exc
-        return err
-    if isinstance(exc, gs.Error) and not isinstance(exc, (ValueError, TypeError)):
-        err = HorovodInternalError(f"{call}: {exc}")
-        err.__cause__ = exc
-        return err
-    return exc
-
-
-class Notices:
-    """Shutdown messages between the processes: one receive posted from
-    every other rank on a communicator of their own (gradsync point to
-    point), and one message to each when this rank shuts down or fails."""
-
-    _TAG = 7
-    _kept = []  # every instance, to the end of the process: MPI may still
-    # write into their posted receives (a late message after a shutdown)
-
-    def __init__(self, comm):
-        Notices._kept.append(self)
-        self.comm = comm
-        self.rank, self.size = comm.rank, comm.size
-        self._lock = threading.Lock()
-        self._bufs = {}
-        self._reqs = {}
-        self._sent = False
-        self._why = None
-        self._last = 0.0
-        for r in range(self.size):
-            if r != self.rank:
-                self._bufs[r] = np.zeros(1, np.int64)
-                self._reqs[r] = comm.recv_async_(self._bufs[r], r, self._TAG)
-
-    def announce(self, why):
-        """Tells every other rank that this one has shut down (once)."""
-        with self._lock:
-            if self._sent:
-                return
-            self._sent = True
-        self._code = np.ones(1, np.int64)  # kept with the requests (the instance lives on)
-        self._sends = []
-        for r in range(self.size):
-            if r != self.rank:
-                try:
-                    self._sends.append(self.comm.send_async(self._code, r, self._TAG))
-                except gs.Error:
-                    pass
-
-    def poll(self, force=False):
-        """Why another rank shut down, once one did (None before)."""
-        if self._why is not None:
-            return self._why
-        now = time.monotonic()
-        if not force and now - self._last < 0.02:
-            return None
-        with self._lock:
-            self._last = now
-            for r, req in list(self._reqs.items()):
-                try:
-                    done = req.test()
-                except gs.Error:
-                    done = True
-                if done:
-                    del self._reqs[r]
-                    self._why = (f"Horovod has been shut down: rank {r} shut down or "
-                                 "stopped (an exception, an exit, or a stalled operation "
-                                 "there); collectives cannot complete without it")
-                    break
-        return self._why

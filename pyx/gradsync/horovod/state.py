@@ -1,13 +1,13 @@
 """The process-wide state of gradsync.horovod between init() and shutdown():
 the global engine, the registered process sets, the topology."""
-from gradsync.horovod.engine import numpy_zeros
+from gradsync.horovod.calls import numpy_zeros
 
 _world = None          # the global process set's Engine
 _sets = []             # registered ProcessSets, global first
 _next_id = 0
 _topology = {}         # rank, size, local_rank, local_size, cross_rank, cross_size, homogeneous
 _zeros = numpy_zeros   # what joined ranks contribute, by (dtype name, shape)
-_notices = None        # shutdown messages between the processes (engine.Notices)
+_notices = None        # shutdown messages between the processes (notices.Notices)
 _timeline = None       # Horovod's timeline (timeline.Timeline)
 
 

@@ -9,164 +9,41 @@ and bfloat16 in float32, float32 in float32, float64 in float64. Every operation
 process set's executor thread (gradsync.horovod.engine): submission returns
 at once, poll() is False until it has run, and operations are matched across
 ranks by name, as Horovod matches them.
-"""
-import itertools
-import warnings
 
+Handles, poll() and synchronize() are in gradsync.horovod.torch.handles,
+the op and scaling rules in .scaling, and what turns tensors into the
+engine's arrays and signatures in .tensors.
+"""
 import torch
 
-import gradsync as gs
 from gradsync.horovod import state
 from gradsync.horovod.basics import OP_NAMES, Adasum, Average, Sum
-from gradsync.horovod.engine import HorovodInternalError, signature_dtypes
+from gradsync.horovod.errors import HorovodInternalError
 from gradsync.horovod.process_sets import global_process_set
 from gradsync.horovod.torch.compression import Compression
+from gradsync.horovod.torch.handles import (  # noqa: F401 (poll: Horovod's mpi_ops has it)
+    _done_handle,
+    _handle,
+    _Raise,
+    poll,
+    synchronize,
+)
+from gradsync.horovod.torch.scaling import _op, _scale_, _scales
+from gradsync.horovod.torch.tensors import (
+    _as_bytes,
+    _barrier_sig,
+    _contiguous,
+    _from_bytes,
+    _sig,
+    _stream,
+    _zeros_on,
+)
 from gradsync.torch._dlpack import _import
 
-_WIRE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
-         torch.int32, torch.int64)
-_TORCH_DTYPES = {str(d).rsplit(".", 1)[-1]: d for d in
-                 _WIRE + (torch.int16, torch.bool, torch.complex64, torch.complex128)}
-
-_handles = {}                 # handle -> _Handle
-_next_handle = itertools.count(1)
-_sig_cache = {}               # (name, device) -> signature tensors
-
-
-class _Handle:
-    __slots__ = ("engine", "call", "name")
-
-    def __init__(self, engine, call, name):
-        self.engine, self.call, self.name = engine, call, name
-
-
-# ------------------------------------------------------------------ plumbing
 
 def _engine(process_set):
     state.check_initialized()
     return process_set.engine()
-
-
-def _handle(engine, call, name):
-    h = next(_next_handle)
-    _handles[h] = _Handle(engine, call, name)
-    return h
-
-
-def _sig(tensors, rows_may_differ=False):
-    """The engine's signature maker for these tensors: zero-element tensors
-    (engine docstring) for the operation's full name and its tensors' shapes
-    (without dim 0 where it may differ by rank): gradsync compares element
-    counts, Horovod compares shapes too. In the tensors' memory; cached."""
-    shapes = tuple(tuple(t.shape[1:]) if rows_may_differ else tuple(t.shape) for t in tensors)
-    device = tensors[0].device if tensors else None
-
-    def build(full):
-        return [torch.empty(0, dtype=_TORCH_DTYPES[dt.name], device=device)
-                for dt in signature_dtypes(repr((full, shapes)))]
-
-    def make(full):
-        if ".noname." in full:  # a name of its own per call: a cache would only grow
-            return build(full)
-        key = (full, device, shapes)
-        sig = _sig_cache.get(key)
-        if sig is None:
-            if len(_sig_cache) > 4096:
-                _sig_cache.clear()
-            sig = _sig_cache[key] = build(full)
-        return sig
-    return make
-
-
-def _stream(tensors):
-    """For CUDA tensors: a context that makes the caller's current stream
-    current on the executor thread (gradsync orders its work after it)."""
-    if not tensors or tensors[0].device.type != "cuda":
-        return None
-    stream = torch.cuda.current_stream(tensors[0].device)
-    return lambda: torch.cuda.stream(stream)
-
-
-def _zeros_on(device):
-    def zeros(dtype_name, shape):
-        return torch.zeros(shape, dtype=_TORCH_DTYPES[dtype_name], device=device)
-    return zeros
-
-
-def _contiguous(t, what="tensor"):
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
-    return t.detach().contiguous()
-
-
-def _as_bytes(t):
-    """t itself when gradsync takes its dtype, else its bytes (a uint8 view
-    with the same dim 0): data movement does not care about dtypes."""
-    if t.dtype in _WIRE:
-        return t
-    return t.reshape(t.shape[0] if t.dim() else 1, -1).view(torch.uint8)
-
-
-def _from_bytes(out, like):
-    if like.dtype in _WIRE:
-        return out
-    return out.view(like.dtype).reshape((-1,) + tuple(like.shape[1:]))
-
-
-def _op(op, average):
-    """Horovod's rule: op=None and average=None is Average; average=True or
-    False picks Average or Sum (deprecated); both given is an error."""
-    if op is not None and average is not None:
-        raise ValueError("The op parameter supersedes average. Please provide only one of them.")
-    if average is not None:
-        warnings.warn("Parameter `average` has been replaced with `op` and will be removed",
-                      DeprecationWarning, stacklevel=3)
-        return Average if average else Sum
-    if op is None:
-        return Average
-    if op not in OP_NAMES:
-        raise ValueError(f"op must be one of hvd.Average, Sum, Adasum, Min, Max, Product; "
-                         f"got {op!r}")
-    return op
-
-
-def _scale_(tensors, factor):
-    """Horovod's ScaleBuffer: floats in float32 (float64 for float64) with
-    one rounding (gradsync's scale kernel), integers in float64 truncated."""
-    if factor == 1.0:
-        return
-    if isinstance(factor, _Divide):
-        for t in tensors:
-            t.div_(factor.n)
-        return
-    floats = [t for t in tensors if t.is_floating_point()]
-    if floats:
-        gs.scale_(floats, factor)
-    for t in tensors:
-        if not t.is_floating_point():
-            t.copy_(t.to(torch.float64) * factor)
-
-
-def _scales(tensors, op, prescale, postscale, set_size):
-    """(gradsync op, gradsync prescale, postscale, shim prescale, postscale):
-    gradsync scales floating tensors itself; integer lists are scaled here."""
-    post = postscale / set_size if op == Average else postscale
-    gs_op = "sum" if op == Average else OP_NAMES[op]
-    if all(t.is_floating_point() for t in tensors):
-        if op == Average and postscale == 1.0 and set_size & (set_size - 1):
-            # the sum divided by the size, rounded once (1/size is not exact)
-            return gs_op, prescale, 1.0, 1.0, _Divide(set_size)
-        return gs_op, prescale, post, 1.0, 1.0
-    return gs_op, 1.0, 1.0, prescale, post
-
-
-class _Divide(float):
-    """A postscale of 1/n applied as a division by n (correctly rounded)."""
-
-    def __new__(cls, n):
-        obj = super().__new__(cls, 1.0 / n)
-        obj.n = n
-        return obj
 
 
 # ----------------------------------------------------------------- allreduce
@@ -192,19 +69,6 @@ def _allreduce_submit(tensors, name, op, prescale, postscale, process_set, resul
                          prescale=pre, postscale=post, adasum=adasum, finish=finish,
                          context=_stream(tensors))
     return _handle(engine, call, name)
-
-
-class _Done:
-    """A finished call (nothing to communicate)."""
-
-    def __init__(self, value):
-        self.value = value
-
-
-def _done_handle(value):
-    h = next(_next_handle)
-    _handles[h] = _Handle(None, _Done(value), None)
-    return h
 
 
 def allreduce_async(tensor, average=None, name=None, op=None, prescale_factor=1.0,
@@ -472,11 +336,6 @@ def _reducescatter_submit(tensors, name, op, process_set, prescale, postscale, r
     return _handle(engine, call, name)
 
 
-class _Raise:
-    def __init__(self, exc):
-        self.exc = exc
-
-
 def reducescatter_async(tensor, name=None, op=Average, process_set=global_process_set,
                         prescale_factor=1.0, postscale_factor=1.0):
     """Starts a reduction over the set of which this rank keeps block
@@ -614,30 +473,7 @@ def alltoall(tensor, splits=None, name=None, process_set=global_process_set):
     return HorovodAlltoall.apply(tensor, splits, name, process_set)
 
 
-# ------------------------------------------------------ handles, join, barrier
-
-def poll(handle):
-    """True once the operation of ``handle`` has finished (synchronize()
-    then returns without waiting)."""
-    h = _handles.get(handle)
-    if h is None or h.engine is None:
-        return True
-    return h.engine.test(h.call)
-
-
-def synchronize(handle):
-    """Waits for the operation of ``handle`` and returns its output
-    (None for an unknown handle)."""
-    h = _handles.pop(handle, None)
-    if h is None:
-        return None
-    if h.engine is None:
-        value = h.call.value
-        if isinstance(value, _Raise):
-            raise value.exc
-        return value
-    return h.engine.wait(h.call)
-
+# --------------------------------------------------------------- join, barrier
 
 def join(device=-1):
     """This rank has no more data: it takes part in the other ranks'
@@ -647,10 +483,6 @@ def join(device=-1):
     engine = _engine(global_process_set)
     state.set_zeros_factory(_zeros_on("cpu" if device < 0 else torch.device("cuda", device)))
     return engine.join()
-
-
-def _barrier_sig(full):
-    return [torch.empty(0, dtype=_TORCH_DTYPES[dt.name]) for dt in signature_dtypes(full)]
 
 
 def barrier(process_set=global_process_set):
