@@ -96,13 +96,6 @@ def _scatter_into(flat, tensors):
         offset += n
 
 
-def _same_buffer(tensors, flat):
-    """Whether ``tensors`` are, in order, contiguous views tiling ``flat``."""
-    return False if flat is None else all(
-        t.is_contiguous() and t.data_ptr() == flat.data_ptr() + k * t.numel() * t.element_size()
-        for k, t in enumerate(tensors))
-
-
 class ProcessGroupGradsync(dist.ProcessGroup):
     """The "gradsync" backend of torch.distributed over ``comm``."""
 
