@@ -16,21 +16,26 @@ that runs out raises ``_work.TimeoutError`` ("Timed out ...").
 import contextlib
 import itertools
 import os
-import zlib
 from datetime import timedelta
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 import gradsync as gs
 from gradsync import _core
-from gradsync.torch.distributed import _compile, _monitored, _work
-from gradsync.torch.distributed._tensors import Staged, export, flat_view, numel_units, reduce_op
-
-
-def _unsupported(what):
-    raise NotImplementedError(f"gradsync backend: {what} is not supported")
+from gradsync.torch.distributed import _compile, _monitored, _sparse, _work
+from gradsync.torch.distributed._rooted import RootedAndPointToPoint
+from gradsync.torch.distributed._tensors import (
+    Staged,
+    cat,
+    export,
+    flat_view,
+    numel_units,
+    reduce_op,
+    rows,
+    scatter_into,
+    unsupported,
+)
 
 
 def _is_async(opts):
@@ -46,7 +51,6 @@ def _seconds(timeout):
     return None if seconds < 0 else seconds
 
 
-_MAX_SPARSE_DIMS = 16
 # torch's "no timeout of the call's own" (kUnsetTimeout), as options carry it
 _UNSET_TIMEOUT = dist.AllreduceOptions().timeout
 # What gradsync reduces in a tensor's own memory, without a stand-in (host
@@ -79,24 +83,7 @@ _DIRECT_OPS = {dist.ReduceOp.RedOpType.SUM.value: "sum", dist.ReduceOp.RedOpType
                dist.ReduceOp.RedOpType.PRODUCT.value: "prod"}
 
 
-def _cat(tensors):
-    """One flat contiguous tensor holding the tensors' elements in order."""
-    return torch.cat([flat_view(t.contiguous()) for t in tensors]) if tensors else None
-
-
-def _scatter_into(flat, tensors):
-    """Copies consecutive pieces of ``flat`` into ``tensors``."""
-    offset = 0
-    for t in tensors:
-        n = numel_units(t)
-        piece = flat[offset:offset + n]
-        if t.dtype != piece.dtype:
-            piece = piece.view(t.dtype)
-        t.copy_(piece.reshape(t.shape))
-        offset += n
-
-
-class ProcessGroupGradsync(dist.ProcessGroup):
+class ProcessGroupGradsync(RootedAndPointToPoint, dist.ProcessGroup):
     """The "gradsync" backend of torch.distributed over ``comm``."""
 
     def __init__(self, comm, timeout=None):
@@ -242,7 +229,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
             local = local + t
         self._count()
         with self._limit(_seconds(getattr(opts, "timeout", None)), "sparse allreduce"):
-            total = _sparse_sum(self.comm, local.coalesce())
+            total = _sparse.sparse_sum(self.comm, local.coalesce())
         for t in tensors:
             t.copy_(total)
         return _work.done(tensors)
@@ -285,7 +272,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def allgather(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.AllgatherOptions()
         if len(input_tensors) != 1 or len(output_tensors) != 1:
-            _unsupported("allgather of several tensors per rank (one per device)")
+            unsupported("allgather of several tensors per rank (one per device)")
         inp, outs = input_tensors[0], output_tensors[0]
         if len(outs) != self.comm.size:
             raise ValueError(f"gradsync backend: allgather needs {self.comm.size} output "
@@ -296,7 +283,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                                  "input's size and dtype")
         flat = torch.empty(inp.numel() * self.comm.size, dtype=inp.dtype, device=inp.device)
         return self._allgather_flat(opts, [inp], [flat], output_tensors,
-                                    lambda: _scatter_into(flat_view(flat), outs))
+                                    lambda: scatter_into(flat_view(flat), outs))
 
     def _allgather_base(self, output, input, opts=None):
         if self._now(opts) and _direct(input) and _direct(output) and \
@@ -322,7 +309,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
 
         def finish():
             for i, flat in enumerate(flats):
-                _scatter_into(flat_view(flat), [output_lists[r][i] for r in range(P)])
+                scatter_into(flat_view(flat), [output_lists[r][i] for r in range(P)])
         return self._allgather_flat(opts, list(input_tensors), flats, output_lists, finish)
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
@@ -341,7 +328,7 @@ class ProcessGroupGradsync(dist.ProcessGroup):
                 raise ValueError(f"gradsync backend: reduce_scatter's input has "
                                  f"{t_in.numel()} elements; it needs {self.comm.size} times "
                                  f"the output's {t_out.numel()}")
-        ins = [_rows(v, self.comm.size) for v in staged_in.views]
+        ins = [rows(v, self.comm.size) for v in staged_in.views]
         outs = staged_out.views
 
         def done():
@@ -357,14 +344,14 @@ class ProcessGroupGradsync(dist.ProcessGroup):
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ReduceScatterOptions()
         if len(output_tensors) != 1 or len(input_tensors) != 1:
-            _unsupported("reduce_scatter of several tensors per rank (one per device)")
+            unsupported("reduce_scatter of several tensors per rank (one per device)")
         out, ins = output_tensors[0], input_tensors[0]
         if len(ins) != self.comm.size:
             raise ValueError(f"gradsync backend: reduce_scatter needs {self.comm.size} input "
                              f"tensors, got {len(ins)}")
         if any(t.numel() != out.numel() for t in ins):
-            _unsupported("reduce_scatter with inputs of different sizes")
-        flat = _cat(ins)
+            unsupported("reduce_scatter with inputs of different sizes")
+        flat = cat(ins)
         if flat.dtype != out.dtype:
             flat = flat.view(out.dtype)
         return self._reduce_scatter_flat(opts, [flat], [out], output_tensors)
@@ -430,13 +417,13 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         dtypes = {t.dtype for t in list(input_tensors) + list(output_tensors)}
         if len(dtypes) != 1:
             raise ValueError("gradsync backend: all_to_all's tensors must share one dtype")
-        flat_in = _cat(input_tensors)
+        flat_in = cat(input_tensors)
         send = [numel_units(t) for t in input_tensors]
         recv = [numel_units(t) for t in output_tensors]
         flat_out = torch.empty(sum(recv), dtype=flat_in.dtype, device=flat_in.device)
         return self._a2a(opts, export(flat_in), export(flat_out), send, recv,
                          list(output_tensors),
-                         lambda: _scatter_into(flat_out, output_tensors))
+                         lambda: scatter_into(flat_out, output_tensors))
 
     # ---- barrier ----------------------------------------------------------------
     def barrier(self, opts=None):
@@ -458,89 +445,6 @@ class ProcessGroupGradsync(dist.ProcessGroup):
         _monitored.monitored_barrier(self.comm, group if seconds is None else seconds,
                                      bool(wait_all_ranks), group)
 
-    # ---- rooted -------------------------------------------------------------------
-    def gather(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.GatherOptions()
-        if len(input_tensors) != 1:
-            _unsupported("gather of several tensors per rank")
-        root, P = int(opts.rootRank), self.comm.size
-        inp = input_tensors[0]
-        flat_in = flat_view(inp.contiguous())
-        flat_out, finish = None, None
-        outs = output_tensors[0] if output_tensors else []
-        if self.comm.rank == root:
-            if len(outs) != P:
-                raise ValueError(f"gradsync backend: gather needs {P} output tensors at the "
-                                 f"root, got {len(outs)}")
-            flat_out = torch.empty(sum(numel_units(t) for t in outs), dtype=flat_in.dtype,
-                                   device=inp.device)
-
-            def finish():
-                _scatter_into(flat_out, outs)
-        counts = [flat_in.numel()] * P
-        out = None if flat_out is None else export(flat_out)
-        return self._run(
-            opts, lambda: self.comm.gather_async(export(flat_in), out, root, counts).wait(),
-            lambda: self.comm.gather_async(export(flat_in), out, root, counts),
-            list(outs), finish, "gather")
-
-    def scatter(self, output_tensors, input_tensors, opts=None):
-        opts = opts or dist.ScatterOptions()
-        if len(output_tensors) != 1:
-            _unsupported("scatter of several tensors per rank")
-        root, P = int(opts.rootRank), self.comm.size
-        out = output_tensors[0]
-        staged_out = Staged([out], "output", True)
-        flat_in = None
-        if self.comm.rank == root:
-            ins = input_tensors[0] if input_tensors else []
-            if len(ins) != P:
-                raise ValueError(f"gradsync backend: scatter needs {P} input tensors at the "
-                                 f"root, got {len(ins)}")
-            flat_in = export(_cat(ins))
-        counts = [numel_units(out)] * P
-        view = staged_out.views[0]
-        return self._run(
-            opts, lambda: self.comm.scatter_async(flat_in, view, root, counts).wait(),
-            lambda: self.comm.scatter_async(flat_in, view, root, counts),
-            [out], staged_out.finish, "scatter")
-
-    def reduce(self, tensors, opts=None):
-        opts = opts or dist.ReduceOptions()
-        op, prescale = reduce_op(opts.reduceOp, "reduce")
-        staged = Staged(tensors, "tensors", True, op)
-        root = int(opts.rootRank)
-        return self._run(
-            opts, lambda: self.comm.reduce_(staged.views, staged.op, root, prescale=prescale),
-            lambda: self.comm.reduce_async_(staged.views, staged.op, root, prescale=prescale),
-            tensors, staged.finish, "reduce")
-
-    # ---- point to point -------------------------------------------------------------
-    def _tag(self, tag):
-        if int(tag) >= self._free_tags:
-            raise ValueError(f"gradsync backend: tag {tag} is reserved for monitored_barrier "
-                             f"(send/recv take tags 0..{self._free_tags - 1})")
-        return int(tag)
-
-    def send(self, tensors, dst, tag):
-        staged = Staged(tensors, "tensor", False)
-        return _work.Work(self.comm.send_async(staged.views, int(dst), self._tag(tag)), tensors,
-                          p2p=True, what="send")
-
-    def recv(self, tensors, src, tag):
-        staged = Staged(tensors, "tensor", True)
-        return _work.Work(self.comm.recv_async_(staged.views, int(src), self._tag(tag)), tensors,
-                          staged.finish, p2p=True, source_rank=int(src), what="recv",
-                          limit=self.comm.timeout)
-
-    def recv_anysource(self, tensors, tag):
-        """A receive from whichever rank sends first (the Work's
-        ``source_rank()`` names it once done)."""
-        staged = Staged(tensors, "tensor", True)
-        return _work.Work(self.comm.recv_any_async_(staged.views, self._tag(tag)), tensors,
-                          staged.finish, p2p=True, source_rank=None,
-                          what="recv from any source", limit=self.comm.timeout)
-
 
 # Collectives that run eagerly inside compiled regions (_compile.py says why).
 COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "allgather", "_allgather_base",
@@ -550,35 +454,3 @@ COLLECTIVES = ("allreduce", "allreduce_coalesced", "broadcast", "allgather", "_a
                "recv", "recv_anysource")
 _compile.eager_under_compile(ProcessGroupGradsync, COLLECTIVES)
 
-def _rows(view, rows):
-    """gradsync's flat view reshaped into ``rows`` rows (dim 0 is split)."""
-    if isinstance(view, np.ndarray):
-        return view.reshape(rows, -1) if view.size else view.reshape(rows, 0)
-    return view.reshape(rows, -1) if view.numel() else view.reshape(rows, 0)
-
-
-
-def _sparse_sum(comm, x):
-    """The sum over ``comm``'s ranks of coalesced sparse COO tensors ``x``
-    (same size, sparse dims and dtype on every rank, else ValueError on
-    every rank): indices and values gathered, then coalesced, so every rank
-    adds the same terms in the same order."""
-    if x.dim() > _MAX_SPARSE_DIMS:
-        raise ValueError(f"gradsync backend: sparse allreduce takes at most "
-                         f"{_MAX_SPARSE_DIMS} dims, got {x.dim()}")
-    meta = np.full((1, 3 + _MAX_SPARSE_DIMS), -1, np.int64)
-    meta[0, :3] = (x.sparse_dim(), zlib.crc32(str(x.dtype).encode()), x.dim())
-    meta[0, 3:3 + x.dim()] = x.shape
-    every = comm.allgather(meta)
-    if not (every == every[0]).all():
-        raise ValueError("gradsync backend: sparse allreduce: the ranks' tensors differ in "
-                         "size, sparse dims or dtype (Sparse dimensions do not match): "
-                         f"rank by rank {[list(m[3:3 + m[2]]) for m in every]}")
-    nnz, dense = x._nnz(), x.shape[x.sparse_dim():]
-    width = int(np.prod(dense, dtype=np.int64))
-    indices = comm.allgather(x.indices().t().contiguous())
-    values = x.values().contiguous().reshape(nnz, width)
-    values = comm.allgather(values.view(torch.uint8))  # any dtype, as bytes
-    total = indices.shape[0]
-    values = torch.from_numpy(values).view(x.dtype).reshape((total,) + tuple(dense))
-    return torch.sparse_coo_tensor(torch.from_numpy(indices).t(), values, x.shape).coalesce()

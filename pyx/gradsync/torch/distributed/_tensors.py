@@ -117,3 +117,30 @@ def export(t):
 
 
 __all__ = ["Staged", "as_bytes", "export", "flat_view", "numel_units", "reduce_op", "np"]
+
+def unsupported(what):
+    raise NotImplementedError(f"gradsync backend: {what} is not supported")
+
+
+def cat(tensors):
+    """One flat contiguous tensor holding the tensors' elements in order."""
+    return torch.cat([flat_view(t.contiguous()) for t in tensors]) if tensors else None
+
+
+def scatter_into(flat, tensors):
+    """Copies consecutive pieces of ``flat`` into ``tensors``."""
+    offset = 0
+    for t in tensors:
+        n = numel_units(t)
+        piece = flat[offset:offset + n]
+        if t.dtype != piece.dtype:
+            piece = piece.view(t.dtype)
+        t.copy_(piece.reshape(t.shape))
+        offset += n
+
+
+def rows(view, rows):
+    """gradsync's flat view reshaped into ``rows`` rows (dim 0 is split)."""
+    if isinstance(view, np.ndarray):
+        return view.reshape(rows, -1) if view.size else view.reshape(rows, 0)
+    return view.reshape(rows, -1) if view.numel() else view.reshape(rows, 0)
