@@ -16,7 +16,7 @@ gs_status_t gs_comm_valid(gs_comm_t comm, const char *where);
  * calling thread for the rest of the call. */
 gs_status_t gs_comm_enter(gs_comm_t comm, const char *where);
 
-/* ---- cross-rank validation (check.c) ------------------------------------ */
+/* ---- cross-rank validation (check.c, check_explain.c, check_stall.c) ---- */
 
 typedef enum gs_call_kind {
   GS_CALL_BARRIER = 1,

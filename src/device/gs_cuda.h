@@ -177,7 +177,7 @@ gs_status_t gs_cu_wire_pass(gs_cu_wire_pass_t pass, gs_cu_wire_job_t job, const 
 
 /* ---- the gradient kernels on CUDA memory (kernels.c) --------------------------
  * On the calling thread's work stream, no host wait (gs_all_finite reads
- * its answer, polling). Arguments are checked by kernels.c. */
+ * its answer, polling). Arguments are checked by coll/kernels.c. */
 gs_status_t gs_device_zero(const gs_tensor_t *t, int64_t n);
 gs_status_t gs_device_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64_t n,
                                  int overwrite);

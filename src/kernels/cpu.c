@@ -214,7 +214,7 @@ static int threads_for(int64_t total) {
 #endif
 }
 
-/* ---- over tensor lists (arguments checked by kernels.c) ---------------------------- */
+/* ---- over tensor lists (arguments checked by coll/kernels.c) ----------------------- */
 
 void gs_cpu_zero(const gs_tensor_t *t, int64_t n) {
   for (int64_t i = 0; i < n; i++)

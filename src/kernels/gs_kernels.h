@@ -1,5 +1,5 @@
-/* gradsync private, kernels/ (a layer: docs/ARCHITECTURE.md): the host kernels (cpu_*.c) and the
- * CUDA kernels' launchers (cuda.cu; on a machine without a GPU,
+/* gradsync private, kernels/ (a layer: docs/ARCHITECTURE.md): the host kernels (cpu.c,
+ * cpu_*.c) and the CUDA kernels' launchers (cuda.cu; on a machine without a GPU,
  * tests/emulated_cuda). Pure computation: no MPI, no waits, no
  * communicators. The launchers queue one kernel on a stream over tables
  * that already sit in device memory, and return. */
@@ -54,7 +54,7 @@ void gs_cpu_adasum_combine(gs_dtype_t dtype, double ca, const void *a, double cb
                            void *out, int64_t n);
 
 /* ---- gradient kernels over tensor lists (cpu.c, cpu_simd.c) ------------------
- * Host memory; the arguments are checked by the caller (kernels.c). */
+ * Host memory; the arguments are checked by the caller (coll/kernels.c). */
 void gs_cpu_zero(const gs_tensor_t *t, int64_t n);
 gs_status_t gs_cpu_accumulate(const gs_tensor_t *acc, const gs_tensor_t *grad, int64_t n,
                               int overwrite);

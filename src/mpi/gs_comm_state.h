@@ -9,14 +9,14 @@
 #include "gs_comm.h"
 #include "device/gs_cuda.h"
 
-/* Ranks of one host that read each other's memory (transport/cma.c). */
+/* Ranks of one host that read each other's memory (transport/cma_group.c). */
 typedef struct gs_cma_group {
   MPI_Comm mpi;  /* their communicator */
   int rank, size;
   int state;     /* 0 not probed yet, 1 usable, -1 refused somewhere */
   int64_t *pids; /* every rank's process id, once usable */
   char *scratch; /* two pieces: a peer's data, the running fold */
-  int64_t piece; /* their size (cma.c) */
+  int64_t piece; /* their size (cma_group.c) */
   uintptr_t *blocks;      /* 2 MiB blocks of this rank's tensors seen (cma_pages.c) */
   unsigned char *asked;   /* per block: gathered into a 2 MiB page already asked for */
   int64_t nblocks;
@@ -62,7 +62,8 @@ struct gs_comm {
   void *pinned;            /* pinned host staging for GS_PATH_STAGED */
   size_t pinned_bytes;
   gs_fate_t fate;          /* unusable once a wait gave up; whether ranks own cores */
-  /* hosts, agreed by all ranks at creation (hierarchical.c) */
+  /* hosts, agreed by all ranks at creation (hosts.c; hier_node and hier_cross
+   * made by hierarchical.c) */
   int host_min, host_max;  /* fewest and most ranks on one host */
   int hosts_consecutive;   /* every host's ranks are consecutive ranks */
   int hier_mode;           /* GRADSYNC_HIERARCHICAL: -1 auto, 0 off, 1 on */

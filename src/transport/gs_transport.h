@@ -1,8 +1,8 @@
 /* gradsync private, transport/ (a layer: docs/ARCHITECTURE.md): one gs_transport_t per way of
  * moving data, each in its own file (mpi.c, cuda_aware.c, staged.c,
  * nccl.c), so a new transport (UCC, Gloo)
- * touches one file; the hosts' topology and the hierarchical allreduce
- * (hierarchical.c); MPI's own exchange collectives (mpi_xfer.c). Every call
+ * touches one file; the hosts' topology (hosts.c) and the hierarchical
+ * allreduce (hierarchical.c); MPI's own exchange collectives (mpi_xfer.c). Every call
  * takes 64-bit counts. `op` is a reduction (sum, min, max, prod): average
  * and the scales are the engine's. */
 #ifndef GRADSYNC_TRANSPORT_H
@@ -156,8 +156,9 @@ gs_status_t gs_cma_host_allgather_segs(gs_comm_t c, const void *from, const gs_s
  * block, not 512); cma_pages.c. */
 void gs_cma_settle_pages(gs_comm_t c, gs_cma_group_t *g, const gs_seg_t *segs, int64_t nseg,
                          size_t es);
-/* A group for `mpi`'s ranks, not probed yet (MPI_COMM_NULL: none); what the
- * group held before is freed. */
+/* The groups (cma_group.c, down to gs_cma_scratch). A group for `mpi`'s
+ * ranks, not probed yet (MPI_COMM_NULL: none); what the group held before
+ * is freed. */
 void gs_cma_group_reset(gs_cma_group_t *g, MPI_Comm mpi);
 /* Collective over g: every rank reads one word from every other and writes
  * it back; any refusal turns the reads off on all of them (cma_group.c). */

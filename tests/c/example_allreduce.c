@@ -1,7 +1,7 @@
 /* gradsync from plain C: average 200 float32 gradients of mixed sizes over
  * all ranks in ONE fused message.
  *
- *   mpicc -Iinclude example_allreduce.c -Lpyx/gradsync -lgradsync \
+ *   mpicc -Iinclude tests/c/example_allreduce.c -Lpyx/gradsync -lgradsync \
  *         -Wl,-rpath,$PWD/pyx/gradsync -o example && mpiexec -n 4 ./example */
 #include <math.h>
 #include <stdio.h>
