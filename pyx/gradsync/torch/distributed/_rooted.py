@@ -5,17 +5,22 @@ torch's arguments into one gradsync call on flat views, run by the group's
 import torch
 import torch.distributed as dist
 
-from gradsync.torch.distributed import _work
-from gradsync.torch.distributed._tensors import (
-    Staged,
-    cat,
-    export,
-    flat_view,
-    numel_units,
-    reduce_op,
-    scatter_into,
-    unsupported,
-)
+from gradsync.torch.distributed import _tensors, _work
+from gradsync.torch.distributed._tensors import Staged, export
+
+
+def _rooted_args(comm, opts, mine, at_root, what, role):
+    """(root, ranks, this rank's one tensor, the root's list of one tensor
+    per rank): torch passes a list per device, gradsync takes one device;
+    the root's list must hold a tensor for every rank."""
+    if len(mine) != 1:
+        _tensors.unsupported(f"{what} of several tensors per rank")
+    root, ranks = int(opts.rootRank), comm.size
+    every = at_root[0] if at_root else []
+    if comm.rank == root and len(every) != ranks:
+        raise ValueError(f"gradsync backend: {what} needs {ranks} {role} tensors at the "
+                         f"root, got {len(every)}")
+    return root, ranks, mine[0], every
 
 
 class RootedAndPointToPoint:
@@ -25,22 +30,16 @@ class RootedAndPointToPoint:
     # ---- rooted -------------------------------------------------------------------
     def gather(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.GatherOptions()
-        if len(input_tensors) != 1:
-            unsupported("gather of several tensors per rank")
-        root, P = int(opts.rootRank), self.comm.size
-        inp = input_tensors[0]
-        flat_in = flat_view(inp.contiguous())
+        root, P, inp, outs = _rooted_args(self.comm, opts, input_tensors, output_tensors,
+                                          "gather", "output")
+        flat_in = _tensors.flat_view(inp.contiguous())
         flat_out, finish = None, None
-        outs = output_tensors[0] if output_tensors else []
         if self.comm.rank == root:
-            if len(outs) != P:
-                raise ValueError(f"gradsync backend: gather needs {P} output tensors at the "
-                                 f"root, got {len(outs)}")
-            flat_out = torch.empty(sum(numel_units(t) for t in outs), dtype=flat_in.dtype,
-                                   device=inp.device)
+            flat_out = torch.empty(sum(_tensors.numel_units(t) for t in outs),
+                                   dtype=flat_in.dtype, device=inp.device)
 
             def finish():
-                scatter_into(flat_out, outs)
+                _tensors.scatter_into(flat_out, outs)
         counts = [flat_in.numel()] * P
         out = None if flat_out is None else export(flat_out)
         return self._run(
@@ -50,19 +49,11 @@ class RootedAndPointToPoint:
 
     def scatter(self, output_tensors, input_tensors, opts=None):
         opts = opts or dist.ScatterOptions()
-        if len(output_tensors) != 1:
-            unsupported("scatter of several tensors per rank")
-        root, P = int(opts.rootRank), self.comm.size
-        out = output_tensors[0]
+        root, P, out, ins = _rooted_args(self.comm, opts, output_tensors, input_tensors,
+                                         "scatter", "input")
         staged_out = Staged([out], "output", True)
-        flat_in = None
-        if self.comm.rank == root:
-            ins = input_tensors[0] if input_tensors else []
-            if len(ins) != P:
-                raise ValueError(f"gradsync backend: scatter needs {P} input tensors at the "
-                                 f"root, got {len(ins)}")
-            flat_in = export(cat(ins))
-        counts = [numel_units(out)] * P
+        flat_in = export(_tensors.cat(ins)) if self.comm.rank == root else None
+        counts = [_tensors.numel_units(out)] * P
         view = staged_out.views[0]
         return self._run(
             opts, lambda: self.comm.scatter_async(flat_in, view, root, counts).wait(),
@@ -71,7 +62,7 @@ class RootedAndPointToPoint:
 
     def reduce(self, tensors, opts=None):
         opts = opts or dist.ReduceOptions()
-        op, prescale = reduce_op(opts.reduceOp, "reduce")
+        op, prescale = _tensors.reduce_op(opts.reduceOp, "reduce")
         staged = Staged(tensors, "tensors", True, op)
         root = int(opts.rootRank)
         return self._run(
