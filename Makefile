@@ -2,6 +2,11 @@
 # every test. Both install what they need into the Python they run with.
 
 PYTHON ?= python3
+# The Python as an absolute path: a launcher may put another python3 first on
+# its ranks' PATH (pyenv's shimmed mpiexec runs `pyenv exec`, which puts the
+# pyenv version's bin first), and then the ranks would not run the Python make
+# installed into and built for (a venv's, say).
+override PYTHON := $(or $(shell $(PYTHON) -c "import sys; print(sys.executable)" 2>/dev/null),$(PYTHON))
 NP_LIST ?= 1 2 3 4
 # Adasum's fold-in paths differ for every rank count that is not a power of
 # two: its tests also run at these (8's tree is 2's and 4's, one level more).
@@ -20,9 +25,10 @@ UPSTREAM_ADAPTER_NP ?= 4
 # Partitions with fixed worker counts (the 2x3 table, DistDL's 12 workers).
 PARTITION_NP_LIST ?= 6 12
 # torch's whole DistributedTest suite through torch's harness
-# (tests/torch_tests/test_launch.py): make test at 3 ranks (the odd size),
-# make test-extended at 2 and 4 as well (each size is minutes here).
-TORCH_SUITE_SIZES ?= 3
+# (tests/torch_tests/test_launch.py): make test-extended at 2, 3 and 4 ranks
+# (5 minutes a size here); make test runs the same suite through the mpiexec
+# adapter at UPSTREAM_ADAPTER_NP instead (test_torch_upstream.py, 1 minute).
+TORCH_SUITE_SIZES ?=
 TEST_TIMEOUT ?= 900
 SCRIPTS_DIR := $(shell $(PYTHON) -c "import sysconfig; print(sysconfig.get_path('scripts'))" 2>/dev/null)
 # mpiexec of the MPI we build with: next to $MPICC, else on PATH, else the wheel's.
@@ -71,6 +77,13 @@ endif
 ifneq ($(TEST_RUN_DIR),)
 export TEST_RUN_DIR
 export TMPDIR := $(TEST_RUN_DIR)
+# Bytecode cached once per run, in the run folder: a machine that sets
+# PYTHONDONTWRITEBYTECODE makes every one of the run's ~130 Python processes
+# recompile gradsync's modules and redo pytest's assertion rewriting of each
+# test module (3-7 s of CPU apiece: minutes of make test on two cores). The
+# cache goes with the folder; nothing is written beside the sources.
+export PYTHONDONTWRITEBYTECODE :=
+export PYTHONPYCACHEPREFIX := $(TEST_RUN_DIR)/pycache
 # hydra writes its topology file to /tmp whatever TMPDIR says (and leaves it
 # when a job aborts) unless it is given one: scripts/test_run.sh copied it.
 ifneq ($(wildcard $(TEST_RUN_DIR)/hwloc-topology.xml),)
@@ -632,8 +645,8 @@ FRAMEWORK_PINS = lightning==2.6.6 transformers==5.24.0 accelerate==1.15.0 deepsp
 # test skips, the framework recipes (installs Lightning, transformers,
 # accelerate, DeepSpeed), and the installed tier in a venv with nothing in it.
 test-extended: build
-	@echo "== torch's suite through its harness at 2 and 4 ranks"
-	@GS_TORCH_SUITE_SIZES="2 4" timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTEST) \
+	@echo "== torch's suite through its harness at 2, 3 and 4 ranks"
+	@GS_TORCH_SUITE_SIZES="2 3 4" timeout $$(( 3 * $(TEST_TIMEOUT) )) $(MPIEXEC) -n 1 $(PYTEST) \
 	    tests/torch_tests/test_launch.py -k suite_through_its_harness
 	@$(MAKE) --no-print-directory framework-test check-install
 

@@ -61,7 +61,9 @@ def _child_env(**extra):
     # the children import the gradsync this process imported
     env["PYTHONPATH"] = os.pathsep.join([PACKAGE_PARENT] + (
         [env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # no __pycache__ beside the sources; make test's run caches bytecode in its folder
+    if not env.get("PYTHONPYCACHEPREFIX"):
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
     # oversubscribed ranks yield, as in make test (MPICH; other MPIs ignore these)
     env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
     env.setdefault("MPIR_CVAR_POLLS_BEFORE_YIELD", "10")

@@ -120,9 +120,14 @@ def test_torch_spawn_harness():
 # once (dist_suite.py, GS_SPAWN_START_METHOD): with torch's spawn each rank
 # imports it afresh, 4 s of CPU a rank a test on two cores (hours for the
 # suite); test_torch_spawn_harness above runs torch's spawn itself.
-# GS_TORCH_SUITE_SIZES (space-separated) picks the sizes: make test runs one
-# (the Makefile's TORCH_SUITE_SIZES), make test-extended all three.
-SUITE_SIZES = tuple(int(n) for n in os.environ.get("GS_TORCH_SUITE_SIZES", "2 3 4").split())
+# GS_TORCH_SUITE_SIZES (space-separated) picks the sizes: make test runs none
+# (the Makefile's TORCH_SUITE_SIZES: 5 minutes a size here; torch's suite runs
+# there through the mpiexec adapter, test_torch_upstream.py), make
+# test-extended all three.
+SUITE_SIZES = tuple(int(n) for n in os.environ.get("GS_TORCH_SUITE_SIZES", "2 3 4").split()) or (
+    pytest.param(0, marks=pytest.mark.skip(
+        reason="GS_TORCH_SUITE_SIZES is empty: `make test-extended` runs torch's suite "
+               "through its harness (make test runs it through the mpiexec adapter)")),)
 
 
 def _suite_tests():
