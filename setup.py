@@ -167,7 +167,7 @@ def run_all(commands):
 
 
 # The mpich wheel gradsync builds and runs with: below 5, since MPICH 5.0.x
-# cannot connect singleton processes (a torchrun launch; docs/DECISIONS.md).
+# cannot connect singleton processes (a torchrun launch; docs/decisions/launch.md).
 MPICH_WHEEL = "mpich>=4.3,<5"
 
 

@@ -33,7 +33,7 @@ for ignored in /.whl/ /.gpu-build/; do
 done
 
 # ---- wheels (the versions tested with this repository) ------------------
-WHEELS="mpich==4.3.2 mpi4py==4.1.2 pytest-mpi==0.6"  # mpich < 5: docs/DECISIONS.md
+WHEELS="mpich==4.3.2 mpi4py==4.1.2 pytest-mpi==0.6"  # mpich < 5: docs/decisions/launch.md
 [ "${GS_PREP_DRY:-0}" = 1 ] && WHEELS=""
 mkdir -p .whl
 for spec in $WHEELS; do

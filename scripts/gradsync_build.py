@@ -7,7 +7,7 @@ header to use, and prints `summary()` as the build's last lines. pip builds
 in an isolated environment that holds only the build requirements: where
 nvcc will be used, the backend below adds the nvidia-nccl-cu13 wheel to them
 (its nccl.h is what `make` compiles against through scripts/install_deps.sh),
-so `pip install .` builds the same library `make` does (docs/DECISIONS.md,
+so `pip install .` builds the same library `make` does (docs/decisions/build.md,
 "Packaging").
 
 Knobs, in the order they are consulted (mpi4py's conf/ does the same):

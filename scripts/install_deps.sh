@@ -32,13 +32,14 @@ if [ -n "${MPICC:-}" ]; then
   fi
 else
   # The mpich wheel, below 5: MPICH 5.0.x cannot connect singleton processes,
-  # which is how gradsync joins a torchrun launch (docs/DECISIONS.md). A 5.x
+  # which is how gradsync joins a torchrun launch (docs/decisions/launch.md). A 5.x
   # wheel already here is replaced; mpi4py's PyPI wheel loads whichever
   # mpich wheel is installed (libmpi.so.12), so it stays.
   mpich_wheel="mpich>=4.3,<5"
   have=$("$PY" -c "from importlib.metadata import version; print(version('mpich'))" 2>/dev/null || true)
   case "$have" in
-    5.*) echo "gradsync: replacing the mpich $have wheel with $mpich_wheel (docs/DECISIONS.md)"
+    5.*) echo "gradsync: replacing the mpich $have wheel with $mpich_wheel" \
+              "(docs/decisions/launch.md)"
          pip_install "$mpich_wheel" ;;
     "") if ! command -v mpicc >/dev/null 2>&1 && [ ! -x "$scripts/mpicc" ]; then
           echo "gradsync: no mpicc found: installing MPICH from PyPI (the mpich wheel)"

@@ -181,7 +181,7 @@ def _ranges(ranks):
 
 def check_can_join():
     """Raises UnsupportedError for an MPI known to fail connect/accept
-    between singletons, naming it and the fix (docs/DECISIONS.md)."""
+    between singletons, naming it and the fix (docs/decisions/launch.md)."""
     version = MPI.Get_library_version().strip().splitlines()
     first = version[0] if version else "?"
     if first.startswith("MPICH Version:") and first.split(":", 1)[1].strip().startswith("5.0"):

@@ -12,7 +12,7 @@ configure  gradsync.pc and the CMake package from the templates beside this
            file, with the prefix, the version (which the Makefile reads from
            include/gs_export.h) and the MPI gradsync was built against: its
            compiler wrapper and the flags the wrapper adds, as `mpicc -show`
-           reports them now (docs/DECISIONS.md, "Installing for C and C++").
+           reports them now (docs/decisions/build.md, "Installing for C and C++").
 
 The MPI compiler wrapper, nvcc and CUDA's library folder are found by
 scripts/gradsync_build.py, as setup.py finds them.

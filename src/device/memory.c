@@ -26,7 +26,7 @@
  * not from the driver. Not the device's default pool: its release
  * threshold is shared by every library that allocates from it (CuPy's
  * stream-ordered allocator, any cudaMallocAsync), and raising it would
- * keep their freed memory from the driver too (docs/DECISIONS.md). */
+ * keep their freed memory from the driver too (docs/decisions/gpu.md). */
 static cudaMemPool_t pools[MAX_DEVICES];
 static pthread_mutex_t pools_lock = PTHREAD_MUTEX_INITIALIZER;
 

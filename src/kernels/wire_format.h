@@ -9,7 +9,7 @@
  * is ceil(n / 32) scale bytes (E8M0: 2^(byte - 127)), then n element bytes.
  * A block's scale is the smallest power of two that brings its largest
  * finite magnitude within the format's largest finite value, so no finite
- * element saturates (docs/DECISIONS.md). Elements convert as ml_dtypes'
+ * element saturates (docs/decisions/wire.md). Elements convert as ml_dtypes'
  * float8_e4m3fn and float8_e5m2 do: round to nearest even, NaN stays NaN,
  * an infinity is NaN in e4m3 (which has none) and infinity in e5m2. */
 #ifndef GRADSYNC_WIRE_FORMAT_H

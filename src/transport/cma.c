@@ -16,7 +16,7 @@
  *
  * Per rank the allreduce touches about 2 times the message (the peers'
  * share of its slice read, its own read and written, the result written
- * to the peers), docs/DECISIONS.md has the counts. Each slice is reduced
+ * to the peers), docs/decisions/transport.md has the counts. Each slice is reduced
  * by one rank, in rank order (x0 op x1 op ... from the left), and copied
  * to the others, so every rank holds the same bits; at 2 ranks that is
  * MPI's x0 op x1. Nobody else touches slice r in any process while its

@@ -1,5 +1,5 @@
 /* The pages a peer copy pins: tensors that persist from call to call are
- * gathered into 2 MiB pages (docs/DESIGN.md section 15, docs/DECISIONS.md).
+ * gathered into 2 MiB pages (docs/DESIGN.md section 15, docs/decisions/transport.md).
  *
  * process_vm_readv and process_vm_writev pin every page of the peer's
  * memory they copy, one page table walk, reference count and unpin per

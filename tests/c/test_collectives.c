@@ -530,7 +530,7 @@ static void test_allreduce_mixed(void) {
   GS_OK(gs_allreduce(comm, &empty, NULL, 1, GS_OP_MAX, 1.0, 1.0));
 }
 
-/* NaN anywhere gives NaN for sum, min and max (docs/DECISIONS.md), on the
+/* NaN anywhere gives NaN for sum, min and max (docs/decisions/fusion.md), on the
  * small path (gradsync's kernel inside the validation message) and the
  * regular one. Element e holds NaN on rank e % (size + 2) (elements where
  * that is >= size hold none), and element 1 holds NaN on every rank. */

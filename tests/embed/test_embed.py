@@ -199,7 +199,7 @@ def test_destdir_stages_relocates_and_uninstalls(work):
 
 def test_the_package_library_keeps_its_unversioned_soname():
     """The wheel's and the in-place library: _core and extensions built with
-    get_library_dir() find it as libgradsync.so (docs/DECISIONS.md)."""
+    get_library_dir() find it as libgradsync.so (docs/decisions/build.md)."""
     lib = os.path.join(gradsync.get_library_dir(), "libgradsync.so")
     assert _soname(lib) == "libgradsync.so"
 

@@ -337,7 +337,7 @@ def test_guide_python_block_runs(block, tmp_path):
 PATH_RE = re.compile(r"(?<![\w./-])((?:docs|scripts|src|include|tests|bench|pyx)/[\w./*-]*[\w*])")
 # Made by a build or a run, not kept in the tree.
 GENERATED = ("tests/c/bin", "pyx/gradsync/libgradsync.so", "pyx/gradsync/_core")
-# Named on purpose though not ours: NCCL's folder, in DECISIONS.md's comparison.
+# Named on purpose though not ours: NCCL's folder, in docs/decisions/python.md's comparison.
 NOT_OURS = {"src/misc"}
 
 

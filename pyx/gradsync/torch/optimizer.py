@@ -16,7 +16,7 @@
         loss_fn(model(x), y).backward()   # buckets start reducing during backward
         opt.step()                         # waits for them, then steps
 
-How it works (docs/DECISIONS.md, "DistributedOptimizer", has the reasons):
+How it works (docs/decisions/torch.md, "DistributedOptimizer", has the reasons):
 
 - The parameters are split into buckets of at most ``bucket_bytes`` (of
   accumulation buffer), in the REVERSE of the parameter order, which is

@@ -118,7 +118,7 @@ def _env_or_mpi(torch_env):
 
 
 def _install_rendezvous():
-    handlers = _rendezvous._rendezvous_handlers  # torch offers no replace: see DECISIONS.md
+    handlers = _rendezvous._rendezvous_handlers  # no replace in torch: docs/decisions/torch.md
     if not hasattr(handlers["env"], "gradsync_wraps"):
         handlers["env"] = _env_or_mpi(handlers["env"])
     if "gradsync" not in handlers:
