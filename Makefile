@@ -49,8 +49,9 @@ LIB := pyx/gradsync/libgradsync.so
 # on this project's two) the waiting ranks hold the cores the working ones
 # need. In the test targets a waiting rank yields with a short sleep every
 # 10 polls: the suites at 4 ranks run about twice as fast on two cores, at
-# 2 ranks as fast as before (docs/DECISIONS.md). Timings (bench, demo) keep
-# MPICH's defaults; other MPIs ignore these variables.
+# 2 ranks as fast as before (docs/decisions/build.md, "Oversubscribed test
+# runs yield"). Timings (bench, demo) keep MPICH's defaults; other MPIs
+# ignore these variables.
 TEST_TARGETS := test test-extended c-tests py-tests test-emulated gpu-session-dry cluster-smoke cluster-test test-installed \
     slurm-smoke torch-upstream torch-upstream-spawn check-memory
 $(TEST_TARGETS): export MPIR_CVAR_ENABLE_HEAVY_YIELD ?= 1
@@ -104,7 +105,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: check-install test-installed test-extended all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream torch-upstream-spawn demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
+.PHONY: check-install test-installed installed-wheel-start test-extended all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream torch-upstream-spawn demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
 
 all: build
 
@@ -144,10 +145,13 @@ c-tests: build $(C_TESTS) $(C_EXAMPLES) tests/c/bin/test_cuda_pieces
 # flight record, and the suite's deliberate mismatches on the world earlier
 # in the same processes would be part of it.
 # Modules whose tests involve no communication (rank-independent kernels,
-# subprocess checks made on rank 0): at 1 and 2 ranks only, since 3 and 4
-# ranks would repeat them on the same two cores (about 70 s of make test).
+# subprocess checks made on rank 0) or whose collectives are the ones the
+# other modules test at every size (DLPack's exchange protocol, the
+# timeline file, the per-rank temporary folders): at 1 and 2 ranks only,
+# since 3 and 4 ranks would repeat them on the same two cores (about 100 s
+# of make test).
 PROCESS_LOCAL_TESTS = test_kernels test_gpu_session test_gpu_visible test_import_check \
-    test_no_shadowing test_nccl_bundle
+    test_no_shadowing test_nccl_bundle test_dlpack test_timeline test_tmp_dirs
 py-tests: build
 	@for n in $(NP_LIST); do \
 	    echo "== pytest at $$n ranks"; \
@@ -264,8 +268,8 @@ test-emulated: build $(EMU_C_TESTS)
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1;; esac; \
 	done
 
-test: lint check-bindings check-layers c-tests py-tests test-emulated gpu-session-dry cluster-smoke \
-      slurm-smoke test-installed embed-test
+test: lint check-bindings check-layers installed-wheel-start c-tests py-tests test-emulated \
+      gpu-session-dry cluster-smoke slurm-smoke test-installed embed-test
 	@sh scripts/test_run.sh check $(TEST_RUN_DIR)
 
 # Every .pxd mirrors its public header (scripts/check_pxd.py: each function,
@@ -320,7 +324,20 @@ check-install: build
 # torch, Horovod, JAX and embedding at 2 ranks).
 test-installed: build
 	@MPIEXEC=$(MPIEXEC) GS_TEST_MPICC=$(MPICC_RESOLVED) TEST_TIMEOUT=$(TEST_TIMEOUT) \
+	    GS_INSTALLED_WHEEL=$(if $(filter test,$(MAKECMDGOALS)),$(INSTALLED_WHEEL)) \
 	    sh scripts/test_installed.sh
+
+# In `make test`, test-installed's `pip wheel .` (2.5 minutes of compiling
+# here) starts right after the in-place build, in the background and niced,
+# in a process group of its own (the run folder's watcher ends it if make
+# stops first): it takes the core that the one-process tiers leave idle, and
+# test-installed waits for its wheel instead of building then.
+INSTALLED_WHEEL = $(TEST_RUN_DIR)/installed-wheel
+installed-wheel-start: build
+	@[ -n "$(TEST_RUN_DIR)" ] || { echo "installed-wheel-start: part of make test only"; exit 1; }
+	@mkdir -p $(INSTALLED_WHEEL) && echo "== test-installed: pip wheel . started in the background"
+	@setsid nice -n 10 sh scripts/test_installed.sh wheel $(INSTALLED_WHEEL) \
+	    </dev/null >$(INSTALLED_WHEEL)/log 2>&1 & echo $$! > $(TEST_RUN_DIR)/.run/installed-wheel.pgid
 
 cluster-smoke: build
 	@$(CLUSTER_CHECK); echo "== cluster 2 hosts x 2 ranks: allreduce and Adasum suites"; \
@@ -585,7 +602,7 @@ check-asan: build
 # and the CMake package lib/cmake/gradsync (target gradsync::gradsync). The
 # library is the in-place build's objects relinked there with that SONAME
 # (scripts/install/gs_install.py); the in-place and wheel libraries keep
-# SONAME libgradsync.so (docs/DECISIONS.md, "Installing for C and C++").
+# SONAME libgradsync.so (docs/decisions/build.md, "Installing for C and C++").
 PREFIX ?= /usr/local
 # The version, read from include/gs_export.h only ("." matches the "#" that
 # make would take for a comment).
@@ -641,13 +658,17 @@ clean:
 FRAMEWORK_PINS = lightning==2.6.6 transformers==5.24.0 accelerate==1.15.0 deepspeed==0.19.8
 .PHONY: framework-test
 # The slow tiers make test leaves out, so that it stays near 20 minutes on
-# two cores (README): torch's suite through its harness at the sizes make
-# test skips, the framework recipes (installs Lightning, transformers,
-# accelerate, DeepSpeed), and the installed tier in a venv with nothing in it.
+# two cores (README): torch's suite through its harness, the tests marked
+# `extended` (whole jobs that another tier of make test covers), the
+# framework recipes (installs Lightning, transformers, accelerate,
+# DeepSpeed), and the installed tier in a venv with nothing in it.
 test-extended: build
 	@echo "== torch's suite through its harness at 2, 3 and 4 ranks"
 	@GS_TORCH_SUITE_SIZES="2 3 4" timeout $$(( 3 * $(TEST_TIMEOUT) )) $(MPIEXEC) -n 1 $(PYTEST) \
 	    tests/torch_tests/test_launch.py -k suite_through_its_harness
+	@echo "== the tests marked extended (tests/conftest.py), at 1 rank"
+	@GS_EXTENDED_TESTS=1 timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTEST) -m extended \
+	    tests/python tests/torch_tests tests/horovod_tests tests/jax_tests
 	@$(MAKE) --no-print-directory framework-test check-install
 
 framework-test:

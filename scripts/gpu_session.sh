@@ -447,7 +447,8 @@ build
 info
 cat "$STATE/info.txt" >> "$SESSION_LOG"
 write_results
-STEPS=$(expand "${@:-all}")
+# each step once, in its first place, however many of the groups named hold it
+STEPS=$(expand "${@:-all}" | tr ' ' '\n' | awk 'NF && !seen[$0]++' | tr '\n' ' ')
 set -- $STEPS
 while [ $# -gt 0 ]; do
   s=$1

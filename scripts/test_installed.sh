@@ -20,6 +20,12 @@
 # the embedding tests at 2 ranks. Everything lives in one folder under
 # TMPDIR, removed on exit, also on failure.
 #
+# `make test` starts the wheel's build early, in the background and niced
+# (`scripts/test_installed.sh wheel DIR`, DIR/rc when it ends), so that it
+# runs on the core the one-process tiers leave idle; this tier then waits
+# for it (GS_INSTALLED_WHEEL=DIR) and installs that wheel. Run on its own it
+# builds the wheel first.
+#
 # GS_INSTALLED_FRESH=1 (`make check-install`): a newcomer's machine, a venv
 # with nothing in it first: pip pulls numpy, mpi4py, the mpich wheel and
 # ml_dtypes as gradsync's dependencies, then pytest and pytest-mpi; the
@@ -30,6 +36,50 @@ MPIEXEC=${MPIEXEC:-mpiexec}
 NP=${GS_INSTALLED_NP:-2}
 TIMEOUT=${TEST_TIMEOUT:-900}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
+
+# A clean copy of the sources (tracked files and new ones git does not
+# ignore; no build outputs) into $1/src.
+copy_sources() {
+  mkdir "$1/src"
+  git -C "$SRC" ls-files -z --cached --others --exclude-standard |
+    (cd "$SRC" && tar cf - --null --no-recursion --ignore-failed-read -T -) | (cd "$1/src" && tar xf -)
+}
+
+# `pip wheel .` of a clean copy into $1/wheel, pip's isolated build as a
+# newcomer's `pip install .` does it; $1/rc holds its exit status at the end.
+build_wheel() {
+  echo $$ > "$1/pid"
+  copy_sources "$1"
+  rc=0
+  "$PYTHON" -m pip wheel -q --disable-pip-version-check --no-deps -w "$1/wheel" "$1/src" \
+    > "$1/pip.log" 2>&1 || rc=$?
+  rm -rf "$1/src"
+  echo "$rc" > "$1/rc"
+  return "$rc"
+}
+
+if [ "${1:-}" = wheel ]; then
+  build_wheel "${2:?usage: test_installed.sh wheel DIR}"
+  exit
+fi
+
+# Waits for the wheel build in $1 (started by `make test`) to end.
+wait_wheel() {
+  waited=0
+  while [ ! -f "$1/rc" ]; do
+    if [ "$waited" -ge "$TIMEOUT" ] ||
+       { [ -f "$1/pid" ] && ! kill -0 "$(cat "$1/pid")" 2>/dev/null && [ ! -f "$1/rc" ]; }; then
+      echo "test-installed: the background wheel build in $1 ended without a result" \
+        "(or took over $TIMEOUT s)"
+      cat "$1/pip.log" 2>/dev/null
+      return 1
+    fi
+    sleep 2
+    waited=$((waited + 2))
+  done
+  [ "$(cat "$1/rc")" = 0 ] || { cat "$1/pip.log"; return 1; }
+}
+
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/gs-installed.XXXXXX")
 trap 'rm -rf "$RUN"' EXIT
 trap 'exit 130' INT TERM
@@ -41,9 +91,6 @@ say() { echo "== test-installed: $*"; }
 PYTHONPATH="$SRC/pyx" "$PYTHON" -c "import json, sys, gradsync; json.dump(gradsync.build_info(), \
 open(sys.argv[1], 'w'))" "$RUN/reference.json"
 
-mkdir "$RUN/src"
-git -C "$SRC" ls-files -z --cached --others --exclude-standard |
-  (cd "$SRC" && tar cf - --null --no-recursion --ignore-failed-read -T -) | (cd "$RUN/src" && tar xf -)
 if [ "${GS_INSTALLED_FRESH:-0}" = 1 ]; then
   "$PYTHON" -m venv "$RUN/venv"
 else
@@ -53,9 +100,27 @@ else
 print(sysconfig.get_paths()['purelib'])")/gs-outer-site-packages.pth"
 fi
 VPY=$RUN/venv/bin/python
-say "pip install . from a clean copy of the sources (pip's isolated build)"
-"$VPY" -m pip install -q --disable-pip-version-check "$RUN/src" > "$RUN/pip.log" 2>&1 ||
-  { cat "$RUN/pip.log"; exit 1; }
+if [ "${GS_INSTALLED_FRESH:-0}" = 1 ]; then
+  say "pip install . from a clean copy of the sources (pip's isolated build)"
+  copy_sources "$RUN"
+  "$VPY" -m pip install -q --disable-pip-version-check "$RUN/src" > "$RUN/pip.log" 2>&1 ||
+    { cat "$RUN/pip.log"; exit 1; }
+  rm -rf "$RUN/src"
+else
+  if [ -n "${GS_INSTALLED_WHEEL:-}" ]; then
+    say "pip wheel . of a clean copy of the sources: waiting for make test's background build"
+    WHEEL_DIR=$GS_INSTALLED_WHEEL
+    wait_wheel "$WHEEL_DIR"
+  else
+    say "pip wheel . of a clean copy of the sources (pip's isolated build)"
+    WHEEL_DIR=$RUN/build
+    mkdir "$WHEEL_DIR"
+    build_wheel "$WHEEL_DIR" || { cat "$WHEEL_DIR/pip.log"; exit 1; }
+  fi
+  say "pip install of that wheel (and its dependencies) into a fresh venv"
+  "$VPY" -m pip install -q --disable-pip-version-check "$WHEEL_DIR"/wheel/gradsync-*.whl \
+    > "$RUN/pip.log" 2>&1 || { cat "$RUN/pip.log"; exit 1; }
+fi
 # A CUDA build opens NCCL at run time, here the nvidia-nccl-cu13 wheel beside
 # the package as `pip install gradsync[nccl]` puts it in a user's venv (this
 # venv would otherwise take it from the outer site-packages, where only the
@@ -75,7 +140,6 @@ if [ "${GS_INSTALLED_FRESH:-0}" = 1 ]; then
   GS_TEST_MPICC=$RUN/venv/bin/mpicc
 fi
 cp -R "$SRC/tests" "$RUN/tests"
-rm -rf "$RUN/src"
 cd "$RUN"
 export GS_CHECKOUT="$SRC" GS_INSTALLED_REFERENCE="$RUN/reference.json" MPIEXEC
 # the MPI compiler wrapper the C example is built with (make's; pip's build

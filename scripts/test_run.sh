@@ -1,6 +1,6 @@
 #!/bin/sh
 # The run folder of `make test` and of every test target run on its own
-# (docs/DEVELOPERS.md "Temporary files", docs/DECISIONS.md): one folder made
+# (docs/DEVELOPERS.md "Temporary files", docs/decisions/build.md): one folder made
 # under the user's TMPDIR when make starts, handed to everything the run
 # starts as TMPDIR (tempfile, mktemp, pytest's base directories, torch's
 # FileStore files and torchelastic's logs all follow it), and removed when
@@ -9,6 +9,9 @@
 #   scripts/test_run.sh start MAKE_PID   makes the folder, prints its path,
 #                                        and leaves a watcher that removes it
 #                                        once MAKE_PID has exited
+#                                        (and the process groups named in
+#                                        RUN/.run/*.pgid, started in the
+#                                        background and not waited for)
 #   scripts/test_run.sh check RUN        fails naming the entries the run
 #                                        left in the user's own TMPDIR
 #
@@ -66,6 +69,11 @@ start() {
     (
       trap '' INT HUP
       while kill -0 "$pid" 2>/dev/null; do sleep 1; done
+      # what the run started in the background and did not wait for (make
+      # stopped early): its process group, named in .run/*.pgid
+      for f in "$run"/.run/*.pgid; do
+        [ -f "$f" ] && kill -TERM -- "-$(cat "$f")" 2>/dev/null
+      done
       rm -rf "$run"
     ) </dev/null >/dev/null 2>&1 &
   fi

@@ -65,6 +65,7 @@ def _launcher_rank():
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_configure(config):
+    config.addinivalue_line("markers", "extended: runs in make test-extended only")
     check_no_shadowing()
     # tryfirst: pytest's tmpdir plugin reads --basetemp in its own
     # pytest_configure, so it must be set before that runs.
@@ -78,6 +79,23 @@ def pytest_configure(config):
     # there: they go under this rank's base directory, removed with it
     # (children started by the tests inherit it).
     os.environ.setdefault("GRADSYNC_FLIGHT_DIR", os.path.join(config.option.basetemp, "flight"))
+
+
+# Tests that start whole jobs of their own and prove what another tier of
+# make test proves too (torch's spawn harness on a sample, the demo under
+# torchrun, bench.gpu's dry runs, which gpu-session-dry repeats): marked
+# `extended`, they run in `make test-extended` (GS_EXTENDED_TESTS=1) and
+# when asked for, and make test says it skipped them.
+EXTENDED = os.environ.get("GS_EXTENDED_TESTS", "") not in ("", "0")
+
+
+def pytest_collection_modifyitems(config, items):
+    if EXTENDED:
+        return
+    skip = pytest.mark.skip(reason="a make test-extended test (GS_EXTENDED_TESTS=1 runs it)")
+    for item in items:
+        if item.get_closest_marker("extended"):
+            item.add_marker(skip)
 
 
 def pytest_unconfigure(config):

@@ -37,11 +37,6 @@ int64_t gs_flight_capacity(void) {
 
 uint64_t gs_flight_recorded(void) { return atomic_load(&gs_flight.next); }
 
-int gs_flight_stacks_on(void) {
-  gs_flight_start();
-  return gs_flight.cap > 0 && gs_flight.stacks;
-}
-
 int32_t gs_flight_comm(int size, int rank, int world_rank, int world_size, const int *members) {
   gs_flight_start();
   pthread_mutex_lock(&gs_flight.lock);

@@ -59,7 +59,6 @@ typedef struct gs_flight_call {
 
 int32_t gs_flight_current_site(void); /* the calling thread's (queued calls carry it along) */
 void gs_flight_start(void); /* makes the ring once (GRADSYNC_FLIGHT_ENTRIES) */
-int gs_flight_stacks_on(void);
 /* Registers a communicator: its size, this process's rank in it, this
  * process's rank in the world and the world's size (gs_comm_set_world), the
  * members' world ranks. Returns its index, or -1. */

@@ -22,15 +22,11 @@ void gs_runtime_unlock(void);
 /* gs_runtime_lock if it is free (or already this thread's): 1 taken, 0 not. */
 int gs_runtime_trylock(void);
 /* gs_runtime_lock for an entry point: on an application thread's outermost
- * entry it first counts the thread as one (once) and runs `first` (NULL:
- * nothing) before taking the lock. */
+ * entry it first runs `first` (NULL: nothing) before taking the lock. */
 void gs_runtime_enter(void (*first)(void));
 /* Lets other threads in while this one waits (sleeping nap_us microseconds,
  * or just yielding for 0); returns with the lock again. */
 void gs_runtime_pause(int nap_us);
-/* More than one application thread has entered the runtime: blocking MPI
- * calls (which would hold the lock while waiting) are then avoided. */
-int gs_runtime_shared(void);
 /* Whether the calling thread is gradsync's background thread (queue.c sets
  * it at the thread's start). */
 int gs_runtime_in_worker(void);

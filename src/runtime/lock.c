@@ -1,14 +1,12 @@
 /* The runtime lock and the fate of the communicator each thread works on. */
 #include <pthread.h>
 #include <sched.h>
-#include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 
 #include "runtime/gs_runtime.h"
 
 static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic int app_threads;
 
 /* Work deferred until the thread releases the lock (gs_runtime_after_unlock). */
 typedef struct after_unlock {
@@ -22,7 +20,6 @@ typedef struct after_unlock {
  * call into the dynamic linker) however many fields it touches. */
 typedef struct thread_state {
   int depth;      /* nested holds of the lock on this thread */
-  int registered; /* this application thread has entered */
   int in_worker;  /* this is gradsync's background thread */
   gs_fate_t *bound;
   after_unlock_t *after, **after_tail; /* run once the lock is released */
@@ -31,13 +28,7 @@ static _Thread_local thread_state_t me;
 
 void gs_runtime_enter(void (*first)(void)) {
   thread_state_t *t = &me;
-  if (t->depth == 0 && !t->in_worker) {
-    if (!t->registered) {
-      t->registered = 1;
-      atomic_fetch_add(&app_threads, 1);
-    }
-    if (first) first();
-  }
+  if (t->depth == 0 && !t->in_worker && first) first();
   if (t->depth++ == 0) pthread_mutex_lock(&runtime_lock);
 }
 
@@ -98,7 +89,6 @@ void gs_runtime_pause(int nap_us) {
   if (depth > 0) pthread_mutex_lock(&runtime_lock);
 }
 
-int gs_runtime_shared(void) { return atomic_load(&app_threads) > 1; }
 int gs_runtime_in_worker(void) { return me.in_worker; }
 void gs_runtime_set_worker(void) { me.in_worker = 1; }
 

@@ -357,8 +357,9 @@ def _exists(p):
     return os.path.exists(os.path.join(ROOT, p))
 
 
-DOC_FILES = [README] + sorted(os.path.join(DOCS, f) for f in os.listdir(DOCS)
-                              if f.endswith(".md"))
+DOC_FILES = [README] + sorted(
+    os.path.join(folder, f) for folder in (DOCS, os.path.join(DOCS, "decisions"))
+    for f in os.listdir(folder) if f.endswith(".md"))
 
 
 @pytest.mark.parametrize("doc", DOC_FILES, ids=[os.path.relpath(d, ROOT) for d in DOC_FILES])

@@ -127,6 +127,7 @@ def test_dry_run_one_rank_every_section(tmp_path):
 
 
 @one_rank
+@pytest.mark.extended  # make test's gpu-session-dry runs this section at 2 ranks
 def test_dry_run_two_ranks_training(tmp_path):
     r, _ = run_dry(tmp_path, 2)
     train = r["train"]
@@ -139,6 +140,7 @@ def test_dry_run_two_ranks_training(tmp_path):
 
 
 @one_rank
+@pytest.mark.extended  # make test's gpu-session-dry runs this section at 2 ranks
 def test_dry_run_two_ranks_latency(tmp_path):
     r, stdout = run_dry(tmp_path, 2, only="latency")
     e = r["latency"]

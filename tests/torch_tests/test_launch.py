@@ -107,6 +107,7 @@ def test_torchrun_standalone(tmp_path, nproc, mode):
 
 
 @needs_join
+@pytest.mark.extended  # 23 s here; test_torch_upstream.py runs the same tests in make test
 def test_torch_spawn_harness():
     """torch's MultiProcessTestCase spawns the ranks itself; file:// and
     tcp:// init_method both start a gradsync world (spawn_case.py)."""
@@ -207,6 +208,7 @@ def _demo_digest(log):
 
 @needs_join
 @pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec")
+@pytest.mark.extended  # 18 s here; the torchrun tests above launch the same way
 def test_demo_torchrun_matches_mpiexec(tmp_path):
     """`make demo`'s torch-ddp backend launched by torchrun (singletons
     joined) trains to the same weights, bit for bit, as under mpiexec."""
