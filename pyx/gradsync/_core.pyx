@@ -28,6 +28,8 @@ from gradsync.dlpack cimport *
 cnp.import_array()
 
 include "_errors.pxi"
+include "_dtypes.pxi"
+include "_dlpack.pxi"
 include "_tensors.pxi"
 include "_device.pxi"
 include "_kernels.pxi"
