@@ -105,7 +105,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: check-install test-installed installed-wheel-start test-extended all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream torch-upstream-spawn demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
+.PHONY: checks-and-build lint-deps check-install test-installed installed-wheel-start test-extended all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream torch-upstream-spawn demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
 
 all: build
 
@@ -268,9 +268,16 @@ test-emulated: build $(EMU_C_TESTS)
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1;; esac; \
 	done
 
-test: lint check-bindings check-layers installed-wheel-start c-tests py-tests test-emulated \
+test: checks-and-build installed-wheel-start c-tests py-tests test-emulated \
       gpu-session-dry cluster-smoke slurm-smoke test-installed embed-test
 	@sh scripts/test_run.sh check $(TEST_RUN_DIR)
+
+# make test's first step: the static checks beside the build. Each check is
+# one process on one core, and the build leaves a core idle while nvcc
+# compiles its one file; the dependencies are installed first, once, so no
+# two pip runs overlap. Each target's output is printed when it finishes.
+checks-and-build: deps lint-deps
+	@$(MAKE) --no-print-directory -j4 --output-sync=target lint check-bindings check-layers build
 
 # Every .pxd mirrors its public header (scripts/check_pxd.py: each function,
 # constant and struct field, compiled against the header). Its rule had gone
@@ -287,13 +294,14 @@ check-layers: deps
 # Style: ruff (pyproject.toml) over the Python, cython-lint over the binding,
 # and (lint-c) clang-format (.clang-format) over the C sources.
 lint: lint-c
-	@sh scripts/install_deps.sh lint
 	$(PYTHON) -m ruff check pyx scripts tests bench
 	$(PYTHON) -m cython_lint.cython_lint pyx/gradsync/*.pyx pyx/gradsync/*.pxi pyx/gradsync/*.pxd
 
-C_FORMATTED = $(LIB_DEPS) $(wildcard tests/c/*.c)
-lint-c:
+lint-deps:
 	@sh scripts/install_deps.sh lint
+
+C_FORMATTED = $(LIB_DEPS) $(wildcard tests/c/*.c)
+lint-c: lint-deps
 	$(SCRIPTS_DIR)/clang-format --dry-run --Werror $(C_FORMATTED)
 
 # Simulated hosts (scripts/simcluster, docs/CLUSTER.md): network namespaces

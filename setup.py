@@ -66,6 +66,39 @@ class BuildWithRuntime(build_ext):
         mpicc = find_mpicc()
         pkg_dir = os.path.dirname(self.get_ext_fullpath("gradsync._core"))
         os.makedirs(pkg_dir, exist_ok=True)
+        # The extension compiles while the library builds (nvcc's one file
+        # keeps one core busy for a minute); build_extension waits for the
+        # library before it links against it.
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            self._library = pool.submit(self.build_library, mpicc, pkg_dir)
+            copy_headers(os.path.join(pkg_dir, "include"))
+            cflags, lflags = mpi_flags(mpicc)
+            for ext in self.extensions:
+                ext.library_dirs.append(pkg_dir)
+                ext.extra_compile_args += cflags
+                ext.extra_link_args += lflags
+            super().run()
+            cuda = self._library.result()
+        print(summary(mpicc, cuda), flush=True)
+
+    def build_extension(self, ext):
+        link = self.compiler.link
+
+        def link_after_the_library(*args, **kwargs):
+            self._library.result()  # raises the library build's failure
+            return link(*args, **kwargs)
+
+        self.compiler.link = link_after_the_library
+        try:
+            super().build_extension(ext)
+        finally:
+            self.compiler.link = link
+
+    def build_library(self, mpicc, pkg_dir):
+        """Builds libgradsync.so into pkg_dir unless it is up to date;
+        returns what was found of CUDA (None without nvcc)."""
         lib = os.path.join(pkg_dir, "libgradsync.so")
         # one folder per layer (docs/ARCHITECTURE.md); private includes name
         # their folder, found from -Isrc
@@ -96,14 +129,7 @@ class BuildWithRuntime(build_ext):
             os.replace(tmp, lib)
             with open(config, "w") as f:
                 f.write(config_now)
-        copy_headers(os.path.join(pkg_dir, "include"))
-        cflags, lflags = mpi_flags(mpicc)
-        for ext in self.extensions:
-            ext.library_dirs.append(pkg_dir)
-            ext.extra_compile_args += cflags
-            ext.extra_link_args += lflags
-        super().run()
-        print(summary(mpicc, cuda), flush=True)
+        return cuda
 
     @staticmethod
     def c_compile(mpicc, flags, src):
@@ -118,7 +144,8 @@ class BuildWithRuntime(build_ext):
         """(command, object) compiling one .cu file for the chosen archs."""
         gencode, _ = cuda_archs()
         obj = os.path.join(OBJ_DIR, "cuda", os.path.basename(src) + ".o")
-        return [nvcc, "-std=c++17", "-O3", "--fmad=false", "-Xcompiler",
+        # --threads 0: one thread per architecture, as many at once as cores
+        return [nvcc, "-std=c++17", "-O3", "--fmad=false", "--threads", "0", "-Xcompiler",
                 "-fPIC,-fvisibility=hidden", "-I" + INCLUDE, "-I" + SRC,
                 "-DGS_BUILDING_LIBRARY"] + gencode + ["-c", src, "-o", obj], obj
 
