@@ -9,8 +9,11 @@ PYTHON ?= python3
 override PYTHON := $(or $(shell $(PYTHON) -c "import sys; print(sys.executable)" 2>/dev/null),$(PYTHON))
 NP_LIST ?= 1 2 3 4
 # Adasum's fold-in paths differ for every rank count that is not a power of
-# two: its tests also run at these (8's tree is 2's and 4's, one level more).
-ADASUM_NP_LIST ?= 5 6 7
+# two: its tests also run at 7 (three ranks folded into a tree of 4; 3 ranks
+# fold one into 2), and make test-extended adds 5 and 6 (8's tree is 2's and
+# 4's, one level more).
+ADASUM_NP_LIST ?= 7
+ADASUM_EXTENDED_NP_LIST ?= 5 6
 # the wire formats' error must not grow up to 8 ranks (issue 32)
 WIRE_NP_LIST ?= 8
 # The device suites under emulated CUDA: the C tests at NP_LIST, pytest at
@@ -105,7 +108,7 @@ C_TESTS := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/test_*.c))
 C_EXAMPLES := $(patsubst tests/c/%.c,tests/c/bin/%,$(wildcard tests/c/example_*.c))
 PYTEST = $(PYTHON) -m mpi4py -m pytest --with-mpi -q -p no:cacheprovider
 
-.PHONY: checks-and-build lint-deps check-install test-installed installed-wheel-start test-extended all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream torch-upstream-spawn demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
+.PHONY: checks-and-build lint-deps emulated-libs check-install test-installed installed-wheel-start test-extended all deps build lint lint-c test gpu-session-dry check-bindings check-layers c-tests py-tests test-emulated gpu-test torch-upstream torch-upstream-spawn demo bench check-memory clean fuzz soak check-asan cluster-test cluster-smoke bench-cluster
 
 all: build
 
@@ -237,6 +240,13 @@ EMU_NCCL_ENV = $(EMU_ENV) GS_EMU_DISTINCT_GPUS=1 GRADSYNC_NCCL_LIBRARY=$(CURDIR)
 EMU_C_TESTS := $(addprefix tests/c/bin/,test_device_paths test_exchange_device test_device_streams \
     test_device_context test_device_sticky test_nccl_faults test_device_ring test_device_memory \
     test_device_blocking)
+# The emulated-CUDA and CPU-only libraries (make test builds them before
+# starting the GPU session's dry run, which packs the emulated one).
+emulated-libs: build
+	@if [ -n "$(NVCC)" ] && [ -n "$(CUDA_INCLUDE)" ]; then \
+	    $(MAKE) -j2 --no-print-directory $(EMULATED_LIB) $(CPU_ONLY_LIB); \
+	else $(MAKE) --no-print-directory $(CPU_ONLY_LIB); fi
+
 test-emulated: build $(EMU_C_TESTS)
 	@if [ -z "$(NVCC)" ] || [ -z "$(CUDA_INCLUDE)" ]; then \
 	    $(MAKE) --no-print-directory $(CPU_ONLY_LIB) || exit 1; \
@@ -268,9 +278,24 @@ test-emulated: build $(EMU_C_TESTS)
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1;; esac; \
 	done
 
-test: checks-and-build installed-wheel-start c-tests py-tests test-emulated \
-      gpu-session-dry cluster-smoke slurm-smoke test-installed embed-test
+test: checks-and-build installed-wheel-start bg-start-embed-test c-tests py-tests \
+      emulated-libs bg-start-gpu-session-dry test-emulated cluster-smoke slurm-smoke \
+      test-installed bg-wait-embed-test bg-wait-gpu-session-dry
 	@sh scripts/test_run.sh check $(TEST_RUN_DIR)
+
+# Tiers that run beside the others in make test: the embedding test and the
+# GPU session's dry run keep about one core busy, with files of their own,
+# and the tiers above leave a core idle for much of the run (every one-rank
+# tier, the installs). bg-start-X runs `make X` niced in its own process
+# group (ended by the run folder's watcher if make stops first), without
+# remaking the build; bg-wait-X prints X's output and fails when X failed.
+bg-start-%:
+	@[ -n "$(TEST_RUN_DIR)" ] || { echo "bg-start-$*: part of make test only"; exit 1; }
+	@echo "== $*: started in the background (its output follows at the end)"
+	@sh scripts/test_run.sh background $(TEST_RUN_DIR) $* $(MAKE) --no-print-directory -o build $*
+
+bg-wait-%:
+	@sh scripts/test_run.sh wait $(TEST_RUN_DIR) $* $$(( 2 * $(TEST_TIMEOUT) ))
 
 # make test's first step: the static checks beside the build. Each check is
 # one process on one core, and the build leaves a core idle while nvcc
@@ -436,7 +461,7 @@ gpu-test: build tests/c/bin/test_device_paths tests/c/bin/test_device_streams
 # builds a bundle against the emulated CUDA runtime in a copy of the tree,
 # and the session runs every step there (tiny budgets, bench --dry-run).
 GPU_DRY := build/gpu-dry
-gpu-session-dry: build
+gpu-session-dry: build $(EMULATED_LIB)
 	@echo "== scripts/gpu_session.sh dry run (emulated CUDA runtime)"
 	@GS_PREP_DRY=1 GS_PREP_DIR=$(CURDIR)/$(GPU_DRY) GS_PREP_OUT=$(CURDIR)/$(GPU_DRY)/bundle \
 	    bash scripts/gpu_prepare.sh > $(GPU_DRY).log 2>&1 || { cat $(GPU_DRY).log; exit 1; }
@@ -677,6 +702,11 @@ test-extended: build
 	@echo "== the tests marked extended (tests/conftest.py), at 1 rank"
 	@GS_EXTENDED_TESTS=1 timeout $(TEST_TIMEOUT) $(MPIEXEC) -n 1 $(PYTEST) -m extended \
 	    tests/python tests/torch_tests tests/horovod_tests tests/jax_tests
+	@for n in $(ADASUM_EXTENDED_NP_LIST); do \
+	    echo "== pytest tests/python/test_adasum.py at $$n ranks"; \
+	    timeout $(TEST_TIMEOUT) $(MPIEXEC) -n $$n $(PYTEST) tests/python/test_adasum.py \
+	        tests/python/test_adasum_hierarchical.py || exit 1; \
+	done
 	@$(MAKE) --no-print-directory framework-test check-install
 
 framework-test:

@@ -14,6 +14,14 @@
 #                                        background and not waited for)
 #   scripts/test_run.sh check RUN        fails naming the entries the run
 #                                        left in the user's own TMPDIR
+#   scripts/test_run.sh background RUN NAME CMD...
+#                                        runs CMD niced in a process group of
+#                                        its own (named in RUN/.run/, so the
+#                                        watcher ends it if make stops first),
+#                                        its output in RUN/background/NAME.log
+#   scripts/test_run.sh wait RUN NAME SECONDS
+#                                        waits for it, prints its output, and
+#                                        exits with its status
 #
 # The Makefile calls `start` while it reads itself (so the folder exists
 # before any recipe runs, whichever targets were asked for) and `check` as
@@ -111,8 +119,46 @@ check() {
   echo "== $real: nothing left by this run"
 }
 
+# A tier run beside the others (make test's bg-start-%): its status lands in
+# NAME.rc when it ends, whatever its output.
+background() {
+  run=$1 name=$2
+  shift 2
+  mkdir -p "$run/background"
+  rm -f "$run/background/$name.rc"
+  # setsid: a group of its own, which the watcher can end as a whole
+  setsid nice -n 10 sh -c '"$@" >"$0.log" 2>&1; echo $? >"$0.rc"' \
+    "$run/background/$name" "$@" </dev/null >/dev/null 2>&1 &
+  echo $! > "$run/.run/background-$name.pgid"
+}
+
+wait_for() {
+  run=$1 name=$2 limit=$3
+  base=$run/background/$name
+  waited=0
+  while ! [ -f "$base.rc" ]; do
+    if [ "$waited" -ge "$limit" ] || ! kill -0 "$(cat "$run/.run/background-$name.pgid")" 2>/dev/null &&
+       ! [ -f "$base.rc" ]; then
+      echo "== $name, run in the background, ended without a status (or took over $limit s):"
+      cat "$base.log" 2>/dev/null
+      return 1
+    fi
+    sleep 2
+    waited=$((waited + 2))
+  done
+  # ended: the watcher must not signal a group id the system may reuse
+  rm -f "$run/.run/background-$name.pgid"
+  echo "== $name (run in the background beside the tiers above):"
+  cat "$base.log"
+  return "$(cat "$base.rc")"
+}
+
 case "${1:-}" in
   start) start "${2:?MAKE_PID}" ;;
   check) check "${2:-}" ;;
-  *) echo "usage: $0 start MAKE_PID | check RUN_FOLDER" >&2; exit 2 ;;
+  background) [ $# -ge 4 ] || { echo "usage: $0 background RUN NAME CMD..." >&2; exit 2; }
+              shift; background "$@" ;;
+  wait) wait_for "${2:?RUN}" "${3:?NAME}" "${4:?SECONDS}" ;;
+  *) echo "usage: $0 start MAKE_PID | check RUN_FOLDER | background RUN NAME CMD... |" \
+          "wait RUN NAME SECONDS" >&2; exit 2 ;;
 esac
