@@ -1,5 +1,5 @@
 """gradsync.jax: collectives and gradient kernels that take and return JAX
-arrays, for training loops that call them outside ``jax.jit``.
+arrays, outside ``jax.jit`` and (the collectives) inside it.
 
 JAX arrays are immutable, so every call here is out of place: it reads its
 inputs where they are (DLPack, no copy), writes the results into memory
@@ -18,23 +18,61 @@ the same structure; a pytree is one fused call::
         grads = gsj.allreduce(grads, comm, op="average")
         params = update(params, grads)                  # jitted
 
-Inside ``jax.jit`` there are no buffers to hand over (the arguments are
-tracers), and these calls refuse them; use JAX's own collectives there
-(``jax.lax.psum`` under ``shard_map``), or call gradsync between jitted
-functions as above. ``comm`` defaults to one gs.Communicator over
-COMM_WORLD shared with gradsync.torch. Every collective is collective:
-every rank calls it, with the same pytree structure, in the same order.
+Inside ``jax.jit`` (and ``jax.grad``, ``vmap``, ``lax.scan``,
+``lax.cond``) the collectives lower to XLA FFI custom calls that run
+gradsync's C collectives on the buffers XLA hands them (CPU), in program
+order on every rank, with results bitwise equal to the same call outside
+jit; the whole training step can be one jitted function::
 
-``import gradsync`` never imports jax; this module does.
+    @jax.jit
+    def step(params, batch):
+        grads = jax.grad(loss)(params, batch)
+        grads = gsj.allreduce(grads, comm, op="average")  # one fused call
+        return jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+
+Inside jit, allgather needs every rank's arrays to have one shape, error
+feedback (``residual``) is refused, and an error raised by a collective
+reaches Python as JAX's runtime error naming gradsync's status:
+``gsj.checked(step)`` re-raises it as gradsync's error class. jax.grad
+works through allreduce and reduce_scatter with op sum or average,
+broadcast and allgather (docs/GUIDE.md, JAX). ``comm`` defaults to one
+gs.Communicator over COMM_WORLD shared with gradsync.torch. Every
+collective is collective: every rank calls it, with the same pytree
+structure, in the same order.
+
+``import gradsync`` never imports jax; this module does, and fails at
+import on a JAX outside SUPPORTED_JAX.
 """
+import re
+
 import jax
 
-import gradsync as gs
-from gradsync import _core
-from gradsync.communicator import default_communicator
+# [oldest, first unsupported): gradsync.jax's lowering uses jax.ffi (0.5 on)
+# and JAX's ordered effects, which have no public API (docs/decisions/jax.md)
+SUPPORTED_JAX = ((0, 5), (0, 11))
 
-__all__ = ["adasum", "accumulate", "all_finite", "allgather", "allreduce", "broadcast",
-           "reduce_scatter", "scale"]
+
+def _version_problem(version):
+    """None when JAX `version` ("0.10.2") is supported, else why not."""
+    numbers = tuple(int(n) for n in re.findall(r"\d+", version)[:2])
+    (lo, hi) = SUPPORTED_JAX
+    if lo <= numbers < hi:
+        return None
+    return (f"gradsync.jax supports JAX {lo[0]}.{lo[1]} up to (not including) {hi[0]}.{hi[1]}, "
+            f"found JAX {version}: install a JAX in that range (pip install 'jax>={lo[0]}.{lo[1]},"
+            f"<{hi[0]}.{hi[1]}'), or a gradsync made for your JAX")
+
+
+if _version_problem(jax.__version__):
+    raise ImportError(_version_problem(jax.__version__))
+
+import gradsync as gs  # noqa: E402
+from gradsync import _core  # noqa: E402
+from gradsync.communicator import default_communicator  # noqa: E402
+from gradsync.jax import _traced  # noqa: E402
+
+__all__ = ["SUPPORTED_JAX", "adasum", "accumulate", "all_finite", "allgather", "allreduce",
+           "broadcast", "checked", "gradsync_error", "jit_available", "reduce_scatter", "scale"]
 
 
 # ---------------------------------------------------------------- plumbing
@@ -47,9 +85,8 @@ def _leaves(tree, what):
         where = f"{what}{jax.tree_util.keystr(path)}"
         if isinstance(leaf, jax.core.Tracer):
             raise TypeError(
-                f"{where} is a JAX tracer: gradsync.jax runs outside jax.jit, on concrete "
-                "arrays. Inside jit use JAX's collectives (jax.lax.psum under shard_map), or "
-                "return the values from the jitted function and call gradsync on them")
+                f"{where} is a JAX tracer: gradsync.jax's kernels run outside jax.jit, on "
+                "concrete arrays (its collectives take tracers)")
         if not isinstance(leaf, jax.Array):
             raise TypeError(f"{where} must be a jax.Array, got {type(leaf).__name__}")
         leaves.append(leaf)
@@ -115,6 +152,32 @@ def _copies(leaves, paths):
     return outs
 
 
+def _is_traced(x):
+    """True when some leaf of x is a tracer: the call lowers into the traced
+    program. Otherwise collectives launched by earlier jitted calls finish
+    first (JAX dispatches asynchronously; gradsync's calls must reach every
+    rank in one order)."""
+    if any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree_util.tree_leaves(x)):
+        return True
+    if _traced_calls_made[0]:
+        jax.effects_barrier()
+    return False
+
+
+_traced_calls_made = [False]  # effects_barrier() only once something was traced
+
+
+def _lowered(x, comm, kind, **attrs):
+    _traced_calls_made[0] = True
+    return _traced.call(x, "x", comm, kind, **attrs)
+
+
+def jit_available():
+    """None when the collectives work inside jax.jit, else why not (a
+    sentence: the handlers were not built, or could not be loaded)."""
+    return _traced.unavailable()
+
+
 # ------------------------------------------------------------- collectives
 
 def allreduce(x, comm=None, op="sum", *, prescale=1.0, postscale=1.0, adasum=None,
@@ -131,6 +194,13 @@ def allreduce(x, comm=None, op="sum", *, prescale=1.0, postscale=1.0, adasum=Non
     cannot be written in place), or a list of float32 NumPy arrays, one per
     leaf in ``jax.tree_util.tree_leaves`` order."""
     comm = default_communicator(comm)
+    if _is_traced(x):
+        if residual is not None:
+            raise TypeError("gradsync.jax.allreduce inside jax.jit takes no residual (error "
+                            "feedback keeps state between calls): call it outside jit")
+        return _lowered(x, comm, "allreduce", op=_traced.op_code(op, adasum),
+                        prescale=float(prescale), postscale=float(postscale),
+                        wire=_traced.wire_code(wire))
     leaves, treedef, paths = _leaves(x, "x")
     outs = comm._checked(lambda: _new_like(leaves, paths))  # a bad leaf: others fail too
     if residual is not None and hasattr(residual, "residuals"):
@@ -152,6 +222,8 @@ def broadcast(x, comm=None, root=0):
     """``root``'s arrays on every rank, as new JAX arrays (``x`` gives each
     rank's shapes and dtypes, which must match root's)."""
     comm = default_communicator(comm)
+    if _is_traced(x):
+        return _lowered(x, comm, "broadcast", root=int(root))
     leaves, treedef, paths = _leaves(x, "x")
     outs = comm._checked(lambda: _new_like(leaves, paths, copy=True))
     _named(paths, comm.handle.broadcast, outs, int(root))
@@ -162,6 +234,8 @@ def allgather(x, comm=None):
     """Each array of ``x`` concatenated over ranks along dim 0 (dim 0 may
     differ by rank)."""
     comm = default_communicator(comm)
+    if _is_traced(x):
+        return _lowered(x, comm, "allgather")
     leaves, treedef, paths = _leaves(x, "x")
     outs = _named(paths, comm._allgather, leaves, _empty_like)
     return _answer(treedef, outs)
@@ -171,10 +245,39 @@ def reduce_scatter(x, comm=None, op="sum", *, prescale=1.0, postscale=1.0):
     """Rank r's block of dim 0 of each array's reduction: ``n // size +
     (r < n % size)`` rows."""
     comm = default_communicator(comm)
+    if _is_traced(x):
+        return _lowered(x, comm, "reduce_scatter", op=_traced.op_code(op, None),
+                        prescale=float(prescale), postscale=float(postscale))
     leaves, treedef, paths = _leaves(x, "x")
     outs = _named(paths, comm._reduce_scatter, leaves, op, float(prescale), float(postscale),
                   _empty_like)
     return _answer(treedef, outs)
+
+
+# ------------------------------------------------------------------ errors
+
+def gradsync_error(exc):
+    """The gradsync error (gs.MismatchError, gs.TimeoutError, ...) that JAX's
+    runtime error ``exc`` carries from a collective inside jax.jit, or None
+    when it carries none. Its message names the operation."""
+    return _traced.gradsync_error(exc)
+
+
+def checked(fn):
+    """``fn`` (a jitted function) that waits for its results and raises a
+    failed gradsync collective inside it as gradsync's error class, with
+    JAX's runtime error as its cause."""
+    def run(*args, **kwargs):
+        try:
+            return jax.block_until_ready(fn(*args, **kwargs))
+        except Exception as exc:
+            err = gradsync_error(exc)
+            if err is None:
+                raise
+            raise err from exc
+    run.__doc__, run.__name__ = fn.__doc__, getattr(fn, "__name__", "checked")
+    run.__wrapped__ = fn
+    return run
 
 
 # ------------------------------------------------------------------ kernels
