@@ -21,6 +21,7 @@ from gsutil import (
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
 import gradsync.jax as gsj  # noqa: E402
+from gradsync.jax import _plumbing  # noqa: E402
 
 pytestmark = pytest.mark.mpi
 
@@ -73,13 +74,13 @@ def check_jax(got, like):
 def zero_copy(monkeypatch):
     """Records (gradsync's result, the JAX array made from it) of each call."""
     seen = []
-    real = gsj._to_jax
+    real = _plumbing._to_jax
 
     def spy(out):
         j = real(out)
         seen.append((out, j))
         return j
-    monkeypatch.setattr(gsj, "_to_jax", spy)
+    monkeypatch.setattr(_plumbing, "_to_jax", spy)
     return seen
 
 

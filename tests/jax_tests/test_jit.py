@@ -100,6 +100,23 @@ def test_reduce_scatter_inside_jit(rows, small_comm):
                   gsj.reduce_scatter(x, comm))
 
 
+def test_a_pytree_is_one_fused_call(small_comm):
+    """Ten gradients, one collective call and one validation, inside jit as outside."""
+    comm = small_comm
+    grads = {f"g{i}": jnp.full((i * 100 + 1,), float(comm.rank), jnp.float32)
+             for i in range(10)}
+    f = jax.jit(lambda t: gsj.allreduce(t, comm))
+    jax.block_until_ready(f(grads))  # compiled, run once
+    with collectively():
+        before = comm.stats()
+        out = jax.block_until_ready(f(grads))
+        after = comm.stats()
+        assert after["calls"] - before["calls"] == 1
+        assert after["validations"] - before["validations"] == 1
+        total = sum(range(comm.size))
+        assert all(np.all(np.asarray(v) == total) for v in out.values())
+
+
 def test_calls_keep_program_order(comm):
     """Three independent collectives of different sizes in one program: XLA
     may not reorder them (the ordered effect's token chains them), so every
@@ -279,7 +296,21 @@ def test_unavailable_jit_says_why(comm, monkeypatch):
 
 
 def test_supported_versions():
-    assert gsj._version_problem(jax.__version__) is None
-    assert gsj._version_problem("0.10.2") is None
-    assert "0.5 up to" in gsj._version_problem("0.4.38")
-    assert "found JAX 0.11.0" in gsj._version_problem("0.11.0")
+    from gradsync.jax._version import version_problem
+    assert version_problem(jax.__version__) is None
+    assert version_problem("0.10.2") is None
+    assert "0.5 up to" in version_problem("0.4.38")
+    assert "found JAX 0.11.0" in version_problem("0.11.0")
+
+
+def test_donated_buffers_are_reduced_in_place(comm):
+    """Under donate_argnums XLA hands the argument's buffer to the call, which
+    writes the result over it: the result lives where the argument was."""
+    x = jnp.asarray(values(comm.rank, (4096,), np.float32, "donate"))
+    where = x.unsafe_buffer_pointer()
+    want = sum(values(r, (4096,), np.float32, "donate") for r in range(comm.size))
+    f = jax.jit(lambda a: gsj.allreduce(a, comm), donate_argnums=0)
+    with collectively():
+        out = f(x)
+        assert np.array_equal(np.asarray(out), want)
+        assert out.unsafe_buffer_pointer() == where

@@ -97,6 +97,11 @@ def _lowering(ctx, *args, kind, comm, size, rank, attrs):
         backend_config={k: mlir.ir_attribute(v) for k, v in config.items()},
         has_side_effect=True,
         api_version=4,
+        # allreduce and broadcast write their results over their inputs: in
+        # place where XLA can give the input's buffer (a temporary, or a
+        # donated argument), after XLA's copy where it cannot
+        operand_output_aliases={i + 1: i + 1 for i in range(len(args))}
+        if kind in ("allreduce", "broadcast") else None,
         operand_layouts=[[]] + [_layout(a) for a in ctx.avals_in],
         result_layouts=[[]] + [_layout(a) for a in ctx.avals_out])
     results = list(op.results)
