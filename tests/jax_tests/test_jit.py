@@ -275,6 +275,38 @@ def test_shape_mismatch_raises_on_every_rank(kind, comm):
     comm.barrier()  # still usable
 
 
+@pytest.mark.skipif(WORLD.size < 2, reason="needs two ranks")
+def test_a_mismatch_inside_jit_is_in_the_flight_record():
+    """The handlers call the C entry points, so the flight recorder sees a
+    jitted call as any other: each rank dumps, and the doctor names the two
+    shapes."""
+    import shutil
+    import tempfile
+
+    from gradsync import doctor
+    folder = WORLD.bcast(tempfile.mkdtemp(prefix="gs-flight-") if WORLD.rank == 0 else None)
+    before = gs.flight_record_dir()
+    gs.flight_record_dir(folder)
+    try:
+        comm = gs.Communicator()
+        n = 5 if comm.rank == 0 else 6
+        with pytest.raises(gs.MismatchError) as ei:
+            gsj.checked(jax.jit(lambda a: gsj.allreduce(a, comm)))(jnp.ones(n, jnp.float32))
+        comm.close()
+        WORLD.Barrier()
+        rep = doctor.diagnose(folder) if WORLD.rank == 0 else None
+        code, verdict = WORLD.bcast((rep.code, rep.verdict) if rep else None)
+        with collectively():
+            assert "allreduce inside jax.jit" in str(ei.value)
+            assert code == doctor.MISMATCH, verdict
+            assert "allreduce float32[5] sum" in verdict and "float32[6]" in verdict, verdict
+    finally:
+        gs.flight_record_dir(before)
+        WORLD.Barrier()
+        if WORLD.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
 def test_a_dtype_gradsync_lacks_is_named_at_trace_time(comm):
     with collectively():
         with pytest.raises(TypeError, match=r"x\['w'\] has dtype int16"):
