@@ -291,7 +291,7 @@ lint: lint-c
 	$(PYTHON) -m ruff check pyx scripts tests bench
 	$(PYTHON) -m cython_lint.cython_lint pyx/gradsync/*.pyx pyx/gradsync/*.pxi pyx/gradsync/*.pxd
 
-C_FORMATTED = $(LIB_DEPS) $(wildcard tests/c/*.c)
+C_FORMATTED = $(LIB_DEPS) $(wildcard tests/c/*.c) $(wildcard pyx/gradsync/jax/*.cc)
 lint-c:
 	@sh scripts/install_deps.sh lint
 	$(SCRIPTS_DIR)/clang-format --dry-run --Werror $(C_FORMATTED)
@@ -650,7 +650,7 @@ embed-test: build
 	rc=$$?; rm -rf $(EMBED_PREFIX); exit $$rc
 
 clean:
-	rm -rf build tests/c/bin pyx/gradsync/*.so pyx/gradsync/_core.c pyx/*.egg-info *.egg-info
+	rm -rf build tests/c/bin pyx/gradsync/*.so pyx/gradsync/jax/*.so pyx/gradsync/jax/.gradsync-build pyx/gradsync/_core.c pyx/*.egg-info *.egg-info
 
 # Frameworks on the gradsync backend (issue 46 item 3; docs/TORCH_BACKEND.md
 # "Frameworks"): installs the tested versions into $(PYTHON) (torch pinned so

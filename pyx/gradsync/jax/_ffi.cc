@@ -31,7 +31,7 @@ ffi::Error failed(const char *call, gs_status_t s) {
                     " inside jax.jit: " + (detail && *detail ? detail : gs_status_string(s));
   ffi::ErrorCode code = s == GS_ERR_INVALID_ARGUMENT || s == GS_ERR_TYPE
                             ? ffi::ErrorCode::kInvalidArgument
-                        : s == GS_ERR_TIMEOUT ? ffi::ErrorCode::kDeadlineExceeded
+                        : s == GS_ERR_TIMEOUT     ? ffi::ErrorCode::kDeadlineExceeded
                         : s == GS_ERR_UNSUPPORTED ? ffi::ErrorCode::kUnimplemented
                                                   : ffi::ErrorCode::kInternal;
   return ffi::Error(code, msg);
@@ -94,7 +94,9 @@ ffi::Error tensors(const char *call, ffi::RemainingArgs args, ffi::RemainingRets
   return ffi::Error::Success();
 }
 
-gs_comm_t comm_of(int64_t handle) { return reinterpret_cast<gs_comm_t>(static_cast<intptr_t>(handle)); }
+gs_comm_t comm_of(int64_t handle) {
+  return reinterpret_cast<gs_comm_t>(static_cast<intptr_t>(handle));
+}
 
 ffi::Error allreduce(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token>,
                      ffi::RemainingRets rets, int64_t comm, int64_t op, double prescale,
@@ -125,8 +127,8 @@ ffi::Error broadcast(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token
       std::memcpy(out[i].data, in[i].data, in[i].count * gs_dtype_size(in[i].dtype));
     }
   }
-  gs_status_t s =
-      gs_broadcast(comm_of(comm), out.data(), static_cast<int64_t>(out.size()), static_cast<int>(root));
+  gs_status_t s = gs_broadcast(comm_of(comm), out.data(), static_cast<int64_t>(out.size()),
+                               static_cast<int>(root));
   return s == GS_SUCCESS ? ffi::Error::Success() : failed("broadcast", s);
 }
 
@@ -150,9 +152,10 @@ ffi::Error allgather(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::Token
     for (int64_t i = 0; i < n; i++) {
       if (counts[r * n + i] != in[i].count) {
         return ffi::Error(ffi::ErrorCode::kInvalidArgument,
-                          "[gradsync status=3] allgather inside jax.jit: rank " + std::to_string(r) +
-                              " has " + std::to_string(counts[r * n + i]) + " elements in x[" +
-                              std::to_string(i) + "], this rank " + std::to_string(in[i].count) +
+                          "[gradsync status=3] allgather inside jax.jit: rank " +
+                              std::to_string(r) + " has " + std::to_string(counts[r * n + i]) +
+                              " elements in x[" + std::to_string(i) + "], this rank " +
+                              std::to_string(in[i].count) +
                               " (inside jit every rank's arrays must have one shape)");
       }
     }
@@ -168,9 +171,9 @@ ffi::Error reduce_scatter(ffi::Token, ffi::RemainingArgs args, ffi::Result<ffi::
   std::vector<int64_t> rows;
   ffi::Error e = tensors("reduce_scatter", args, rets, &in, &out, &rows);
   if (e.failure()) return e;
-  gs_status_t s = gs_reduce_scatter(comm_of(comm), in.data(), out.data(),
-                                    static_cast<int64_t>(in.size()), rows.data(),
-                                    static_cast<gs_op_t>(op), prescale, postscale);
+  gs_status_t s =
+      gs_reduce_scatter(comm_of(comm), in.data(), out.data(), static_cast<int64_t>(in.size()),
+                        rows.data(), static_cast<gs_op_t>(op), prescale, postscale);
   return s == GS_SUCCESS ? ffi::Error::Success() : failed("reduce_scatter", s);
 }
 
