@@ -346,3 +346,13 @@ def test_donated_buffers_are_reduced_in_place(comm):
         out = f(x)
         assert np.array_equal(np.asarray(out), want)
         assert out.unsafe_buffer_pointer() == where
+
+
+def test_lowers_for_cuda_on_xla_stream(comm):
+    """The CUDA lowering (no GPU here: its handler, GsJax*Cuda, runs on a GPU
+    machine): the same custom call, its token and the result over its input."""
+    f = jax.jit(lambda a: gsj.allreduce(a, comm, op="average"))
+    text = f.trace(jnp.ones(3)).lower(lowering_platforms=("cuda",)).as_text()
+    assert "stablehlo.custom_call @gradsync_allreduce(" in text
+    assert "!stablehlo.token" in text and "output_operand_alias" in text
+    assert f"comm = {comm.c_handle} : i64" in text

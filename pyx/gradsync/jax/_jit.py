@@ -53,6 +53,13 @@ def _register():
                                         jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu")
     except Exception as exc:  # noqa: BLE001  (said when a tracer arrives)
         return f"{LIBRARY} could not be loaded: {exc}"
+    try:  # CUDA: XLA's stream (a jaxlib without CUDA takes them for later, or refuses)
+        for target, symbol in TARGETS.items():
+            jax.ffi.register_ffi_target(f"gradsync_{target}",
+                                        jax.ffi.pycapsule(getattr(lib, symbol + "Cuda")),
+                                        platform="CUDA")
+    except Exception:  # noqa: BLE001, S110  (no CUDA in this jaxlib: CPU only)
+        pass
     return None
 
 
@@ -110,6 +117,7 @@ def _lowering(ctx, *args, kind, comm, size, rank, attrs):
 
 
 mlir.register_lowering(collective_p, _lowering, platform="cpu")
+mlir.register_lowering(collective_p, _lowering, platform="cuda")
 
 
 def _batch(args, dims, *, kind, **params):
