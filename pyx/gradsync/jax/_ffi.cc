@@ -104,8 +104,8 @@ ffi::Error tensor_of(const char *call, const ffi::AnyBuffer &b, const Where &w, 
 
 // The n inputs and n results as gs_tensor_t lists (rows: each input's dim 0).
 ffi::Error tensors(const char *call, const Where &w, ffi::RemainingArgs args,
-                   ffi::RemainingRets rets, std::vector<gs_tensor_t> *in, std::vector<gs_tensor_t> *out,
-                   std::vector<int64_t> *rows) {
+                   ffi::RemainingRets rets, std::vector<gs_tensor_t> *in,
+                   std::vector<gs_tensor_t> *out, std::vector<int64_t> *rows) {
   size_t n = args.size();
   if (rets.size() != n) {
     return ffi::Error(ffi::ErrorCode::kInternal,
@@ -132,8 +132,8 @@ gs_comm_t comm_of(int64_t handle) {
   return reinterpret_cast<gs_comm_t>(static_cast<intptr_t>(handle));
 }
 
-ffi::Error allreduce(const Where &w, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                     int64_t comm, int64_t op, double prescale, double postscale, int64_t wire) {
+ffi::Error allreduce(const Where &w, ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t comm,
+                     int64_t op, double prescale, double postscale, int64_t wire) {
   std::vector<gs_tensor_t> in, out;
   std::vector<int64_t> rows;
   ffi::Error e = tensors("allreduce", w, args, rets, &in, &out, &rows);
@@ -151,8 +151,8 @@ ffi::Error allreduce(const Where &w, ffi::RemainingArgs args, ffi::RemainingRets
 // Broadcast in place on the results, which hold this rank's inputs: XLA
 // aliases each result to its input (gradsync.jax's lowering), a copy is made
 // only where it did not.
-ffi::Error broadcast(const Where &w, ffi::RemainingArgs args, ffi::RemainingRets rets,
-                     int64_t comm, int64_t root) {
+ffi::Error broadcast(const Where &w, ffi::RemainingArgs args, ffi::RemainingRets rets, int64_t comm,
+                     int64_t root) {
   std::vector<gs_tensor_t> in, out;
   std::vector<int64_t> rows;
   ffi::Error e = tensors("broadcast", w, args, rets, &in, &out, &rows);
@@ -207,9 +207,9 @@ ffi::Error reduce_scatter(const Where &w, ffi::RemainingArgs args, ffi::Remainin
   std::vector<int64_t> rows;
   ffi::Error e = tensors("reduce_scatter", w, args, rets, &in, &out, &rows);
   if (e.failure()) return e;
-  gs_status_t s = gs_reduce_scatter(comm_of(comm), in.data(), out.data(),
-                                    static_cast<int64_t>(in.size()), rows.data(),
-                                    static_cast<gs_op_t>(op), prescale, postscale);
+  gs_status_t s =
+      gs_reduce_scatter(comm_of(comm), in.data(), out.data(), static_cast<int64_t>(in.size()),
+                        rows.data(), static_cast<gs_op_t>(op), prescale, postscale);
   return s == GS_SUCCESS ? ffi::Error::Success() : failed("reduce_scatter", s);
 }
 
@@ -240,15 +240,15 @@ ffi::Error on_cuda(void *stream, int32_t ordinal, ffi::Token, ffi::RemainingArgs
 
 // GsJax<name> (CPU) and GsJax<name>Cuda, over `impl`, whose attributes are
 // bound by ATTRS and have the types that follow.
-#define GS_JAX_HANDLERS(name, impl, ATTRS, ...)                                            \
-  GS_JAX_HANDLER(name);                                                                    \
-  GS_JAX_HANDLER(name##Cuda);                                                              \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, (on_host<impl, __VA_ARGS__>),                        \
-                                ffi::Ffi::Bind() GS_JAX_BUFFERS ATTRS);                    \
-  XLA_FFI_DEFINE_HANDLER_SYMBOL(name##Cuda, (on_cuda<impl, __VA_ARGS__>),                  \
-                                ffi::Ffi::Bind()                                           \
-                                    .Ctx<ffi::PlatformStream<void *>>()                    \
-                                    .Ctx<ffi::DeviceOrdinal>() GS_JAX_BUFFERS ATTRS)
+#define GS_JAX_HANDLERS(name, impl, ATTRS, ...)                                     \
+  GS_JAX_HANDLER(name);                                                             \
+  GS_JAX_HANDLER(name##Cuda);                                                       \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(name, (on_host<impl, __VA_ARGS__>),                 \
+                                ffi::Ffi::Bind() GS_JAX_BUFFERS ATTRS);             \
+  XLA_FFI_DEFINE_HANDLER_SYMBOL(                                                    \
+      name##Cuda, (on_cuda<impl, __VA_ARGS__>),                                     \
+      ffi::Ffi::Bind().Ctx<ffi::PlatformStream<void *>>().Ctx<ffi::DeviceOrdinal>() \
+          GS_JAX_BUFFERS ATTRS)
 
 GS_JAX_HANDLERS(GsJaxAllreduce, allreduce,
                 .Attr<int64_t>("comm")
@@ -260,9 +260,7 @@ GS_JAX_HANDLERS(GsJaxAllreduce, allreduce,
 GS_JAX_HANDLERS(GsJaxBroadcast, broadcast, .Attr<int64_t>("comm").Attr<int64_t>("root"), int64_t,
                 int64_t);
 GS_JAX_HANDLERS(GsJaxAllgather, allgather, .Attr<int64_t>("comm"), int64_t);
-GS_JAX_HANDLERS(GsJaxReduceScatter, reduce_scatter,
-                .Attr<int64_t>("comm")
-                    .Attr<int64_t>("op")
-                    .Attr<double>("prescale")
-                    .Attr<double>("postscale"),
-                int64_t, int64_t, double, double);
+GS_JAX_HANDLERS(
+    GsJaxReduceScatter, reduce_scatter,
+    .Attr<int64_t>("comm").Attr<int64_t>("op").Attr<double>("prescale").Attr<double>("postscale"),
+    int64_t, int64_t, double, double);
