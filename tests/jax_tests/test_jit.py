@@ -307,6 +307,51 @@ def test_a_mismatch_inside_jit_is_in_the_flight_record():
             shutil.rmtree(folder, ignore_errors=True)
 
 
+@pytest.mark.skipif(WORLD.size < 2, reason="needs two ranks")
+def test_a_stopped_rank_times_out_inside_jit(capfd):
+    """test_faults.py's stopped rank, inside jit: the others' jitted
+    allreduce raises gs.TimeoutError naming the operation (gsj.checked), and
+    the communicator is unusable afterwards. The late rank calls only after
+    every other rank has given up (marker files), never after a sleep."""
+    import os
+    import shutil
+    import tempfile
+    import time
+    late = WORLD.size - 1
+    folder = WORLD.bcast(tempfile.mkdtemp() if WORLD.rank == 0 else None)
+    comm = gs.Communicator(stall_seconds=0)
+    f = gsj.checked(jax.jit(lambda a: gsj.allreduce(a, comm)))
+    gs.set_timeout(0.5)
+    raised = None
+    try:
+        if WORLD.rank == late:
+            deadline = time.monotonic() + 60
+            while len(os.listdir(folder)) < late and time.monotonic() < deadline:
+                time.sleep(0.02)
+        try:
+            f(jnp.ones(1000))
+        except gs.Error as exc:
+            raised = exc
+        if WORLD.rank != late:
+            open(os.path.join(folder, f"gave_up.{WORLD.rank}"), "w").close()
+        gs.set_timeout(0)
+        with collectively():
+            if WORLD.rank != late:
+                assert isinstance(raised, gs.TimeoutError), repr(raised)
+                assert "allreduce inside jax.jit" in str(raised)
+                assert "GRADSYNC_TIMEOUT_SECONDS" in str(raised)
+            with pytest.raises(gs.Error, match="unusable"):
+                f(jnp.ones(3))
+    finally:
+        gs.set_timeout(0)
+        comm.close()
+        WORLD.Barrier()
+        if WORLD.rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+    # closing the broken communicator says so, once (read here, not left for the log)
+    assert "freeing a communicator abandoned" in capfd.readouterr().err
+
+
 def test_a_dtype_gradsync_lacks_is_named_at_trace_time(comm):
     with collectively():
         with pytest.raises(TypeError, match=r"x\['w'\] has dtype int16"):
