@@ -6,8 +6,10 @@ against the same step split around gradsync outside jit (issue 49).
 The step is ``grads = f(params)`` (an elementwise stand-in for jax.grad),
 ``grads = allreduce(grads, op="average")`` (one fused call), ``params -
 0.1 * grads``. "inside": one jitted function; "split": jit(f), gsj.allreduce
-outside jit, jit(update). Two cases: 16 float32 (latency) and ResNet-50's
-gradient list (161 float32 tensors, 25.6 M elements, gsbench's shapes). Each
+outside jit, jit(update). Three cases: 16 float32 (latency), ResNet-50's
+gradient list (161 float32 tensors, 25.6 M elements, gsbench's shapes); and
+the 16 floats' step ten times, under lax.scan in one jitted call against ten
+split steps (times per ten steps). Each
 call is timed to its results being ready, the slowest rank's time; the two
 ways alternate per repeat. Prints medians and inside/split. A benchmark,
 not a test; mpi4jax and JAX's own collectives are not installed here.
@@ -45,6 +47,16 @@ def main(argv=None):
     def split(prm):
         return jit_update(prm, gsj.allreduce(jit_grad(prm), comm, op="average"))
 
+    def one_step(prm, _):
+        return update(prm, gsj.allreduce(grad_of(prm), comm, op="average")), None
+
+    scanned = jax.jit(lambda prm: jax.lax.scan(one_step, prm, None, length=10)[0])
+
+    def split_ten(prm):
+        for _ in range(10):
+            prm = split(prm)
+        return prm
+
     def timed(fn, prm, iters):
         world.Barrier()
         t0 = time.perf_counter()
@@ -56,9 +68,11 @@ def main(argv=None):
     shapes, _ = load_shapes("resnet50")
     cases = [("16 float32", [jnp.zeros((16,), jnp.float32)], args.latency_iters),
              ("resnet50 list", [jnp.zeros(s, jnp.float32) for s in shapes], 1)]
+    cases.insert(1, ("16 float32, 10 steps under lax.scan", cases[0][1], args.latency_iters // 10))
     for label, params, iters in cases:
         times = {"inside": [], "split": []}
-        ways = {"inside": inside, "split": split}
+        ways = {"inside": scanned, "split": split_ten} if "scan" in label else \
+            {"inside": inside, "split": split}
         results = {}
         for name, fn in ways.items():  # compile and warm up
             results[name] = timed(fn, params, max(1, iters // 10))[1]
