@@ -180,6 +180,30 @@ def test_grad_through_broadcast_allgather_reduce_scatter(comm):
         np.testing.assert_allclose(got, want, rtol=1e-13)
 
 
+def test_grad_through_allreduce_under_scan_and_vmap(comm):
+    """y_{k+1} = allreduce(y_k) * w_r, three times under lax.scan, loss sum(y_3):
+    the transposes run in reverse order on every rank, and the gradient is the
+    analytic one; vmap over a batch of x gives each row's."""
+    size = comm.size
+    ws = [1.0 + 0.25 * s for s in range(size)]
+    w = ws[comm.rank]
+
+    def loss(x):
+        def body(y, _):
+            return gsj.allreduce(y, comm) * w, None
+        return jnp.sum(jax.lax.scan(body, x, None, length=3)[0])
+
+    # backwards, each round's allreduce transposes to a sum over ranks of the
+    # cotangents w_s * (what came before): W, W**2, W**3 with W = sum_s w_s
+    want = sum(ws) ** 3
+    x = jnp.arange(6.0).reshape(2, 3)
+    with collectively():
+        got = np.asarray(jax.jit(jax.grad(loss))(x))
+        np.testing.assert_allclose(got, np.full((2, 3), want), rtol=1e-14)
+        rows = np.asarray(jax.jit(jax.vmap(jax.grad(loss)))(x))
+        np.testing.assert_allclose(rows, np.full((2, 3), want), rtol=1e-14)
+
+
 def test_grad_through_max_says_why(comm):
     with collectively():
         with pytest.raises(TypeError, match="sum' or 'average"):
