@@ -9,7 +9,7 @@ import pytest
 from mpi4py import MPI
 
 import gradsync as gs
-from gsutil import BF16, collectively, reduce_reference, seed_for
+from gsutil import BF16, collectively, reduce_reference, run_child, seed_for
 
 jax = pytest.importorskip("jax")
 jnp = pytest.importorskip("jax.numpy")
@@ -415,6 +415,18 @@ def test_donated_buffers_are_reduced_in_place(comm):
         out = f(x)
         assert np.array_equal(np.asarray(out), want)
         assert out.unsafe_buffer_pointer() == where
+
+
+def test_an_unsupported_jax_fails_at_import(comm):
+    """import gradsync.jax under a JAX outside SUPPORTED_JAX (its version
+    string replaced before the import, in a child process on rank 0)."""
+    code = ("import jax; jax.__version__ = '0.4.30'\n"
+            "try:\n    import gradsync.jax\nexcept ImportError as e:\n    print('refused:', e)\n")
+    child = run_child(code, {"JAX_PLATFORMS": "cpu"}, timeout=300) if comm.rank == 0 else None
+    with collectively():
+        if comm.rank == 0:
+            assert "refused: gradsync.jax supports JAX 0.5 up to (not including) 0.11, " \
+                "found JAX 0.4.30" in child.stdout, (child.stdout, child.stderr)
 
 
 def test_lowers_for_cuda_on_xla_stream(comm):
