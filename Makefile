@@ -325,7 +325,7 @@ lint: lint-c
 lint-deps:
 	@sh scripts/install_deps.sh lint
 
-C_FORMATTED = $(LIB_DEPS) $(wildcard tests/c/*.c)
+C_FORMATTED = $(LIB_DEPS) $(wildcard tests/c/*.c) $(wildcard pyx/gradsync/jax/*.cc)
 lint-c: lint-deps
 	$(SCRIPTS_DIR)/clang-format --dry-run --Werror $(C_FORMATTED)
 
@@ -683,7 +683,7 @@ embed-test: build
 	rc=$$?; rm -rf $(EMBED_PREFIX); exit $$rc
 
 clean:
-	rm -rf build tests/c/bin pyx/gradsync/*.so pyx/gradsync/_core.c pyx/*.egg-info *.egg-info
+	rm -rf build tests/c/bin pyx/gradsync/*.so pyx/gradsync/jax/*.so pyx/gradsync/jax/.gradsync-build pyx/gradsync/_core.c pyx/*.egg-info *.egg-info
 
 # Frameworks on the gradsync backend (issue 46 item 3; docs/TORCH_BACKEND.md
 # "Frameworks"): installs the tested versions into $(PYTHON) (torch pinned so

@@ -36,6 +36,7 @@ from gradsync_build import (  # noqa: E402  (the build's configuration: scripts/
     cuda_version,
     find_mpicc,
     find_nvcc,
+    jax_include,
     mpi_flags,
     require_nccl,
     summary,
@@ -81,7 +82,10 @@ class BuildWithRuntime(build_ext):
                 ext.extra_link_args += lflags
             super().run()
             cuda = self._library.result()
-        print(summary(mpicc, cuda), flush=True)
+        jax = jax_include()
+        if jax[0]:
+            self.jax_handlers(jax[0], pkg_dir, cflags)
+        print(summary(mpicc, cuda, jax), flush=True)
 
     def build_extension(self, ext):
         link = self.compiler.link
@@ -130,6 +134,31 @@ class BuildWithRuntime(build_ext):
             with open(config, "w") as f:
                 f.write(config_now)
         return cuda
+
+    def jax_handlers(self, include, pkg_dir, mpi_cflags):
+        """gradsync/jax/libgradsync_jax.so: the XLA FFI handlers that
+        gradsync.jax lowers to inside jax.jit (pyx/gradsync/jax/_ffi.cc),
+        over libgradsync's public API; XLA's headers as system headers."""
+        src = os.path.join(ROOT, "pyx", "gradsync", "jax", "_ffi.cc")
+        out = os.path.join(pkg_dir, "jax", "libgradsync_jax.so")
+        lib = os.path.join(pkg_dir, "libgradsync.so")
+        config = os.path.join(pkg_dir, "jax", ".gradsync-build")
+        config_now = f"include={include}\n"
+        config_old = open(config).read() if os.path.exists(config) else ""
+        if not (self.force or newer([src, lib, os.path.abspath(__file__)] +
+                                    glob.glob(os.path.join(INCLUDE, "*.h")), out)
+                or config_now != config_old):
+            return
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        cmd = [os.environ.get("CXX", "c++"), "-std=c++17", "-O2", "-g", "-fPIC", "-shared",
+               "-Wall", "-Wextra", "-fvisibility=hidden", "-I" + INCLUDE, "-isystem", include] + \
+            mpi_cflags + [src, "-o", out + ".tmp", "-L" + pkg_dir, "-lgradsync",
+                          "-Wl,-rpath,$ORIGIN/..", "-Wl,--no-undefined"]
+        print(" ".join(cmd), flush=True)
+        subprocess.check_call(cmd)
+        os.replace(out + ".tmp", out)
+        with open(config, "w") as f:
+            f.write(config_now)
 
     @staticmethod
     def c_compile(mpicc, flags, src):
@@ -264,6 +293,7 @@ setup(
     packages=find_packages(where="pyx"),
     package_dir={"": "pyx"},
     package_data={"gradsync": ["*.pxd", "*.pxi", "*.pyx", "libgradsync.so", "include/*.h"],
+                  "gradsync.jax": ["_ffi.cc", "libgradsync_jax.so"],
                   "gradsync.bench": ["gradient_shapes.json"]},
     ext_modules=extensions(),
     cmdclass={"build_ext": BuildWithRuntime},

@@ -203,10 +203,33 @@ def require_nccl():
     return None, why
 
 
-def summary(mpicc, cuda):
+def jax_include():
+    """(folder of XLA's FFI headers, None) for gradsync.jax's handlers inside
+    jax.jit, or (None, why not): $GRADSYNC_JAX_INCLUDE, else
+    jax.ffi.include_dir() of the Python that builds (asked in a subprocess:
+    the build itself never imports jax). pip's isolated build has no jax:
+    there `pip install --no-build-isolation .` or GRADSYNC_JAX_INCLUDE."""
+    given = os.environ.get("GRADSYNC_JAX_INCLUDE")
+    if given:
+        if os.path.exists(os.path.join(given, "xla", "ffi", "api", "ffi.h")):
+            return given, None
+        return None, f"GRADSYNC_JAX_INCLUDE={given} has no xla/ffi/api/ffi.h"
+    try:
+        out = subprocess.run([sys.executable, "-c",
+                              "import jax.ffi; print(jax.ffi.include_dir())"],
+                             capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"cannot ask {sys.executable} for jax: {exc}"
+    folder = out.stdout.strip().splitlines()[-1] if out.returncode == 0 and out.stdout else ""
+    if folder and os.path.exists(os.path.join(folder, "xla", "ffi", "api", "ffi.h")):
+        return folder, None
+    return None, f"jax (with jax.ffi) is not importable by {sys.executable}"
+
+
+def summary(mpicc, cuda, jax=(None, "not asked")):
     """The build's last lines: what was built. cuda is None (CPU only, with
     the reason) or a dict with version, archs, nccl (version or None) and
-    nccl_why."""
+    nccl_why; jax is jax_include()'s answer."""
     lines = [f"gradsync {version()} built with:",
              f"  MPI:  {mpi_name(mpicc)} ({mpicc})"]
     if cuda is None:
@@ -218,6 +241,9 @@ def summary(mpicc, cuda):
         lines.append(f"  NCCL: {cuda['nccl']} (header; the library is opened at run time)"
                      if cuda["nccl"] else f"  NCCL: no ({cuda['nccl_why']}): device "
                      "collectives will use MPI staged through host memory")
+    lines.append(f"  JAX:  collectives inside jax.jit (XLA FFI headers from {jax[0]})" if jax[0]
+                 else f"  JAX:  no collectives inside jax.jit ({jax[1]}); gradsync.jax works "
+                 "outside it")
     return "\n".join(lines)
 
 

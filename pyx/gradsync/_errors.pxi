@@ -60,11 +60,18 @@ _STATUS_CLASSES = {
 
 cdef object error_for(gs_status_t s):
     msg = gs_last_error().decode("utf-8", "replace") or gs_status_string(s).decode()
-    if s == GS_ERR_NO_MEMORY:
-        return MemoryError(msg)
-    if s == GS_ERR_INTERRUPTED:
-        return KeyboardInterrupt(msg)
-    return _STATUS_CLASSES.get(s, Error)(msg, s)
+    return error_of_status(s, msg)
+
+
+def error_of_status(int status, str message):
+    """The exception gradsync raises for the gs_status_t ``status`` with
+    ``message`` (for a binding that got the status another way: gradsync.jax
+    reads it from JAX's runtime error)."""
+    if status == GS_ERR_NO_MEMORY:
+        return MemoryError(message)
+    if status == GS_ERR_INTERRUPTED:
+        return KeyboardInterrupt(message)
+    return _STATUS_CLASSES.get(status, Error)(message, status)
 
 
 cdef inline int CHKERR(gs_status_t s) except -1 nogil:
