@@ -57,7 +57,7 @@ typedef struct allreduce_state {
 /* Message m and the messages after it of its dtype (the plan's grouping
  * serves packing, and nothing is packed here) by the transport's
  * allreduce_segments, when it takes them: every tensor where it is (inside
- * one host the peers read it there, transport/cma.c). */
+ * one host the peers read it there, transport/mpi/cma.c). */
 static gs_status_t segments_message(const gs_engine_t *e, const gs_plan_t *plan,
                                     const gs_message_t *m, gs_coll_t *d, int *taken) {
   *taken = 0;

@@ -1,5 +1,5 @@
 /* Allreduce in a low-precision wire format: the call's checks, and per
- * message the float32 work buffer around transport/wire.c's exchange. */
+ * message the float32 work buffer around transport/mpi/wire.c's exchange. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

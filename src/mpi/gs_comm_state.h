@@ -9,7 +9,7 @@
 #include "gs_comm.h"
 #include "device/gs_cuda.h"
 
-/* Ranks of one host that read each other's memory (transport/cma_group.c). */
+/* Ranks of one host that read each other's memory (transport/mpi/cma_group.c). */
 typedef struct gs_cma_group {
   MPI_Comm mpi;  /* their communicator */
   int rank, size;

@@ -6,7 +6,7 @@
  * Hosts are MPI_Comm_split_type(SHARED) groups; GRADSYNC_HIERARCHY_SIZE=g
  * replaces them with blocks of g consecutive ranks (tests on one machine,
  * hosts MPI cannot see). */
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 /* Auto mode's smallest hierarchical message: two segments, the least that
  * overlaps shared-memory phases with the network. Below it the three phases

@@ -27,7 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 void gs_hier_free(gs_comm_t c) {
   gs_cma_group_reset(&c->hier_cma, MPI_COMM_NULL);

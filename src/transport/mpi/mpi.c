@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 /* Elements per MPI call. A power of two well below INT_MAX keeps every chunk
  * and byte offset of 8-byte types inside int. */

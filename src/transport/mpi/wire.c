@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 #include "kernels/wire_format.h"
 
 /* The flat path's segment: 4 MiB of float32, as the hierarchical path's. */

@@ -10,7 +10,7 @@
  * the same as before, only at other addresses. */
 #include <stdlib.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 static int inside(const void *p, size_t bytes, const void *buf, size_t have) {
   const char *a = p, *b = buf;

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #ifdef GS_HAVE_NCCL
-#include "transport/gs_nccl.h"
+#include "transport/nccl/gs_nccl.h"
 
 #define api gs_nccl_api
 

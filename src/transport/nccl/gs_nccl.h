@@ -1,4 +1,4 @@
-/* gradsync private, transport/: what the NCCL transport's two files share
+/* gradsync private, transport/nccl/: what the NCCL transport's two files share
  * (nccl.c: the library, polling and communicators; nccl_ops.c: the data
  * movement). Included only where GS_HAVE_NCCL is defined. */
 #ifndef GRADSYNC_NCCL_INTERNAL_H

@@ -31,7 +31,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux's value; older headers lack the name */

@@ -46,7 +46,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 /* iovecs per system call (Linux's IOV_MAX is 1024). */
 #define CMA_IOV 256

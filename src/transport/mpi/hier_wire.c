@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 static const char *const host_names[2] = {
     "allreduce (hierarchical, wire): reduce-scatter inside the host",

@@ -34,7 +34,7 @@
 #endif
 
 #ifdef GS_HAVE_NCCL
-#include "transport/gs_nccl.h"
+#include "transport/nccl/gs_nccl.h"
 
 #define MIN_VERSION 21400 /* NCCL 2.14: ncclCommInitRankConfig with blocking = 0 */
 
