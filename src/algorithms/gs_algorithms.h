@@ -5,6 +5,9 @@
 #define GRADSYNC_ALGORITHMS_H
 
 #include "engine/gs_queue.h"
+/* gs_xfer_t, one tensor's movement, which xfer.c hands to MPI's own
+ * collectives when every count fits int */
+#include "transport/mpi/gs_mpi_xfer.h"
 
 /* ---- Adasum (adasum.c) --------------------------------------------------- */
 

@@ -4,7 +4,7 @@
 #ifndef GRADSYNC_ENGINE_H
 #define GRADSYNC_ENGINE_H
 
-#include "transport/mpi/gs_mpi_transport.h"
+#include "transport/gs_transport.h"
 
 /* ---- where a call's data lives (path.c) ----------------------------------
  * Every collective opens an engine after validation: host memory goes to the

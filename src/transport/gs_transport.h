@@ -18,6 +18,41 @@ typedef struct gs_seg {
 typedef gs_status_t (*gs_exchange_fn)(gs_comm_t, const void *send, int64_t scount, void *recv,
                                       int64_t rcount, gs_dtype_t, int peer);
 
+/* Work the caller does per segment (the fusion engine's packing and
+ * unpacking), so it overlaps the other segments' transfers: prepare fills
+ * x[first, first + n) before that segment starts; finish runs once
+ * x[first, first + n) (and lost's) are final. Either may be NULL.
+ * out (may be NULL): where the message lies, nseg segments back to back
+ * (in: the input's, NULL in place), when the result needs no more than
+ * the sum times post (float32, no prescale, no error feedback): where a
+ * host's ranks read each other's memory, the hierarchical path's host
+ * stages read and write the message there, and such segments are neither
+ * prepared nor finished. */
+typedef struct gs_wire_hooks {
+  gs_status_t (*prepare)(void *ctx, int64_t first, int64_t n);
+  gs_status_t (*finish)(void *ctx, int64_t first, int64_t n);
+  void *ctx;
+  const gs_seg_t *in, *out;
+  int64_t nseg;
+} gs_wire_hooks_t;
+
+/* What a table's route answers (below). A function pointer, not a code: the collective
+ * calls the path it was given. */
+typedef struct gs_route {
+  /* allreduce_segments takes the run (all run_count elements where they lie) */
+  int segments;
+  /* otherwise each piece of `piece` elements (0: the whole message) goes through run */
+  int64_t piece;
+  gs_status_t (*run)(gs_comm_t, const void *send, void *recv, int64_t count, gs_dtype_t, gs_op_t);
+  /* the same message as float32 in a low-precision wire format (transport/mpi/wire.c):
+   * x becomes the sum times post, lost (may be NULL) gets the rounding (error
+   * feedback); wire_segments: the path reads and writes the message where it lies
+   * when the hooks name its segments (in, out, nseg) */
+  gs_status_t (*wire)(gs_comm_t, float *x, int64_t count, gs_wire_t, double post, float *lost,
+                      const gs_wire_hooks_t *hooks);
+  int wire_segments;
+} gs_route_t;
+
 typedef struct gs_transport {
   const char *name;
   /* send == NULL: in place on recv. */
@@ -61,27 +96,34 @@ typedef struct gs_transport {
   gs_status_t (*alltoallv)(gs_comm_t, const void *send, const int64_t *scounts,
                            const int64_t *sdispls, void *recv, const int64_t *rcounts,
                            const int64_t *rdispls, gs_dtype_t);
+  /* May be NULL (then every message goes whole through allreduce). The path of an
+   * allreduce of `count` elements, asked once per message (NCCL's topoGetAlgoInfo, UCC's
+   * coll_score: the collective runs what it is given and asks nothing more); the same
+   * answer on every rank. run_count and run_nseg (0: none) describe the run of messages
+   * of its dtype that starts with it, in the segments it lies in: the path may take
+   * them all at once through allreduce_segments (route->segments). */
+  gs_status_t (*route)(gs_comm_t, gs_dtype_t, int64_t count, int64_t run_count, int64_t run_nseg,
+                       gs_route_t *route);
+  /* May be NULL. The transport's working state, behind an opaque pointer in the
+   * communicator that only the transport reads (MPI's: c->host_state, made with every
+   * communicator, comm/lifecycle.c; NCCL's: c->nccl, made when the device path is
+   * chosen, engine/path.c). init is collective over c->mpi; free comes after the
+   * communicator's last work, and may fail (NCCL's finalize: c is unusable then). */
+  gs_status_t (*init)(gs_comm_t);
+  gs_status_t (*free)(gs_comm_t);
 } gs_transport_t;
 
-/* Host memory through MPI (mpi.c). */
+/* The tables. Host memory through MPI (transport/mpi/mpi.c); device buffers
+ * straight to a CUDA-aware MPI (cuda_aware.c: detected with
+ * MPIX_GPU_query_support, or GRADSYNC_CUDA_AWARE_MPI=0/1, gs_mpi_cuda_aware)
+ * or over pinned host staging (staged.c); NCCL (transport/nccl/), opened at
+ * run time: gs_nccl_loadable says whether it can be. Only the MPI table has
+ * a route: the device tables move a message whole. */
 extern const gs_transport_t gs_mpi_transport;
-/* MPI's own allreduce, chunked, never touching the data: device pointers
- * may go in when MPI is CUDA-aware and the op is MPI's. */
-gs_status_t gs_mpi_native_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
-                                    gs_dtype_t dtype, gs_op_t op);
-/* Device buffers straight to a CUDA-aware MPI (cuda_aware.c):
- * detected with MPIX_GPU_query_support, or GRADSYNC_CUDA_AWARE_MPI=0/1. */
 extern const gs_transport_t gs_cuda_aware_transport;
-int gs_mpi_cuda_aware(void);
-/* MPI over pinned host staging for device buffers (staged.c). */
 extern const gs_transport_t gs_staged_transport;
-/* NCCL (nccl.c): opened at run time; these fail cleanly when it
- * is absent. */
 extern const gs_transport_t gs_nccl_transport;
+int gs_mpi_cuda_aware(void);
 int gs_nccl_loadable(void);
-gs_status_t gs_nccl_comm_init(gs_comm_t c); /* collective over c->mpi */
-/* ncclCommFinalize (polled), then ncclCommDestroy; on failure aborted
- * instead and c unusable. Only after c's last work on its stream finished. */
-gs_status_t gs_nccl_comm_free(gs_comm_t c);
 
 #endif

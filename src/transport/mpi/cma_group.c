@@ -77,11 +77,6 @@ void gs_cma_group_reset(gs_cma_group_t *g, MPI_Comm mpi) {
   }
 }
 
-void gs_cma_free(gs_comm_t c) {
-  gs_cma_group_reset(&c->cma, MPI_COMM_NULL);
-  gs_cma_group_reset(&c->hier_cma, MPI_COMM_NULL);
-}
-
 /* Collective over g: every rank reads one word from every other and writes
  * it back; any refusal turns the mechanism off on all of them. */
 gs_status_t gs_cma_probe(gs_cma_group_t *g, int64_t from_bytes) {

@@ -1,17 +1,55 @@
 /* gradsync private, transport/mpi/: the MPI transport's own header: its host
  * algorithms (hosts.c, hierarchical.c, hier_wire.c, wire.c), the allreduce inside one
  * host reading the peers' memory (cma.c, cma_group.c, cma_pages.c), MPI's plumbing
- * (owned.c, mpi_xfer.c) and the device tables over MPI (cuda_aware.c, staged.c). */
+ * (owned.c, mpi_xfer.c, state.c) and the device tables over MPI (cuda_aware.c, staged.c). */
 #ifndef GRADSYNC_MPI_TRANSPORT_H
 #define GRADSYNC_MPI_TRANSPORT_H
 
 #include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_xfer.h"
+
+/* Ranks of one host that read each other's memory (cma_group.c). */
+typedef struct gs_cma_group {
+  MPI_Comm mpi;  /* their communicator */
+  int rank, size;
+  int state;     /* 0 not probed yet, 1 usable, -1 refused somewhere */
+  int64_t *pids; /* every rank's process id, once usable */
+  char *scratch; /* two pieces: a peer's data, the running fold */
+  int64_t piece; /* their size (cma_group.c) */
+  uintptr_t *blocks;      /* 2 MiB blocks of this rank's tensors seen (cma_pages.c) */
+  unsigned char *asked;   /* per block: gathered into a 2 MiB page already asked for */
+  int64_t nblocks;
+  int collapse;           /* the kernel gathers on request: 0 not asked yet, 1 yes, -1 no */
+} gs_cma_group_t;
+
+/* The MPI transport's working state, c->host_state: made by its table's init
+ * (state.c) with the communicator, freed by its free slot. */
+typedef struct gs_mpi_state {
+  void *bounce; /* host memory MPI gets in place of the caller's (owned.c) */
+  size_t bounce_bytes;
+  void *wire_scratch; /* the wire allreduce's encoded segments in flight (wire.c) */
+  size_t wire_scratch_bytes;
+  int hier_mode;            /* GRADSYNC_HIERARCHICAL: -1 auto, 0 off, 1 on (hosts.c) */
+  MPI_Comm hier_node;       /* this host's ranks; made on first use (hierarchical.c) */
+  MPI_Comm hier_cross;      /* the ranks of my local rank on every host */
+  int hier_group;           /* ranks per host they were made for (< 0: MPI's hosts) */
+  int cma_hugepages;        /* persistent tensors gathered into 2 MiB pages (cma_pages.c) */
+  gs_cma_group_t cma;       /* among all of the communicator's ranks (cma.c) */
+  gs_cma_group_t hier_cma;  /* among hier_node's (the hierarchical allreduce's host stages) */
+} gs_mpi_state_t;
+static inline gs_mpi_state_t *gs_mpi_state(gs_comm_t c) { return (gs_mpi_state_t *)c->host_state; }
 
 /* ---- hosts (hosts.c) and the hierarchical allreduce (hierarchical.c) ---- */
 
-/* Collective over c->mpi, after local_rank/local_size are set: the ranks
- * agree on the hosts' sizes and read GRADSYNC_HIERARCHICAL. */
-gs_status_t gs_topology_init(gs_comm_t c);
+/* The table's init and free (state.c). init: collective over c->mpi, after
+ * local_rank/local_size are set: the ranks agree on the hosts' sizes, and
+ * the state is made (GRADSYNC_HIERARCHICAL, GRADSYNC_CMA_HUGEPAGES read). */
+gs_status_t gs_mpi_init(gs_comm_t c);
+gs_status_t gs_mpi_free(gs_comm_t c);
+/* MPI's own allreduce, chunked, never touching the data: device pointers
+ * may go in when MPI is CUDA-aware and the op is MPI's. */
+gs_status_t gs_mpi_native_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                                    gs_dtype_t dtype, gs_op_t op);
 /* Ranks per host for the hierarchical algorithms (GRADSYNC_HIERARCHY_SIZE
  * if set), or 0 when the hosts hold unequal numbers of ranks. Every rank
  * gets the same answer. */
@@ -35,9 +73,12 @@ gs_status_t gs_hier_comms(gs_comm_t c, int g);
 
 /* ---- the allreduce inside one host, reading the peers' memory (cma.c) ---- */
 
-/* Whether an allreduce of `bytes` reads the peers' memory directly: every
- * rank on one host, from GRADSYNC_CMA_BYTES up, unless a probe found it
- * refused (the same answer on every rank). */
+/* Whether the communicator's ranks read each other's memory for a message
+ * of `bytes`: every rank on one host, from GRADSYNC_CMA_BYTES up, unless a
+ * probe found it refused (the same answer on every rank). The route asks
+ * the hierarchical predicate itself; gs_cma_wanted adds it (the
+ * reduce-scatter, the allgather, the staged chunks). */
+int gs_cma_reads(gs_comm_t c, int64_t bytes);
 int gs_cma_wanted(gs_comm_t c, int64_t bytes);
 /* The MPI transport's allreduce_segments: reduce-scatter by slices read
  * from the peers, then an allgather of the reduced slices; *taken = 0 when
@@ -84,29 +125,11 @@ void gs_cma_group_reset(gs_cma_group_t *g, MPI_Comm mpi);
 /* Collective over g: every rank reads one word from every other and writes
  * it back; any refusal turns the reads off on all of them (cma_group.c). */
 gs_status_t gs_cma_probe(gs_cma_group_t *g, int64_t from_bytes);
-void gs_cma_free(gs_comm_t c);
 /* g's two scratch pieces (g->scratch), g->piece bytes each, made once. */
 gs_status_t gs_cma_scratch(gs_cma_group_t *g);
 
 /* ---- the allreduce in a low-precision wire format (wire.c) -------------- */
 
-/* Work the caller does per segment (the fusion engine's packing and
- * unpacking), so it overlaps the other segments' transfers: prepare fills
- * x[first, first + n) before that segment starts; finish runs once
- * x[first, first + n) (and lost's) are final. Either may be NULL.
- * out (may be NULL): where the message lies, nseg segments back to back
- * (in: the input's, NULL in place), when the result needs no more than
- * the sum times post (float32, no prescale, no error feedback): where a
- * host's ranks read each other's memory, the hierarchical path's host
- * stages read and write the message there, and such segments are neither
- * prepared nor finished. */
-typedef struct gs_wire_hooks {
-  gs_status_t (*prepare)(void *ctx, int64_t first, int64_t n);
-  gs_status_t (*finish)(void *ctx, int64_t first, int64_t n);
-  void *ctx;
-  const gs_seg_t *in, *out;
-  int64_t nseg;
-} gs_wire_hooks_t;
 gs_status_t gs_wire_hook(const gs_wire_hooks_t *hooks, int finish, int64_t first, int64_t n);
 
 /* x (count float32 values, host memory) becomes the sum over mc's ranks,
@@ -147,7 +170,6 @@ gs_status_t gs_wire_run_open(gs_wire_run_t *w, gs_comm_t c, MPI_Comm mc, gs_wire
 gs_status_t gs_wire_begin(gs_wire_run_t *w, int64_t k, float *x, int64_t n, float *lost);
 gs_status_t gs_wire_middle(gs_wire_run_t *w, int64_t k);
 gs_status_t gs_wire_end(gs_wire_run_t *w, int64_t k);
-void gs_wire_free(gs_comm_t c);
 /* gs_wire_allreduce over c's hosts: float32 inside each host, the wire
  * format across them (hier_wire.c). */
 gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire_t wire,
@@ -160,32 +182,10 @@ gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire
 /* Whether [p, p + bytes) lies in memory the communicator keeps (the
  * fusion buffer, scratch, staging, the bounce buffer): MPI may have it. */
 int gs_mpi_owned(gs_comm_t c, const void *p, size_t bytes);
-/* The bounce buffer, at least `bytes` long; it replaces the last one. */
 /* *buf grown to at least `bytes` (64-byte aligned, gs_grow_size; contents
  * not kept): the one growth of the host buffers MPI is handed. */
 gs_status_t gs_owned_grow(void **buf, size_t *have, size_t bytes, const char *what);
+/* The bounce buffer, at least `bytes` long; it replaces the last one. */
 gs_status_t gs_bounce_reserve(gs_comm_t c, size_t bytes, void **buf);
-void gs_bounce_free(gs_comm_t c);
-
-/* ---- MPI's exchange collectives on host memory (mpi_xfer.c) -------------- */
-
-/* One tensor's movement. Per-rank arrays have comm->size entries. */
-typedef struct gs_xfer {
-  gs_dtype_t dtype;
-  int root;                         /* gatherv, scatterv */
-  const void *send;
-  void *recv;
-  const int64_t *scounts, *sdispls; /* alltoallv; scatterv at the root */
-  const int64_t *rcounts, *rdispls; /* alltoallv; gatherv at the root */
-  int64_t scount, rcount;           /* gatherv's send, scatterv's receive */
-  int native;                       /* MPI's own collective (all counts fit int) */
-} gs_xfer_t;
-
-/* MPI's own collectives (counts must fit int). */
-gs_status_t gs_mpi_alltoallv(gs_comm_t c, const gs_xfer_t *x);
-gs_status_t gs_mpi_gatherv(gs_comm_t c, const gs_xfer_t *x);
-gs_status_t gs_mpi_scatterv(gs_comm_t c, const gs_xfer_t *x);
-gs_status_t gs_mpi_reduce(gs_comm_t c, const void *send, void *recv, int64_t count,
-                          gs_dtype_t dtype, gs_op_t op, int root);
 
 #endif
