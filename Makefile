@@ -97,9 +97,10 @@ endif
 endif
 
 # The library's sources, named once: one folder per layer under src/
-# (docs/ARCHITECTURE.md); private includes name their folder, from -Isrc.
-LIB_SOURCES := $(wildcard src/*/*.c)
-LIB_DEPS := $(LIB_SOURCES) $(wildcard src/*/*.h src/*/*.cuh src/*/*.cu include/*.h)
+# (docs/ARCHITECTURE.md), a layer's parts in subfolders of it (transport/mpi/,
+# transport/nccl/); private includes name their folder, from -Isrc.
+LIB_SOURCES := $(wildcard src/*/*.c src/*/*/*.c)
+LIB_DEPS := $(LIB_SOURCES) $(wildcard src/*/*.h src/*/*/*.h src/*/*.cuh src/*/*.cu include/*.h)
 LIB_INCLUDES := -Iinclude -Isrc
 LIB_CFLAGS := -std=gnu11 -fPIC -fvisibility=hidden -ffp-contract=off -fopenmp \
     -DGS_BUILDING_LIBRARY $(LIB_INCLUDES)

@@ -104,11 +104,14 @@ class BuildWithRuntime(build_ext):
         """Builds libgradsync.so into pkg_dir unless it is up to date;
         returns what was found of CUDA (None without nvcc)."""
         lib = os.path.join(pkg_dir, "libgradsync.so")
-        # one folder per layer (docs/ARCHITECTURE.md); private includes name
-        # their folder, found from -Isrc
-        sources = sorted(glob.glob(os.path.join(SRC, "*", "*.c")))
+        # one folder per layer (docs/ARCHITECTURE.md), a layer's parts in
+        # subfolders of it (transport/mpi/); private includes name their
+        # folder, found from -Isrc
+        sources = sorted(glob.glob(os.path.join(SRC, "*", "*.c")) +
+                         glob.glob(os.path.join(SRC, "*", "*", "*.c")))
         cu_sources = sorted(glob.glob(os.path.join(SRC, "*", "*.cu")))
         deps = sources + cu_sources + glob.glob(os.path.join(SRC, "*", "*.h")) + \
+            glob.glob(os.path.join(SRC, "*", "*", "*.h")) + \
             glob.glob(os.path.join(SRC, "*", "*.cuh")) + glob.glob(os.path.join(INCLUDE, "*.h")) + \
             [os.path.abspath(__file__), os.path.join(ROOT, "scripts", "gradsync_build.py")]
         nvcc = find_nvcc()
@@ -163,8 +166,9 @@ class BuildWithRuntime(build_ext):
     @staticmethod
     def c_compile(mpicc, flags, src):
         """(command, object) compiling one C source of the library."""
-        layer = os.path.basename(os.path.dirname(src))
-        obj = os.path.join(OBJ_DIR, "c", f"{layer}_{os.path.basename(src)}.o")
+        # named by its path under src/: transport/mpi/mpi.c and mpi/*.c stay apart
+        where = os.path.relpath(src, SRC).replace(os.sep, "_")
+        obj = os.path.join(OBJ_DIR, "c", f"{where}.o")
         return shlex.split(mpicc) + flags + ["-I" + INCLUDE, "-I" + SRC, "-c", src,
                                              "-o", obj], obj
 

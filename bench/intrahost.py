@@ -9,9 +9,9 @@ tensor; 200 tensors of 768 floats; 16 floats) it times, interleaved per repeat s
 load falls on all alike, the slowest rank's time of:
 
   direct   gradsync's ``allreduce_`` of the list in place (inside one host
-           the ranks read each other's memory: transport/cma.c; the list's
+           the ranks read each other's memory: transport/mpi/cma.c; the list's
            2 MiB blocks gathered into huge pages at its second call:
-           transport/cma_pages.c, done in the warm-up)
+           transport/mpi/cma_pages.c, done in the warm-up)
   small    the same on a copy of the list, with GRADSYNC_CMA_HUGEPAGES=0
            (the pages left as the allocator made them)
   mpi      the same call on a communicator made with GRADSYNC_CMA_BYTES=0

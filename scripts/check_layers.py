@@ -4,8 +4,9 @@
 Every C file of src/ is compiled with gcc's -fcallgraph-info (the .cu file's
 host side with g++ over the same flags, its kernels being leaves), which
 lists each function a file defines and each function it calls. src/ has one
-folder per layer, and a file's folder is its layer (LAYERS below, bottom
-first). The check fails when
+folder per layer, and a file's first folder under src/ is its layer (LAYERS
+below, bottom first): a layer's parts may have subfolders of their own
+(transport/mpi/, transport/nccl/), which are the same layer. The check fails when
 - a call goes up: a function in one layer calls one defined in a higher one;
 - files call each other in a cycle (within a layer too);
 - a private header includes one of a higher layer, or headers include each
@@ -63,12 +64,13 @@ LAYER_INDEX = {name: k for k, (name, _) in enumerate(LAYERS)}
 
 
 def rel(path):
-    """A source's name as the layer table shows it: 'transport/nccl.c'."""
+    """A source's name as the layer table shows it: 'transport/nccl/nccl.c'."""
     return os.path.relpath(os.path.realpath(path), os.path.realpath(SRC))
 
 
 def layer(name):
-    """(index, folder) of a file named as rel() names it; (99, '?') outside every layer."""
+    """(index, folder) of a file named as rel() names it, its layer being its first
+    folder; (99, '?') outside every layer."""
     folder = name.split("/")[0] if "/" in name else ""
     return (LAYER_INDEX[folder], folder) if folder in LAYER_INDEX else (99, "?")
 
@@ -217,12 +219,17 @@ def includes():
     """[(file, included private header)] for src/ files and headers, both named
     as rel() names them (private includes name their folder: "engine/gs_engine.h")."""
     out = []
-    for f in sorted(glob.glob(os.path.join(SRC, "*", "*"))):
+    for f in src_files():
         for line in open(f, errors="replace"):
             m = re.match(r'\s*#\s*include\s+"([^"]+)"', line)
             if m and os.path.exists(os.path.join(SRC, m.group(1))):
                 out.append((rel(f), m.group(1)))
     return out
+
+
+def src_files():
+    """Every file under src/, at any depth, sorted (a layer's subfolders included)."""
+    return sorted(os.path.join(d, n) for d, _, names in os.walk(SRC) for n in names)
 
 
 def cycles(edges):
@@ -294,11 +301,10 @@ def main():
     ap.add_argument("--cc", default=os.environ.get("MPICC") or shutil.which("mpicc") or "mpicc")
     ap.add_argument("--quiet", action="store_true")
     args = ap.parse_args()
-    files = sorted(glob.glob(os.path.join(SRC, "*", "*.c")) +
-                   glob.glob(os.path.join(SRC, "*", "*.cu")))
+    files = [f for f in src_files() if f.endswith((".c", ".cu"))]
     problems = []
-    for f in sorted(glob.glob(os.path.join(SRC, "*")) + glob.glob(os.path.join(SRC, "*", "*"))):
-        if os.path.isfile(f) and layer(rel(f))[0] == 99:
+    for f in src_files():
+        if layer(rel(f))[0] == 99:
             problems.append(f"{rel(f)} is in no layer: every file sits in one of the folders "
                             "of LAYERS in scripts/check_layers.py")
     cuda_inc = os.environ.get("CUDA_INCLUDE", "/usr/local/cuda/include")
@@ -335,7 +341,7 @@ def main():
     if not args.quiet:
         print(f"{'layer (src/ folder)':<22} files (calls out: layers they reach)")
         for k, (name, what) in enumerate(LAYERS):
-            present = sorted(rel(f) for f in glob.glob(os.path.join(SRC, name, "*")))
+            present = sorted(rel(f) for f in src_files() if layer(rel(f))[1] == name)
             print(f"{k:>2} {name + '/':<19} {what}")
             for f in present:
                 reach = sorted({layer(b)[0] for a, b in file_edges if a == f and layer(b)[0] < 99})

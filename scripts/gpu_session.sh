@@ -67,7 +67,7 @@ cd "$ROOT" || exit 1
 # say) do not count.
 source_files() {
   LC_ALL=C
-  ls setup.py Makefile src/*/* include/* pyx/gradsync/*.pyx pyx/gradsync/*.pxi \
+  ls setup.py Makefile $(find src -type f) include/* pyx/gradsync/*.pyx pyx/gradsync/*.pxi \
     pyx/gradsync/*.pxd tests/c/*.c tests/c/*.h tests/emulated_cuda/* 2>/dev/null
 }
 source_sums() { source_files | LC_ALL=C xargs sha1sum; }

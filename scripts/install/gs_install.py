@@ -64,12 +64,15 @@ def build_config():
 
 def objects(nvcc):
     """setup.py's objects, in its order: the CUDA kernels, then the C files
-    (src/LAYER/NAME.c -> build/objects/c/LAYER_NAME.c.o)."""
-    cu = sorted(glob.glob(os.path.join(ROOT, "src", "*", "*.cu"))) if nvcc else []
-    c = sorted(glob.glob(os.path.join(ROOT, "src", "*", "*.c")))
+    (src/LAYER/NAME.c -> build/objects/c/LAYER_NAME.c.o, src/LAYER/PART/NAME.c ->
+    LAYER_PART_NAME.c.o)."""
+    src = os.path.join(ROOT, "src")
+    cu = sorted(glob.glob(os.path.join(src, "*", "*.cu"))) if nvcc else []
+    c = sorted(glob.glob(os.path.join(src, "*", "*.c")) +
+               glob.glob(os.path.join(src, "*", "*", "*.c")))
     pairs = [(s, os.path.join(OBJ_DIR, "cuda", os.path.basename(s) + ".o")) for s in cu]
-    pairs += [(s, os.path.join(OBJ_DIR, "c", "%s_%s.o" % (
-        os.path.basename(os.path.dirname(s)), os.path.basename(s)))) for s in c]
+    pairs += [(s, os.path.join(OBJ_DIR, "c", os.path.relpath(s, src).replace(os.sep, "_")
+                               + ".o")) for s in c]
     missing = [os.path.relpath(o, ROOT) for _, o in pairs if not os.path.exists(o)]
     if missing:
         fail(f"the in-place build's objects are missing ({', '.join(missing[:3])}...): "

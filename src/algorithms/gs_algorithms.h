@@ -5,6 +5,9 @@
 #define GRADSYNC_ALGORITHMS_H
 
 #include "engine/gs_queue.h"
+/* gs_xfer_t, one tensor's movement, which xfer.c hands to MPI's own
+ * collectives when every count fits int */
+#include "transport/mpi/gs_mpi_xfer.h"
 
 /* ---- Adasum (adasum.c) --------------------------------------------------- */
 
@@ -31,7 +34,7 @@ gs_status_t gs_xfer_reduce(const gs_engine_t *e, const void *send, void *recv, i
 /* ---- the wire allreduce on CUDA memory (wire_device.c) ------------------- */
 
 /* Message m of in (float32; float16/bfloat16 with a float8 wire) allreduced
- * in `wire` into out (may be in): transport/wire.c's algorithm, encoding
+ * in `wire` into out (may be in): transport/mpi/wire.c's algorithm, encoding
  * and decoding fused into the pack and unpack kernels, the exchanges
  * grouped sends and receives. residual (may be NULL): float32 CUDA memory
  * per tensor, error feedback as gs_allreduce_wire's. */

@@ -1,5 +1,5 @@
 /* The allreduce in a low-precision wire format on CUDA memory: the host
- * algorithm of transport/wire.c (a direct exchange of encoded shards,
+ * algorithm of transport/mpi/wire.c (a direct exchange of encoded shards,
  * float32 sums in rank order at each shard's owner, an allgather of the
  * rounded shards) with the encoding fused into the pack and the decoding
  * into the unpack: three kernels per segment read the tensors where they
@@ -16,7 +16,7 @@
 #include "algorithms/gs_algorithms.h"
 #include "kernels/wire_format.h"
 
-#define SEGMENT ((int64_t)GS_WIRE_BLOCK << 18) /* transport/wire.c's */
+#define SEGMENT ((int64_t)GS_WIRE_BLOCK << 18) /* transport/mpi/wire.c's */
 #define ALIGN 256
 
 typedef struct dev_wire {

@@ -7,11 +7,12 @@
  * (NULL: it is not), `at` the memory the message is reduced in (the
  * output's, the input's in place, or a window of the fusion buffer),
  * `window` whether `at` is that window: it holds one piece at a time,
- * packed into it and unpacked from it. */
+ * packed into it and unpacked from it; `route` the path every piece takes. */
 typedef struct reduce_at {
   const char *in;
   char *at;
   int window;
+  const gs_route_t *route;
 } reduce_at_t;
 
 /* Message elements [first, first + count): into place, reduced, scaled or
@@ -25,27 +26,17 @@ static gs_status_t reduce_range(const gs_engine_t *e, const gs_plan_t *plan, con
   const gs_tensor_t *out = d->out ? d->out : d->in;
   if (in && in != at && d->pre == 1.0) {
     double t0 = GS_TL_START();
-    GS_CHECK(e->transport->allreduce(e->comm, in, at, count, m->dtype, d->op));
+    GS_CHECK(r->route->run(e->comm, in, at, count, m->dtype, d->op));
     GS_TL_END("communicate", e->call, 1 + (m - plan->msgs), t0, count * (int64_t)es);
   } else {
     if (r->window || d->out || d->pre != 1.0)
       GS_CHECK(gs_pack_range(e, plan, m, d->in, at, d->pre, first, count));
     double t0 = GS_TL_START();
-    GS_CHECK(e->transport->allreduce(e->comm, NULL, at, count, m->dtype, d->op));
+    GS_CHECK(r->route->run(e->comm, NULL, at, count, m->dtype, d->op));
     GS_TL_END("communicate", e->call, 1 + (m - plan->msgs), t0, count * (int64_t)es);
   }
   if (r->window) return gs_unpack_range(e, plan, m, at, out, d->post, first, count);
   return gs_scale_copy(e, m->dtype, at, at, d->post == 1.0 ? 0 : count, d->post);
-}
-
-/* Elements per piece of a pipelined message (0: the message is one piece):
- * host memory only, in multiples of 64 bytes, and not for a message the
- * hierarchical allreduce takes (it pipelines its own segments). */
-static int64_t piece_count(const gs_engine_t *e, const gs_message_t *m) {
-  int64_t bytes = e->comm->pipeline_bytes / 64 * 64, es = (int64_t)gs_dtype_size(m->dtype);
-  if (gs_engine_on_device(e) || bytes <= 0 || m->count * es <= bytes) return 0;
-  if (gs_hier_wanted(e->comm, m->count * es)) return 0;
-  return bytes / es;
 }
 
 /* allreduce's state across its messages. */
@@ -54,16 +45,38 @@ typedef struct allreduce_state {
   int64_t done_through; /* messages up to this index went with an earlier one */
 } allreduce_state_t;
 
-/* Message m and the messages after it of its dtype (the plan's grouping
- * serves packing, and nothing is packed here) by the transport's
- * allreduce_segments, when it takes them: every tensor where it is (inside
- * one host the peers read it there, transport/cma.c). */
-static gs_status_t segments_message(const gs_engine_t *e, const gs_plan_t *plan,
-                                    const gs_message_t *m, gs_coll_t *d, int *taken) {
-  *taken = 0;
-  if (!e->transport->allreduce_segments || gs_engine_on_device(e)) return GS_SUCCESS;
+/* The last message of the run that starts with m: the messages after it of
+ * its dtype (the plan's grouping serves packing, and nothing is packed on
+ * the segments path). */
+static const gs_message_t *run_end(const gs_plan_t *plan, const gs_message_t *m) {
   const gs_message_t *last = m;
   while (last + 1 < plan->msgs + plan->nmsgs && last[1].dtype == m->dtype) last++;
+  return last;
+}
+
+/* Message m's path, asked of the transport once (its route): the run's
+ * segments where they lie, or the pieces and the allreduce each takes. A
+ * transport without a route, and device memory, take the message whole. */
+static gs_status_t route_message(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
+                                 gs_route_t *r) {
+  *r = (gs_route_t){.run = e->transport->allreduce};
+  if (!e->transport->route || gs_engine_on_device(e)) return GS_SUCCESS;
+  int64_t count = 0, nseg = 0;
+  if (e->transport->allreduce_segments) {
+    const gs_message_t *last = run_end(plan, m);
+    for (const gs_message_t *k = m; k <= last; k++) count += k->count;
+    nseg = last->first + last->nslots - m->first;
+  }
+  return e->transport->route(e->comm, m->dtype, m->count, count, nseg, r);
+}
+
+/* The run starting at m by the transport's allreduce_segments, as its route
+ * said: every tensor where it is (inside one host the peers read it there,
+ * transport/mpi/cma.c); *taken = 0 if it declines after all (a refused
+ * probe), and then m goes by the route's pieces. */
+static gs_status_t segments_message(const gs_engine_t *e, const gs_plan_t *plan,
+                                    const gs_message_t *m, gs_coll_t *d, int *taken) {
+  const gs_message_t *last = run_end(plan, m);
   int64_t nseg = last->first + last->nslots - m->first, count = 0;
   gs_seg_t *seg = malloc(2 * (size_t)nseg * sizeof *seg);
   if (!seg) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
@@ -102,17 +115,21 @@ static gs_status_t segments_message(const gs_engine_t *e, const gs_plan_t *plan,
 static gs_status_t reduce_message(const gs_engine_t *e, const gs_plan_t *plan,
                                   const gs_message_t *m, gs_coll_t *d) {
   if (m - plan->msgs <= ((allreduce_state_t *)d->extra)->done_through) return GS_SUCCESS;
-  int taken = 0;
-  GS_CHECK(segments_message(e, plan, m, d, &taken));
-  if (taken) return GS_SUCCESS;
+  gs_route_t route;
+  GS_CHECK(route_message(e, plan, m, &route));
+  if (route.segments) {
+    int taken = 0;
+    GS_CHECK(segments_message(e, plan, m, d, &taken));
+    if (taken) return GS_SUCCESS;
+  }
   void *ibase = NULL, *obase = NULL;
   int icontig = gs_plan_contiguous(plan, m, d->in, &ibase);
   int ocontig = d->out ? gs_plan_contiguous(plan, m, d->out, &obase) : icontig;
   if (!d->out) obase = ibase;
-  int64_t piece = piece_count(e, m);
-  if (piece == 0) piece = m->count; /* messages of no elements never get here */
-  reduce_at_t r = {icontig ? ibase : NULL, obase, !ocontig};
-  if (!gs_engine_on_device(e) && d->out) r = (reduce_at_t){NULL, NULL, 1};
+  /* messages of no elements never get here */
+  int64_t piece = route.piece > 0 ? route.piece : m->count;
+  reduce_at_t r = {icontig ? ibase : NULL, obase, !ocontig, &route};
+  if (!gs_engine_on_device(e) && d->out) r = (reduce_at_t){NULL, NULL, 1, &route};
   if (r.window) {
     void *buf = NULL;
     GS_CHECK(gs_buffer_reserve(e, (size_t)piece * gs_dtype_size(m->dtype), &buf));

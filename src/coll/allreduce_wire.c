@@ -1,5 +1,6 @@
 /* Allreduce in a low-precision wire format: the call's checks, and per
- * message the float32 work buffer around transport/wire.c's exchange. */
+ * message the float32 work buffer around the transport's wire path (its
+ * route's: transport/mpi/wire.c flat, hier_wire.c across hosts). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -189,29 +190,30 @@ static gs_status_t wire_message(const gs_engine_t *e, const gs_plan_t *plan, con
   w.work = w.in_out ? (float *)w.obase : scratch;
   if (wc->residual) w.lost = w.in_out ? scratch : scratch + n;
   gs_wire_hooks_t hooks = {.prepare = wire_prepare, .finish = wire_finish, .ctx = &w};
-  gs_status_t st;
-  if (gs_hier_wanted(e->comm, m->count * (int64_t)sizeof(float))) {
-    /* where nothing needs converting, the host stages may read and write
-     * the tensors where they lie (no packing, no unpacking) */
-    gs_seg_t *seg = NULL;
-    if (!half && d->pre == 1.0 && !wc->residual) {
-      seg = malloc(2 * (size_t)m->nslots * sizeof *seg);
-      if (!seg) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
-      for (int64_t k = 0; k < m->nslots; k++) {
-        const gs_slot_t *sl = &plan->slots[m->first + k];
-        seg[k] = (gs_seg_t){d->in[sl->tensor].data, sl->count};
-        seg[m->nslots + k] = (gs_seg_t){out[sl->tensor].data, sl->count};
-      }
-      hooks.in = d->out ? seg : NULL;
-      hooks.out = seg + m->nslots;
-      hooks.nseg = m->nslots;
+  /* the path, asked of the transport once (its route: float32 work) */
+  gs_route_t route = {0};
+  if (e->transport->route)
+    GS_CHECK(e->transport->route(e->comm, GS_FLOAT32, m->count, 0, 0, &route));
+  if (!route.wire)
+    return gs_fail(GS_ERR_UNSUPPORTED, "%s: transport %s has no wire path", d->fn,
+                   e->transport->name);
+  /* where nothing needs converting, a path that reads the message where it
+   * lies does so (no packing, no unpacking) */
+  gs_seg_t *seg = NULL;
+  if (route.wire_segments && !half && d->pre == 1.0 && !wc->residual) {
+    seg = malloc(2 * (size_t)m->nslots * sizeof *seg);
+    if (!seg) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", d->fn);
+    for (int64_t k = 0; k < m->nslots; k++) {
+      const gs_slot_t *sl = &plan->slots[m->first + k];
+      seg[k] = (gs_seg_t){d->in[sl->tensor].data, sl->count};
+      seg[m->nslots + k] = (gs_seg_t){out[sl->tensor].data, sl->count};
     }
-    st = gs_hier_wire_allreduce(e->comm, w.work, m->count, wc->wire, d->post, w.lost, &hooks);
-    free(seg);
-  } else {
-    st = gs_wire_allreduce(e->comm, e->comm->mpi, w.work, m->count, wc->wire, d->post, w.lost,
-                           &hooks);
+    hooks.in = d->out ? seg : NULL;
+    hooks.out = seg + m->nslots;
+    hooks.nseg = m->nslots;
   }
+  gs_status_t st = route.wire(e->comm, w.work, m->count, wc->wire, d->post, w.lost, &hooks);
+  free(seg);
   GS_TL_END("communicate (wire)", e->call, 1 + (m - plan->msgs), t0, m->count * 4);
   return st;
 }

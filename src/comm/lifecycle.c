@@ -100,7 +100,7 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   if (e == MPI_SUCCESS) e = MPI_Comm_rank(node, &c->local_rank);
   if (e == MPI_SUCCESS) e = MPI_Comm_size(node, &c->local_size);
   if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
-  s = e == MPI_SUCCESS ? gs_topology_init(c) : gs_mpi_fail(e, "gs_comm_create");
+  s = e == MPI_SUCCESS ? gs_mpi_transport.init(c) : gs_mpi_fail(e, "gs_comm_create");
   if (s != GS_SUCCESS) {
     if (c->notice != MPI_COMM_NULL) MPI_Comm_free(&c->notice);
     MPI_Comm_free(&c->mpi);
@@ -122,7 +122,6 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
                         : gs_env_direct_bytes_for(c->host_max < c->size);
   c->pipeline_bytes = gs_env_pipeline_bytes_for(c->host_max < c->size);
   c->cma_bytes = gs_env_cma_bytes();
-  c->cma_hugepages = gs_env_cma_hugepages();
   c->check = (know_check && cfg->check >= 0) ? (cfg->check != 0) : gs_env_check();
   c->stall_seconds =
       (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds : gs_env_stall_seconds();
@@ -210,16 +209,13 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
     return s;
   }
   gs_adasum_free(c);
-  gs_hier_free(c);
-  gs_cma_free(c);
+  gs_mpi_transport.free(c); /* the host transport's state: its communicators first */
   if (init && !fin) {
     drain_notices(c->notice);
     MPI_Comm_free(&c->notice);
     MPI_Comm_free(&c->mpi);
   }
   gs_buffers_free(c);
-  gs_bounce_free(c);
-  gs_wire_free(c);
   c->magic = 0;
   free(c);
   *comm = NULL;

@@ -102,7 +102,7 @@ static gs_status_t choose_path(gs_comm_t c, int device) {
   GS_CHECK(agree_min(c, &want, "gradsync: choosing the device path"));
   c->dev_id = device;
   if (want) {
-    gs_status_t init = gs_nccl_comm_init(c);
+    gs_status_t init = gs_nccl_transport.init(c);
     /* an interrupt, or a bootstrap wait that gave up: c is unusable */
     if (init != GS_SUCCESS && c->fate.broken) return init;
     int ok = init == GS_SUCCESS;
@@ -300,7 +300,7 @@ gs_status_t gs_device_path_free(gs_comm_t c) {
     gs_cu_leave(&scope);
     return s;
   }
-  s = gs_nccl_comm_free(c); /* finalized and destroyed, or aborted */
+  s = gs_nccl_transport.free(c); /* finalized and destroyed, or aborted */
   /* the buffers' last users, on the stream, have finished */
   gs_cu_free_async(c->dev_fusion, c->dev_stream);
   gs_cu_free_async(c->dev_tmp, c->dev_stream);

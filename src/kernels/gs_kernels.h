@@ -117,7 +117,7 @@ int gs_cu_launch_combine(int dtype, const void *a, const void *b, void *out,
 int gs_cu_launch_order_keys(int dtype, int max, int inverse, const void *src, void *dst,
                             int64_t count, void *stream);
 /* The wire allreduce's passes over one segment of a message on CUDA memory
- * (transport/wire.c's algorithm; wire_format.h's layout and arithmetic, so
+ * (transport/mpi/wire.c's algorithm; wire_format.h's layout and arithmetic, so
  * a device has the host's bits). A warp takes a few blocks of 32 elements
  * in turn. */
 typedef struct gs_cu_wire_run {

@@ -9,20 +9,6 @@
 #include "gs_comm.h"
 #include "device/gs_cuda.h"
 
-/* Ranks of one host that read each other's memory (transport/cma_group.c). */
-typedef struct gs_cma_group {
-  MPI_Comm mpi;  /* their communicator */
-  int rank, size;
-  int state;     /* 0 not probed yet, 1 usable, -1 refused somewhere */
-  int64_t *pids; /* every rank's process id, once usable */
-  char *scratch; /* two pieces: a peer's data, the running fold */
-  int64_t piece; /* their size (cma_group.c) */
-  uintptr_t *blocks;      /* 2 MiB blocks of this rank's tensors seen (cma_pages.c) */
-  unsigned char *asked;   /* per block: gathered into a 2 MiB page already asked for */
-  int64_t nblocks;
-  int collapse;           /* the kernel gathers on request: 0 not asked yet, 1 yes, -1 no */
-} gs_cma_group_t;
-
 struct gs_comm {
   uint32_t magic;          /* GS_COMM_MAGIC while alive: catches stale handles */
   MPI_Comm mpi;            /* our duplicate: all collectives go here */
@@ -44,10 +30,6 @@ struct gs_comm {
   size_t adasum_tmp_bytes;
   void *fusion;            /* persistent fusion buffer, grows on demand */
   size_t fusion_bytes;
-  void *bounce;            /* host memory MPI gets in place of the caller's (owned.c) */
-  size_t bounce_bytes;
-  void *wire_scratch;      /* the wire allreduce's encoded segments in flight (wire.c) */
-  size_t wire_scratch_bytes;
   /* CUDA memory (engine/path.c): the path is chosen at the first such call */
   int dev_path;            /* GS_PATH_* */
   int dev_id;              /* the CUDA device this communicator serves */
@@ -62,19 +44,17 @@ struct gs_comm {
   void *pinned;            /* pinned host staging for GS_PATH_STAGED */
   size_t pinned_bytes;
   gs_fate_t fate;          /* unusable once a wait gave up; whether ranks own cores */
-  /* hosts, agreed by all ranks at creation (hosts.c; hier_node and hier_cross
-   * made by hierarchical.c) */
+  /* hosts, agreed by all ranks at creation (the MPI transport's init,
+   * transport/mpi/hosts.c): Adasum's groups and the thresholds read them */
   int host_min, host_max;  /* fewest and most ranks on one host */
   int hosts_consecutive;   /* every host's ranks are consecutive ranks */
-  int hier_mode;           /* GRADSYNC_HIERARCHICAL: -1 auto, 0 off, 1 on */
-  MPI_Comm hier_node;      /* this host's ranks; made on first use */
-  MPI_Comm hier_cross;     /* the ranks of my local rank on every host */
-  int hier_group;          /* ranks per host they were made for (< 0: MPI's hosts) */
-  /* reading the peers' memory inside one host (cma.c) */
-  int64_t cma_bytes;       /* smallest message read so (0: never) */
-  int cma_hugepages;       /* persistent tensors gathered into 2 MiB pages (cma_pages.c) */
-  gs_cma_group_t cma;      /* among all of the communicator's ranks */
-  gs_cma_group_t hier_cma; /* among hier_node's (the hierarchical allreduce's host stages) */
+  int64_t cma_bytes;       /* smallest message the host's ranks read from each other (0:
+                            * never); the ranks validate it (comm/check.c) */
+  /* The host transport's working state (bounce buffer, wire scratch, host
+   * communicators, the peer-reading groups): opaque here, owned by
+   * transport/mpi/ (its table's init and free slots), so no other layer
+   * names its pieces. */
+  void *host_state;
 };
 enum { GS_PATH_NONE = 0, GS_PATH_NCCL = 1, GS_PATH_STAGED = 2, GS_PATH_CUDA_AWARE = 3 };
 #define GS_COMM_MAGIC 0x67736331u /* "gsc1" */

@@ -1,10 +1,8 @@
-/* gradsync private, transport/ (a layer: docs/ARCHITECTURE.md): one gs_transport_t per way of
- * moving data, each in its own file (mpi.c, cuda_aware.c, staged.c,
- * nccl.c), so a new transport (UCC, Gloo)
- * touches one file; the hosts' topology (hosts.c) and the hierarchical
- * allreduce (hierarchical.c); MPI's own exchange collectives (mpi_xfer.c). Every call
- * takes 64-bit counts. `op` is a reduction (sum, min, max, prod): average
- * and the scales are the engine's. */
+/* gradsync private, transport/ (a layer: docs/ARCHITECTURE.md): the table alone. One
+ * gs_transport_t per way of moving data, each transport in its own folder with its own
+ * header (transport/mpi/: host memory, and device memory through MPI; transport/nccl/),
+ * so a new transport (UCC, Gloo) is one folder. Every call takes 64-bit counts. `op` is a
+ * reduction (sum, min, max, prod): average and the scales are the engine's. */
 #ifndef GRADSYNC_TRANSPORT_H
 #define GRADSYNC_TRANSPORT_H
 
@@ -19,6 +17,41 @@ typedef struct gs_seg {
 
 typedef gs_status_t (*gs_exchange_fn)(gs_comm_t, const void *send, int64_t scount, void *recv,
                                       int64_t rcount, gs_dtype_t, int peer);
+
+/* Work the caller does per segment (the fusion engine's packing and
+ * unpacking), so it overlaps the other segments' transfers: prepare fills
+ * x[first, first + n) before that segment starts; finish runs once
+ * x[first, first + n) (and lost's) are final. Either may be NULL.
+ * out (may be NULL): where the message lies, nseg segments back to back
+ * (in: the input's, NULL in place), when the result needs no more than
+ * the sum times post (float32, no prescale, no error feedback): where a
+ * host's ranks read each other's memory, the hierarchical path's host
+ * stages read and write the message there, and such segments are neither
+ * prepared nor finished. */
+typedef struct gs_wire_hooks {
+  gs_status_t (*prepare)(void *ctx, int64_t first, int64_t n);
+  gs_status_t (*finish)(void *ctx, int64_t first, int64_t n);
+  void *ctx;
+  const gs_seg_t *in, *out;
+  int64_t nseg;
+} gs_wire_hooks_t;
+
+/* What a table's route answers (below). A function pointer, not a code: the collective
+ * calls the path it was given. */
+typedef struct gs_route {
+  /* allreduce_segments takes the run (all run_count elements where they lie) */
+  int segments;
+  /* otherwise each piece of `piece` elements (0: the whole message) goes through run */
+  int64_t piece;
+  gs_status_t (*run)(gs_comm_t, const void *send, void *recv, int64_t count, gs_dtype_t, gs_op_t);
+  /* the same message as float32 in a low-precision wire format (transport/mpi/wire.c):
+   * x becomes the sum times post, lost (may be NULL) gets the rounding (error
+   * feedback); wire_segments: the path reads and writes the message where it lies
+   * when the hooks name its segments (in, out, nseg) */
+  gs_status_t (*wire)(gs_comm_t, float *x, int64_t count, gs_wire_t, double post, float *lost,
+                      const gs_wire_hooks_t *hooks);
+  int wire_segments;
+} gs_route_t;
 
 typedef struct gs_transport {
   const char *name;
@@ -63,208 +96,34 @@ typedef struct gs_transport {
   gs_status_t (*alltoallv)(gs_comm_t, const void *send, const int64_t *scounts,
                            const int64_t *sdispls, void *recv, const int64_t *rcounts,
                            const int64_t *rdispls, gs_dtype_t);
+  /* May be NULL (then every message goes whole through allreduce). The path of an
+   * allreduce of `count` elements, asked once per message (NCCL's topoGetAlgoInfo, UCC's
+   * coll_score: the collective runs what it is given and asks nothing more); the same
+   * answer on every rank. run_count and run_nseg (0: none) describe the run of messages
+   * of its dtype that starts with it, in the segments it lies in: the path may take
+   * them all at once through allreduce_segments (route->segments). */
+  gs_status_t (*route)(gs_comm_t, gs_dtype_t, int64_t count, int64_t run_count, int64_t run_nseg,
+                       gs_route_t *route);
+  /* May be NULL. The transport's working state, behind an opaque pointer in the
+   * communicator that only the transport reads (MPI's: c->host_state, made with every
+   * communicator, comm/lifecycle.c; NCCL's: c->nccl, made when the device path is
+   * chosen, engine/path.c). init is collective over c->mpi; free comes after the
+   * communicator's last work, and may fail (NCCL's finalize: c is unusable then). */
+  gs_status_t (*init)(gs_comm_t);
+  gs_status_t (*free)(gs_comm_t);
 } gs_transport_t;
 
-/* Host memory through MPI (mpi.c). */
+/* The tables. Host memory through MPI (transport/mpi/mpi.c); device buffers
+ * straight to a CUDA-aware MPI (cuda_aware.c: detected with
+ * MPIX_GPU_query_support, or GRADSYNC_CUDA_AWARE_MPI=0/1, gs_mpi_cuda_aware)
+ * or over pinned host staging (staged.c); NCCL (transport/nccl/), opened at
+ * run time: gs_nccl_loadable says whether it can be. Only the MPI table has
+ * a route: the device tables move a message whole. */
 extern const gs_transport_t gs_mpi_transport;
-/* MPI's own allreduce, chunked, never touching the data: device pointers
- * may go in when MPI is CUDA-aware and the op is MPI's. */
-gs_status_t gs_mpi_native_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
-                                    gs_dtype_t dtype, gs_op_t op);
-/* Device buffers straight to a CUDA-aware MPI (cuda_aware.c):
- * detected with MPIX_GPU_query_support, or GRADSYNC_CUDA_AWARE_MPI=0/1. */
 extern const gs_transport_t gs_cuda_aware_transport;
-int gs_mpi_cuda_aware(void);
-/* MPI over pinned host staging for device buffers (staged.c). */
 extern const gs_transport_t gs_staged_transport;
-/* NCCL (nccl.c): opened at run time; these fail cleanly when it
- * is absent. */
 extern const gs_transport_t gs_nccl_transport;
+int gs_mpi_cuda_aware(void);
 int gs_nccl_loadable(void);
-gs_status_t gs_nccl_comm_init(gs_comm_t c); /* collective over c->mpi */
-/* ncclCommFinalize (polled), then ncclCommDestroy; on failure aborted
- * instead and c unusable. Only after c's last work on its stream finished. */
-gs_status_t gs_nccl_comm_free(gs_comm_t c);
-
-/* ---- hosts (hosts.c) and the hierarchical allreduce (hierarchical.c) ---- */
-
-/* Collective over c->mpi, after local_rank/local_size are set: the ranks
- * agree on the hosts' sizes and read GRADSYNC_HIERARCHICAL. */
-gs_status_t gs_topology_init(gs_comm_t c);
-/* Ranks per host for the hierarchical algorithms (GRADSYNC_HIERARCHY_SIZE
- * if set), or 0 when the hosts hold unequal numbers of ranks. Every rank
- * gets the same answer. */
-int gs_host_group(gs_comm_t c);
-/* Whether an allreduce of `bytes` takes the hierarchical path (the same
- * answer on every rank). */
-int gs_hier_wanted(gs_comm_t c, int64_t bytes);
-/* reduce-scatter in the host, allreduce across hosts, allgather in the
- * host; send == NULL: in place on recv. */
-gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
-                              gs_dtype_t dtype, gs_op_t op);
-/* The hierarchical allreduce moves a message in segments this large,
- * pipelined through its three phases (1 and 4 MiB measured alike at
- * 1 Gbit/s, 4 MiB ahead at 10); their counts and displacements fit MPI's
- * int. hosts.c decides when it is wanted, hierarchical.c runs it. */
-#define GS_HIER_SEGMENT_BYTES ((int64_t)4 << 20)
-void gs_hier_free(gs_comm_t c);
-/* The host and cross-host communicators (c->hier_node, c->hier_cross) for
- * hosts of g ranks, made collectively on first use and kept. */
-gs_status_t gs_hier_comms(gs_comm_t c, int g);
-
-/* ---- the allreduce inside one host, reading the peers' memory (cma.c) ---- */
-
-/* Whether an allreduce of `bytes` reads the peers' memory directly: every
- * rank on one host, from GRADSYNC_CMA_BYTES up, unless a probe found it
- * refused (the same answer on every rank). */
-int gs_cma_wanted(gs_comm_t c, int64_t bytes);
-/* The MPI transport's allreduce_segments: reduce-scatter by slices read
- * from the peers, then an allgather of the reduced slices; *taken = 0 when
- * not wanted or refused (probed collectively at the first call). */
-gs_status_t gs_cma_allreduce(gs_comm_t c, const gs_seg_t *in, const gs_seg_t *out, int64_t nseg,
-                             gs_dtype_t dtype, gs_op_t op, double pre, double post, int *taken);
-/* The same two phases alone, for the MPI transport's reduce_scatter and
- * allgatherv (their layouts); *taken = 0 as above. */
-gs_status_t gs_cma_reduce_scatter(gs_comm_t c, const void *send, void *recv, const int64_t *counts,
-                                  gs_dtype_t dtype, gs_op_t op, int *taken);
-gs_status_t gs_cma_allgatherv(gs_comm_t c, void *recv, const int64_t *counts, const int64_t *displs,
-                              gs_dtype_t dtype, int *taken);
-/* The hierarchical allreduce's host stages (hierarchical.c): the same two
- * phases among c->hier_node's ranks (c->hier_cma), whose blocks' counts and
- * displacements they take; gs_cma_host_wanted says whether a segment of
- * `bytes` is read so. */
-int gs_cma_host_wanted(gs_comm_t c, int64_t bytes);
-gs_status_t gs_cma_host_reduce_scatter(gs_comm_t c, const void *send, void *recv,
-                                       const int64_t *counts, gs_dtype_t dtype, gs_op_t op,
-                                       int *taken);
-gs_status_t gs_cma_host_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
-                                   const int64_t *displs, gs_dtype_t dtype, int *taken);
-/* The same two phases on a message's memory where it lies (the wire
- * path's host stages, hier_wire.c): the reduce-scatter reads every rank's
- * `in` segments and writes this rank's block (counts[rank] elements, the
- * blocks back to back) to recv; the allgather reads each rank's block from
- * its `from` and writes every block into this rank's `out` segments. */
-gs_status_t gs_cma_host_reduce_scatter_segs(gs_comm_t c, const gs_seg_t *in, int64_t nseg,
-                                            void *recv, const int64_t *counts, gs_dtype_t dtype,
-                                            gs_op_t op, int *taken);
-gs_status_t gs_cma_host_allgather_segs(gs_comm_t c, const void *from, const gs_seg_t *out,
-                                       int64_t nseg, const int64_t *counts, gs_dtype_t dtype,
-                                       int *taken);
-/* Before a call's copies: the 2 MiB blocks wholly inside `segs` (memory
- * the call writes, so resident after it) that an earlier call saw too are
- * gathered into 2 MiB pages, once (peer copies then pin one page per
- * block, not 512); cma_pages.c. */
-void gs_cma_settle_pages(gs_comm_t c, gs_cma_group_t *g, const gs_seg_t *segs, int64_t nseg,
-                         size_t es);
-/* The groups (cma_group.c, down to gs_cma_scratch). A group for `mpi`'s
- * ranks, not probed yet (MPI_COMM_NULL: none); what the group held before
- * is freed. */
-void gs_cma_group_reset(gs_cma_group_t *g, MPI_Comm mpi);
-/* Collective over g: every rank reads one word from every other and writes
- * it back; any refusal turns the reads off on all of them (cma_group.c). */
-gs_status_t gs_cma_probe(gs_cma_group_t *g, int64_t from_bytes);
-void gs_cma_free(gs_comm_t c);
-/* g's two scratch pieces (g->scratch), g->piece bytes each, made once. */
-gs_status_t gs_cma_scratch(gs_cma_group_t *g);
-
-/* ---- the allreduce in a low-precision wire format (wire.c) -------------- */
-
-/* Work the caller does per segment (the fusion engine's packing and
- * unpacking), so it overlaps the other segments' transfers: prepare fills
- * x[first, first + n) before that segment starts; finish runs once
- * x[first, first + n) (and lost's) are final. Either may be NULL.
- * out (may be NULL): where the message lies, nseg segments back to back
- * (in: the input's, NULL in place), when the result needs no more than
- * the sum times post (float32, no prescale, no error feedback): where a
- * host's ranks read each other's memory, the hierarchical path's host
- * stages read and write the message there, and such segments are neither
- * prepared nor finished. */
-typedef struct gs_wire_hooks {
-  gs_status_t (*prepare)(void *ctx, int64_t first, int64_t n);
-  gs_status_t (*finish)(void *ctx, int64_t first, int64_t n);
-  void *ctx;
-  const gs_seg_t *in, *out;
-  int64_t nseg;
-} gs_wire_hooks_t;
-gs_status_t gs_wire_hook(const gs_wire_hooks_t *hooks, int finish, int64_t first, int64_t n);
-
-/* x (count float32 values, host memory) becomes the sum over mc's ranks,
- * times post, each input rounded once to `wire` and the result once: a
- * direct exchange of encoded shards, float32 sums in rank order at each
- * shard's owner, an allgather of the rounded shards. lost (may be NULL):
- * += this rank's input rounding, plus its own shard's output rounding
- * divided by post (error feedback). Every rank of mc gets the same bits.
- * hooks (may be NULL): as above. */
-gs_status_t gs_wire_allreduce(gs_comm_t c, MPI_Comm mc, float *x, int64_t count, gs_wire_t wire,
-                              double post, float *lost, const gs_wire_hooks_t *hooks);
-
-/* One segment's crossing in three nonblocking steps, for pipelines (this
- * file's and hier_wire.c's): begin encodes and starts the exchange, middle
- * waits for it, reduces and starts the allgather, end waits and decodes.
- * Segment k uses slot k % GS_WIRE_DEPTH, so up to that many segments are
- * between begin and end at once; segments hold at most the `seg` elements
- * gs_wire_run_open was given. The scratch is the communicator's. */
-#define GS_WIRE_DEPTH 3
-typedef struct gs_wire_slot {
-  float *x, *lost;
-  int64_t n;
-  MPI_Request req;
-  int *bytes, *displs, *rbytes, *rdispls; /* per rank: its shard's wire bytes, where they lie */
-  char *packed, *recv; /* every shard encoded (sent, then gathered); P copies of mine */
-  float *acc;
-} gs_wire_slot_t;
-typedef struct gs_wire_run {
-  gs_comm_t c;
-  MPI_Comm mc;
-  int p, r;
-  gs_wire_t wire;
-  float post;
-  gs_wire_slot_t slot[GS_WIRE_DEPTH];
-} gs_wire_run_t;
-gs_status_t gs_wire_run_open(gs_wire_run_t *w, gs_comm_t c, MPI_Comm mc, gs_wire_t wire,
-                             double post, int64_t seg);
-gs_status_t gs_wire_begin(gs_wire_run_t *w, int64_t k, float *x, int64_t n, float *lost);
-gs_status_t gs_wire_middle(gs_wire_run_t *w, int64_t k);
-gs_status_t gs_wire_end(gs_wire_run_t *w, int64_t k);
-void gs_wire_free(gs_comm_t c);
-/* gs_wire_allreduce over c's hosts: float32 inside each host, the wire
- * format across them (hier_wire.c). */
-gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire_t wire,
-                                   double post, float *lost, const gs_wire_hooks_t *hooks);
-
-/* ---- the memory MPI is handed (owned.c) ----------------------------------- */
-
-/* Broadcasts and exchanges go through it in pieces of at most this. */
-#define GS_BOUNCE_PIECE_BYTES ((int64_t)4 << 20)
-/* Whether [p, p + bytes) lies in memory the communicator keeps (the
- * fusion buffer, scratch, staging, the bounce buffer): MPI may have it. */
-int gs_mpi_owned(gs_comm_t c, const void *p, size_t bytes);
-/* The bounce buffer, at least `bytes` long; it replaces the last one. */
-/* *buf grown to at least `bytes` (64-byte aligned, gs_grow_size; contents
- * not kept): the one growth of the host buffers MPI is handed. */
-gs_status_t gs_owned_grow(void **buf, size_t *have, size_t bytes, const char *what);
-gs_status_t gs_bounce_reserve(gs_comm_t c, size_t bytes, void **buf);
-void gs_bounce_free(gs_comm_t c);
-
-/* ---- MPI's exchange collectives on host memory (mpi_xfer.c) -------------- */
-
-/* One tensor's movement. Per-rank arrays have comm->size entries. */
-typedef struct gs_xfer {
-  gs_dtype_t dtype;
-  int root;                         /* gatherv, scatterv */
-  const void *send;
-  void *recv;
-  const int64_t *scounts, *sdispls; /* alltoallv; scatterv at the root */
-  const int64_t *rcounts, *rdispls; /* alltoallv; gatherv at the root */
-  int64_t scount, rcount;           /* gatherv's send, scatterv's receive */
-  int native;                       /* MPI's own collective (all counts fit int) */
-} gs_xfer_t;
-
-/* MPI's own collectives (counts must fit int). */
-gs_status_t gs_mpi_alltoallv(gs_comm_t c, const gs_xfer_t *x);
-gs_status_t gs_mpi_gatherv(gs_comm_t c, const gs_xfer_t *x);
-gs_status_t gs_mpi_scatterv(gs_comm_t c, const gs_xfer_t *x);
-gs_status_t gs_mpi_reduce(gs_comm_t c, const void *send, void *recv, int64_t count,
-                          gs_dtype_t dtype, gs_op_t op, int root);
 
 #endif

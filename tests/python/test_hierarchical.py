@@ -1,4 +1,4 @@
-"""The hierarchical allreduce (docs/CLUSTER.md section 4, src/transport/hierarchical.c):
+"""The hierarchical allreduce (docs/CLUSTER.md section 4, src/transport/mpi/hierarchical.c):
 reduce-scatter inside each host, allreduce across hosts, allgather inside the
 host, against float64 (int64) references, bitwise identical on every rank and
 from run to run, and chosen where it should be.
@@ -277,7 +277,7 @@ def test_group_that_does_not_divide_falls_back_to_flat():
 def test_host_stages_read_the_peers(dtype, inputs):
     """Forced hierarchical, groups of two or more ranks: a message of two
     and a half 4 MiB segments has its host stages (reduce-scatter,
-    allgather) read the peers' memory (transport/cma.c; comm.stats()'s
+    allgather) read the peers' memory (transport/mpi/cma.c; comm.stats()'s
     peer_reads count them) while the crossing is in flight: against the
     reference, in place and out of place, and with two ranks a host the
     same bits as the host stages through MPI (both fold x0 + x1)."""

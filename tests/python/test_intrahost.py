@@ -1,5 +1,5 @@
 """The allreduce inside one host that reads the peers' memory (issue 33,
-src/transport/cma.c): results against a fold in rank order computed here in
+src/transport/mpi/cma.c): results against a fold in rank order computed here in
 the dtype, bit for bit; the same bits as gradsync's MPI path at 2 ranks
 (where the two sum in the same order); the same bits on every rank; the
 path really taken (comm.stats()["peer_reads"]); falling back to MPI where

@@ -1,6 +1,6 @@
 """Tensors that persist from call to call are gathered into 2 MiB pages
 before the ranks of one host copy each other's memory (issue 33,
-src/transport/cma_pages.c): exactly the 2 MiB blocks every page of which
+src/transport/mpi/cma_pages.c): exactly the 2 MiB blocks every page of which
 holds a tensor's bytes, on the block's second call and never again, with
 the results of a fold in rank order computed here, bit for bit, at every
 call; GRADSYNC_CMA_HUGEPAGES=0 leaves the memory as it was. The kernel's

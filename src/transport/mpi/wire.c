@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 #include "kernels/wire_format.h"
 
 /* The flat path's segment: 4 MiB of float32, as the hierarchical path's. */
@@ -42,16 +42,11 @@ static size_t slot_bytes(gs_wire_t wire, int p, int64_t seg, size_t parts[4]) {
 /* The communicator keeps the scratch (MPI sees the same memory every
  * call: owned.c says why; and no page is faulted in again per call). */
 static gs_status_t scratch(gs_comm_t c, size_t bytes, char **buf) {
+  gs_mpi_state_t *s = gs_mpi_state(c);
   GS_CHECK(
-      gs_owned_grow(&c->wire_scratch, &c->wire_scratch_bytes, bytes, "allreduce (wire): scratch"));
-  *buf = c->wire_scratch;
+      gs_owned_grow(&s->wire_scratch, &s->wire_scratch_bytes, bytes, "allreduce (wire): scratch"));
+  *buf = s->wire_scratch;
   return GS_SUCCESS;
-}
-
-void gs_wire_free(gs_comm_t c) {
-  free(c->wire_scratch);
-  c->wire_scratch = NULL;
-  c->wire_scratch_bytes = 0;
 }
 
 gs_status_t gs_wire_run_open(gs_wire_run_t *w, gs_comm_t c, MPI_Comm mc, gs_wire_t wire,

@@ -31,7 +31,7 @@
 #include <sys/prctl.h>
 #include <unistd.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 #ifndef MADV_COLLAPSE
 #define MADV_COLLAPSE 25 /* Linux's value; older headers lack the name */
@@ -181,7 +181,7 @@ static int collapse_supported(void) {
 
 void gs_cma_settle_pages(gs_comm_t c, gs_cma_group_t *g, const gs_seg_t *segs, int64_t nseg,
                          size_t es) {
-  if (!c->cma_hugepages || nseg <= 0) return;
+  if (!gs_mpi_state(c)->cma_hugepages || nseg <= 0) return;
   if (!g->collapse) g->collapse = collapse_supported() ? 1 : -1;
   if (g->collapse < 0) return;
   span_t *v = malloc((size_t)nseg * sizeof *v);

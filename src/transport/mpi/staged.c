@@ -5,7 +5,7 @@
  * chunk k-1 goes back up and chunk k+1 comes down. */
 #include <stdlib.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 static gs_status_t pinned(gs_comm_t c, size_t bytes, void **buf) {
   GS_CHECK(gs_cu_grow_pinned(&c->pinned, &c->pinned_bytes, bytes, c->dev_stream));

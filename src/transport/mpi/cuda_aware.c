@@ -2,7 +2,7 @@
  * movement always; reductions when the op is MPI's own (gradsync's
  * float16/bfloat16 and NaN-aware min/max ops run on the host, so those go
  * through pinned staging instead). */
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 int gs_mpi_cuda_aware(void) {
   static int known = -1;

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 /* counts and displacements as ints (the caller checked that they fit). */
 static int *int_copy(const int64_t *a, const int64_t *b, int p) {

@@ -27,39 +27,41 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 void gs_hier_free(gs_comm_t c) {
-  gs_cma_group_reset(&c->hier_cma, MPI_COMM_NULL);
+  gs_mpi_state_t *s = gs_mpi_state(c);
+  gs_cma_group_reset(&s->hier_cma, MPI_COMM_NULL);
   int init = 0, fin = 0;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
   if (init && !fin) {
-    if (c->hier_node != MPI_COMM_NULL) MPI_Comm_free(&c->hier_node);
-    if (c->hier_cross != MPI_COMM_NULL) MPI_Comm_free(&c->hier_cross);
+    if (s->hier_node != MPI_COMM_NULL) MPI_Comm_free(&s->hier_node);
+    if (s->hier_cross != MPI_COMM_NULL) MPI_Comm_free(&s->hier_cross);
   }
-  c->hier_node = c->hier_cross = MPI_COMM_NULL;
-  c->hier_group = 0;
+  s->hier_node = s->hier_cross = MPI_COMM_NULL;
+  s->hier_group = 0;
 }
 
 /* Made again if g changes. */
 gs_status_t gs_hier_comms(gs_comm_t c, int g) {
+  gs_mpi_state_t *s = gs_mpi_state(c);
   int fake = gs_env_hierarchy_size() > 0, key = fake ? g : -g;
-  if (c->hier_node != MPI_COMM_NULL && c->hier_group == key) return GS_SUCCESS;
+  if (s->hier_node != MPI_COMM_NULL && s->hier_group == key) return GS_SUCCESS;
   gs_hier_free(c);
   int e, local = 0;
-  if (fake) e = MPI_Comm_split(c->mpi, c->rank / g, c->rank, &c->hier_node);
-  else e = MPI_Comm_split_type(c->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &c->hier_node);
-  if (e == MPI_SUCCESS) e = MPI_Comm_rank(c->hier_node, &local);
-  if (e == MPI_SUCCESS) e = MPI_Comm_split(c->mpi, local, c->rank, &c->hier_cross);
+  if (fake) e = MPI_Comm_split(c->mpi, c->rank / g, c->rank, &s->hier_node);
+  else e = MPI_Comm_split_type(c->mpi, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &s->hier_node);
+  if (e == MPI_SUCCESS) e = MPI_Comm_rank(s->hier_node, &local);
+  if (e == MPI_SUCCESS) e = MPI_Comm_split(c->mpi, local, c->rank, &s->hier_cross);
   if (e != MPI_SUCCESS) {
     gs_hier_free(c);
     return gs_mpi_fail(e, "hierarchical allreduce: MPI_Comm_split");
   }
-  MPI_Comm_set_errhandler(c->hier_node, MPI_ERRORS_RETURN);
-  MPI_Comm_set_errhandler(c->hier_cross, MPI_ERRORS_RETURN);
-  gs_cma_group_reset(&c->hier_cma, c->hier_node);
-  c->hier_group = key;
+  MPI_Comm_set_errhandler(s->hier_node, MPI_ERRORS_RETURN);
+  MPI_Comm_set_errhandler(s->hier_cross, MPI_ERRORS_RETURN);
+  gs_cma_group_reset(&s->hier_cma, s->hier_node);
+  s->hier_group = key;
   return GS_SUCCESS;
 }
 
@@ -195,8 +197,8 @@ gs_status_t gs_hier_allreduce(gs_comm_t c, const void *send, void *recv, int64_t
   GS_CHECK(gs_mpi_op(dtype, op, &h.op));
   GS_CHECK(gs_hier_comms(c, g));
   c->stats.hierarchical++;
-  h.node = c->hier_node;
-  h.cross = c->hier_cross;
+  h.node = gs_mpi_state(c)->hier_node;
+  h.cross = gs_mpi_state(c)->hier_cross;
   MPI_Comm_size(h.node, &h.nl);
   MPI_Comm_rank(h.node, &h.l);
   MPI_Comm_size(h.cross, &h.nh);

@@ -34,7 +34,7 @@
 #endif
 
 #ifdef GS_HAVE_NCCL
-#include "transport/gs_nccl.h"
+#include "transport/nccl/gs_nccl.h"
 
 #define MIN_VERSION 21400 /* NCCL 2.14: ncclCommInitRankConfig with blocking = 0 */
 
@@ -314,14 +314,15 @@ gs_status_t gs_nccl_comm_free(gs_comm_t c) {
 
 int gs_nccl_loadable(void) { return 0; }
 int gs_nccl_version(void) { return 0; }
-gs_status_t gs_nccl_comm_init(gs_comm_t c) {
+static gs_status_t gs_nccl_comm_init(gs_comm_t c) {
   (void)c;
   return gs_fail(GS_ERR_UNSUPPORTED, "gradsync was built without NCCL");
 }
-gs_status_t gs_nccl_comm_free(gs_comm_t c) {
+static gs_status_t gs_nccl_comm_free(gs_comm_t c) {
   c->nccl = NULL;
   return GS_SUCCESS;
 }
 /* Never chosen: the engine takes NCCL only where gs_nccl_loadable() says so. */
-const gs_transport_t gs_nccl_transport = {.name = "nccl"};
+const gs_transport_t gs_nccl_transport = {
+    .name = "nccl", .init = gs_nccl_comm_init, .free = gs_nccl_comm_free};
 #endif

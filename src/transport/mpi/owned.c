@@ -10,7 +10,7 @@
  * the same as before, only at other addresses. */
 #include <stdlib.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 static int inside(const void *p, size_t bytes, const void *buf, size_t have) {
   const char *a = p, *b = buf;
@@ -19,10 +19,11 @@ static int inside(const void *p, size_t bytes, const void *buf, size_t have) {
 
 int gs_mpi_owned(gs_comm_t c, const void *p, size_t bytes) {
   if (!p || bytes == 0) return 1;
-  return inside(p, bytes, c->bounce, c->bounce_bytes) ||
+  const gs_mpi_state_t *s = gs_mpi_state(c);
+  return inside(p, bytes, s->bounce, s->bounce_bytes) ||
          inside(p, bytes, c->fusion, c->fusion_bytes) ||
          inside(p, bytes, c->adasum_tmp, c->adasum_tmp_bytes) ||
-         inside(p, bytes, c->wire_scratch, c->wire_scratch_bytes) ||
+         inside(p, bytes, s->wire_scratch, s->wire_scratch_bytes) ||
          inside(p, bytes, c->pinned, c->pinned_bytes);
 }
 
@@ -40,13 +41,8 @@ gs_status_t gs_owned_grow(void **buf, size_t *have, size_t bytes, const char *wh
 }
 
 gs_status_t gs_bounce_reserve(gs_comm_t c, size_t bytes, void **buf) {
-  GS_CHECK(gs_owned_grow(&c->bounce, &c->bounce_bytes, bytes, "MPI bounce buffer"));
-  *buf = c->bounce;
+  gs_mpi_state_t *s = gs_mpi_state(c);
+  GS_CHECK(gs_owned_grow(&s->bounce, &s->bounce_bytes, bytes, "MPI bounce buffer"));
+  *buf = s->bounce;
   return GS_SUCCESS;
-}
-
-void gs_bounce_free(gs_comm_t c) {
-  free(c->bounce);
-  c->bounce = NULL;
-  c->bounce_bytes = 0;
 }

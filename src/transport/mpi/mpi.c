@@ -1,11 +1,13 @@
 /* The MPI transport: host memory, 64-bit counts split into chunks MPI's
  * int counts can carry, small allreduces by recursive doubling, large ones
- * across hosts by the hierarchical algorithm. */
+ * across hosts by the hierarchical algorithm, inside one host by reading
+ * the peers' memory; which of them moves a message is its route, decided
+ * once (mpi_route). */
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 /* Elements per MPI call. A power of two well below INT_MAX keeps every chunk
  * and byte offset of 8-byte types inside int. */
@@ -55,22 +57,68 @@ static gs_status_t rd_allreduce(gs_comm_t c, void *buf, int64_t count, gs_dtype_
   return gs_rdouble(&rd, buf, other);
 }
 
-static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
-                                 gs_dtype_t dtype, gs_op_t op) {
-  if (gs_cma_wanted(c, count * (int64_t)gs_dtype_size(dtype))) {
+/* The flat path: small messages by recursive doubling, the rest by MPI's
+ * own allreduce (a size within the path, decided per piece). */
+static gs_status_t flat_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                                  gs_dtype_t dtype, gs_op_t op) {
+  int64_t bytes = count * (int64_t)gs_dtype_size(dtype);
+  if (bytes <= RD_MAX_BYTES && !gs_use_blocking(c, bytes)) {
+    if (send) memcpy(recv, send, (size_t)bytes);
+    return rd_allreduce(c, recv, count, dtype, op);
+  }
+  return gs_mpi_native_allreduce(c, send, recv, count, dtype, op);
+}
+
+/* The flat path where the host's ranks read each other's memory (cma.c):
+ * a piece from the threshold up is read so (the probe at the first), the
+ * others, and every piece after a refusal, go flat. */
+static gs_status_t flat_read_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                                       gs_dtype_t dtype, gs_op_t op) {
+  if (gs_cma_reads(c, count * (int64_t)gs_dtype_size(dtype))) {
     gs_seg_t in = {(void *)send, count}, out = {recv, count};
     int taken = 0;
     GS_CHECK(gs_cma_allreduce(c, send ? &in : NULL, &out, 1, dtype, op, 1.0, 1.0, &taken));
     if (taken) return GS_SUCCESS;
   }
-  if (gs_hier_wanted(c, count * (int64_t)gs_dtype_size(dtype)))
-    return gs_hier_allreduce(c, send, recv, count, dtype, op);
-  if (count * (int64_t)gs_dtype_size(dtype) <= RD_MAX_BYTES &&
-      !gs_use_blocking(c, count * (int64_t)gs_dtype_size(dtype))) {
-    if (send) memcpy(recv, send, (size_t)count * gs_dtype_size(dtype));
-    return rd_allreduce(c, recv, count, dtype, op);
-  }
-  return gs_mpi_native_allreduce(c, send, recv, count, dtype, op);
+  return flat_allreduce(c, send, recv, count, dtype, op);
+}
+
+static gs_status_t flat_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire_t wire,
+                                       double post, float *lost, const gs_wire_hooks_t *hooks) {
+  return gs_wire_allreduce(c, c->mpi, x, count, wire, post, lost, hooks);
+}
+
+/* The table's route: the hierarchical predicate asked once for the message
+ * (and once for its run when that is longer), the peer reads from the
+ * thresholds and the probe's answer so far. The hierarchical path wants
+ * the message whole (it pipelines its own segments); the flat one goes in
+ * pieces of the communicator's pipeline size, in multiples of 64 bytes.
+ * The hierarchical predicate grows with the bytes, so the pieces of a
+ * message it declined are declined too: never asked again per piece. */
+static gs_status_t mpi_route(gs_comm_t c, gs_dtype_t dtype, int64_t count, int64_t run_count,
+                             int64_t run_nseg, gs_route_t *r) {
+  int64_t es = (int64_t)gs_dtype_size(dtype), bytes = count * es, run = run_count * es;
+  int64_t pipeline = c->pipeline_bytes / 64 * 64;
+  int hier = gs_hier_wanted(c, bytes);
+  *r = (gs_route_t){.run = hier ? gs_hier_allreduce : flat_allreduce,
+                    .wire = hier ? gs_hier_wire_allreduce : flat_wire_allreduce,
+                    .wire_segments = hier};
+  if (!hier && gs_cma_reads(c, c->cma_bytes)) r->run = flat_read_allreduce;
+  if (!hier && pipeline > 0 && bytes > pipeline) r->piece = pipeline / es;
+  /* the run where it lies, read by the peers; a refusal at the probe
+   * leaves it to r->run (allreduce_segments declines) */
+  if (run_nseg > 0 && 2 * run_nseg <= INT32_MAX && gs_cma_reads(c, run))
+    r->segments = run == bytes ? !hier : !gs_hier_wanted(c, run);
+  return GS_SUCCESS;
+}
+
+/* One buffer, whole, by its route (staged.c's chunks, any caller outside
+ * the fusion engine's messages). */
+static gs_status_t mpi_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
+                                 gs_dtype_t dtype, gs_op_t op) {
+  gs_route_t r;
+  GS_CHECK(mpi_route(c, dtype, count, 0, 0, &r));
+  return r.run(c, send, recv, count, dtype, op);
 }
 
 gs_status_t gs_mpi_native_allreduce(gs_comm_t c, const void *send, void *recv, int64_t count,
@@ -327,4 +375,7 @@ const gs_transport_t gs_mpi_transport = {
     .exchange = mpi_exchange,
     /* the host's own memory: inside one host, read where it lies (cma.c) */
     .allreduce_segments = gs_cma_allreduce,
+    .route = mpi_route,
+    .init = gs_mpi_init, /* state.c */
+    .free = gs_mpi_free,
 };

@@ -46,7 +46,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 /* iovecs per system call (Linux's IOV_MAX is 1024). */
 #define CMA_IOV 256
@@ -82,18 +82,24 @@ static int group_wanted(gs_comm_t c, const gs_cma_group_t *g, int64_t bytes) {
 
 /* The communicator's own group (its ranks, as they are now). */
 static gs_cma_group_t *whole(gs_comm_t c) {
-  c->cma.mpi = c->mpi;
-  c->cma.rank = c->rank;
-  c->cma.size = c->size;
-  return &c->cma;
+  gs_cma_group_t *g = &gs_mpi_state(c)->cma;
+  g->mpi = c->mpi;
+  g->rank = c->rank;
+  g->size = c->size;
+  return g;
+}
+
+int gs_cma_reads(gs_comm_t c, int64_t bytes) {
+  return c->host_max == c->size && group_wanted(c, whole(c), bytes);
 }
 
 int gs_cma_wanted(gs_comm_t c, int64_t bytes) {
-  return c->host_max == c->size && group_wanted(c, whole(c), bytes) && !gs_hier_wanted(c, bytes);
+  return gs_cma_reads(c, bytes) && !gs_hier_wanted(c, bytes);
 }
 
 int gs_cma_host_wanted(gs_comm_t c, int64_t bytes) {
-  return c->hier_cma.mpi != MPI_COMM_NULL && group_wanted(c, &c->hier_cma, bytes);
+  const gs_cma_group_t *g = &gs_mpi_state(c)->hier_cma;
+  return g->mpi != MPI_COMM_NULL && group_wanted(c, g, bytes);
 }
 
 /* The segment holding message element `e` (the last one starting at or before it). */
@@ -288,7 +294,8 @@ static gs_status_t open_call(cma_call_t *k, const gs_seg_t *in, const gs_seg_t *
   k->offs = offs;
   k->count = offs[k->nseg];
   int64_t bytes = k->count * (int64_t)k->es;
-  int wanted = g == &c->cma ? gs_cma_wanted(c, bytes) : gs_cma_host_wanted(c, bytes);
+  /* this call's bytes against the threshold; the hierarchical question was the route's */
+  int wanted = g == &gs_mpi_state(c)->cma ? gs_cma_reads(c, bytes) : gs_cma_host_wanted(c, bytes);
   if (!wanted || 2 * k->nseg > INT32_MAX) return GS_SUCCESS;
   if (g->state == 0) GS_CHECK(gs_cma_probe(g, c->cma_bytes));
   if (g->state < 0) return GS_SUCCESS;
@@ -423,7 +430,7 @@ static gs_seg_t *contiguous_like(const gs_seg_t *like, int64_t nseg, const void 
 static gs_status_t host_segs(gs_comm_t c, const gs_seg_t *segs, int64_t nseg, void *block,
                              const int64_t *counts, gs_dtype_t dtype, gs_op_t op, int gather,
                              int *taken) {
-  gs_cma_group_t *g = &c->hier_cma;
+  gs_cma_group_t *g = &gs_mpi_state(c)->hier_cma;
   const char *name = gather ? "allgather" : "reduce_scatter";
   const char *phase = gather ? "allgather (in the host)" : "reduce_scatter (in the host)";
   int64_t mine = 0;
@@ -483,10 +490,10 @@ gs_status_t gs_cma_allgatherv(gs_comm_t c, void *recv, const int64_t *counts, co
 gs_status_t gs_cma_host_reduce_scatter(gs_comm_t c, const void *send, void *recv,
                                        const int64_t *counts, gs_dtype_t dtype, gs_op_t op,
                                        int *taken) {
-  return reduce_scatter(c, &c->hier_cma, send, recv, counts, dtype, op, taken);
+  return reduce_scatter(c, &gs_mpi_state(c)->hier_cma, send, recv, counts, dtype, op, taken);
 }
 
 gs_status_t gs_cma_host_allgatherv(gs_comm_t c, void *recv, const int64_t *counts,
                                    const int64_t *displs, gs_dtype_t dtype, int *taken) {
-  return allgatherv(c, &c->hier_cma, recv, counts, displs, dtype, taken);
+  return allgatherv(c, &gs_mpi_state(c)->hier_cma, recv, counts, displs, dtype, taken);
 }

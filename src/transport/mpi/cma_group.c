@@ -9,7 +9,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 #define CMA_PROBE_MAGIC 0x676d61636d610000ull
 
@@ -75,11 +75,6 @@ void gs_cma_group_reset(gs_cma_group_t *g, MPI_Comm mpi) {
     MPI_Comm_rank(mpi, &g->rank);
     MPI_Comm_size(mpi, &g->size);
   }
-}
-
-void gs_cma_free(gs_comm_t c) {
-  gs_cma_group_reset(&c->cma, MPI_COMM_NULL);
-  gs_cma_group_reset(&c->hier_cma, MPI_COMM_NULL);
 }
 
 /* Collective over g: every rank reads one word from every other and writes

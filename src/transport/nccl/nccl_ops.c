@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #ifdef GS_HAVE_NCCL
-#include "transport/gs_nccl.h"
+#include "transport/nccl/gs_nccl.h"
 
 #define api gs_nccl_api
 
@@ -202,9 +202,9 @@ static gs_status_t nccl_alltoallv(gs_comm_t c, const void *send, const int64_t *
 }
 
 const gs_transport_t gs_nccl_transport = {
-    "nccl",         nccl_allreduce, nccl_broadcast, nccl_allgatherv, nccl_reduce_scatter,
-    nccl_exchange,  gs_nccl_poll,   gs_nccl_abort,  gs_nccl_detail,  NULL,
-    nccl_alltoallv,
+    "nccl",         nccl_allreduce, nccl_broadcast,    nccl_allgatherv,   nccl_reduce_scatter,
+    nccl_exchange,  gs_nccl_poll,   gs_nccl_abort,     gs_nccl_detail,    NULL,
+    nccl_alltoallv, NULL,           gs_nccl_comm_init, gs_nccl_comm_free,
 };
 
 #endif

@@ -21,7 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "transport/gs_transport.h"
+#include "transport/mpi/gs_mpi_transport.h"
 
 static const char *const host_names[2] = {
     "allreduce (hierarchical, wire): reduce-scatter inside the host",
@@ -110,8 +110,8 @@ static gs_status_t host_reduce_scatter(hier_wire_t *h, int64_t k) {
     if (taken) return GS_SUCCESS;
     h->direct = 0; /* refused (the same on every rank): MPI from here on */
   }
-  int e = MPI_Ireduce_scatter(MPI_IN_PLACE, base, h->cd[last], MPI_FLOAT, MPI_SUM, h->c->hier_node,
-                              &h->rs[k % 2]);
+  int e = MPI_Ireduce_scatter(MPI_IN_PLACE, base, h->cd[last], MPI_FLOAT, MPI_SUM,
+                              gs_mpi_state(h->c)->hier_node, &h->rs[k % 2]);
   return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, host_names[0]);
 }
 
@@ -152,7 +152,7 @@ static gs_status_t host_allgather(hier_wire_t *h, int64_t k) {
   }
   if (h->nl > 1 && !h->direct) {
     int e = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, base, h->cd[last], h->cd[last] + h->nl,
-                            MPI_FLOAT, h->c->hier_node, &h->ag[k % 2]);
+                            MPI_FLOAT, gs_mpi_state(h->c)->hier_node, &h->ag[k % 2]);
     return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, host_names[1]);
   }
   return gs_wire_hook(h->hooks, 1, seg_first(h, k), seg_count(h, k));
@@ -198,8 +198,8 @@ gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire
                    .hooks = hooks,
                    .rs = {MPI_REQUEST_NULL, MPI_REQUEST_NULL},
                    .ag = {MPI_REQUEST_NULL, MPI_REQUEST_NULL}};
-  MPI_Comm_size(c->hier_node, &h.nl);
-  MPI_Comm_rank(c->hier_node, &h.l);
+  MPI_Comm_size(gs_mpi_state(c)->hier_node, &h.nl);
+  MPI_Comm_rank(gs_mpi_state(c)->hier_node, &h.l);
   h.seg = (GS_HIER_SEGMENT_BYTES / 4) / GS_WIRE_BLOCK * GS_WIRE_BLOCK;
   h.nseg = count > 0 ? (count + h.seg - 1) / h.seg : 0;
   if (h.nseg == 0) return GS_SUCCESS;
@@ -225,7 +225,7 @@ gs_status_t gs_hier_wire_allreduce(gs_comm_t c, float *x, int64_t count, gs_wire
     wire_blocks(h.seg, h.nl, h.cd[0], h.cd64[0]);
     wire_blocks(count - (h.nseg - 1) * h.seg, h.nl, h.cd[1], h.cd64[1]);
     /* a rank's block of a segment: at most its share of whole blocks, plus one */
-    s = gs_wire_run_open(&h.run, c, c->hier_cross, wire, post,
+    s = gs_wire_run_open(&h.run, c, gs_mpi_state(c)->hier_cross, wire, post,
                          (h.seg / GS_WIRE_BLOCK / h.nl + 1) * GS_WIRE_BLOCK);
   }
   /* after a failure the transfers in flight are left to MPI with the
