@@ -241,8 +241,9 @@ EMU_NCCL_ENV = $(EMU_ENV) GS_EMU_DISTINCT_GPUS=1 GRADSYNC_NCCL_LIBRARY=$(CURDIR)
 EMU_C_TESTS := $(addprefix tests/c/bin/,test_device_paths test_exchange_device test_device_streams \
     test_device_context test_device_sticky test_nccl_faults test_device_ring test_device_memory \
     test_device_blocking)
-# The emulated-CUDA and CPU-only libraries (make test builds them before
-# starting the GPU session's dry run, which packs the emulated one).
+# The emulated-CUDA and CPU-only libraries (make test builds them in the
+# background and waits for them before the GPU session's dry run, which packs
+# the emulated one, and test-emulated).
 emulated-libs: build
 	@if [ -n "$(NVCC)" ] && [ -n "$(CUDA_INCLUDE)" ]; then \
 	    $(MAKE) -j2 --no-print-directory $(EMULATED_LIB) $(CPU_ONLY_LIB); \
@@ -279,13 +280,15 @@ test-emulated: build $(EMU_C_TESTS)
 	        $(PYTEST) tests/gpu tests/python/test_dlpack.py || exit 1;; esac; \
 	done
 
-test: checks-and-build installed-wheel-start bg-start-embed-test c-tests py-tests \
-      emulated-libs bg-start-gpu-session-dry test-emulated cluster-smoke slurm-smoke \
-      test-installed bg-wait-embed-test bg-wait-gpu-session-dry
+test: checks-and-build installed-wheel-start bg-start-embed-test bg-start-emulated-libs \
+      c-tests py-tests bg-wait-emulated-libs bg-start-gpu-session-dry test-emulated \
+      cluster-smoke slurm-smoke test-installed bg-wait-embed-test bg-wait-gpu-session-dry
 	@sh scripts/test_run.sh check $(TEST_RUN_DIR)
 
-# Tiers that run beside the others in make test: the embedding test and the
-# GPU session's dry run keep about one core busy, with files of their own,
+# Tiers that run beside the others in make test: the embedding test, the
+# emulated-CUDA and CPU-only libraries' builds (waited for before the tiers
+# that use them) and the GPU session's dry run keep about one core busy, with
+# files of their own,
 # and the tiers above leave a core idle for much of the run (every one-rank
 # tier, the installs). bg-start-X runs `make X` niced in its own process
 # group (ended by the run folder's watcher if make stops first), without
