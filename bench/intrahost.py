@@ -1,7 +1,7 @@
 """The allreduce inside one host against MPI and the memory bandwidth, same run.
 
     mpiexec -n 2 python -m bench.intrahost [--repeats 7] [--cases resnet50,64Mi,200x768,16]
-                                           [--skip mpi4py]
+                                           [--skip mpi4py] [--latency 4,256,4096,65536,1048576]
 
 For each case (ResNet-50's 161 float32 gradients, each its own array, or
 ``resnet50-views``: the same list as views of one array; one 64 MiB
@@ -24,7 +24,14 @@ second) and the bound for the direct path: the bytes it touches per rank,
 2 times the message (the peers' share of its slice read for the reduction,
 its own read and written, the reduced slice written into the peers), over
 that bandwidth. Prints medians, ratios to mpi4py and the bound's share of the
-time (1.0: at the bandwidth limit). A benchmark, not a test.
+time (1.0: at the bandwidth limit).
+
+``--latency SIZES`` (bytes) times instead one float32 array allreduced in
+place, per call (the median over repeats of the mean of a loop of calls),
+by gradsync (validation on: inside one host the call rides the shared
+region, transport/shm/), gradsync with GRADSYNC_SHM_BYTES=0 (the MPI path),
+and mpi4py's Allreduce; ``--cases`` may be empty then. A benchmark, not a
+test.
 """
 import argparse
 import os
@@ -97,13 +104,53 @@ def run_case(name, counts, direct, small_pages, through_mpi, world, repeats, ski
     return med, nbytes, touched, bound
 
 
+def latency(sizes, world, repeats):
+    """Per-call microseconds at each size: gradsync, gradsync through MPI,
+    mpi4py; the three interleaved per repeat so load falls on all alike."""
+    region = gs.Communicator()
+    os.environ["GRADSYNC_SHM_BYTES"] = "0"  # read when a communicator is made
+    through_mpi = gs.Communicator()
+    del os.environ["GRADSYNC_SHM_BYTES"]
+    if world.rank == 0:
+        print(f"{world.size} ranks on one host, one float32 array in place, us per call "
+              f"(median of {repeats}); gradsync rides a {region.ride_bytes}-byte slot")
+        print(f"{'bytes':>9s} {'gradsync':>9s} {'gs via MPI':>11s} {'mpi4py':>8s} "
+              f"{'gs/mpi4py':>10s} {'gs MPI/mpi4py':>14s}")
+    for nbytes in sizes:
+        x = np.ones(max(nbytes // 4, 1), np.float32)
+        loops = max(20, min(2000, (8 << 20) // max(nbytes, 1)))
+        variants = {"gradsync": lambda: region.allreduce_(x),
+                    "mpi": lambda: through_mpi.allreduce_(x),
+                    "mpi4py": lambda: world.Allreduce(gs.MPI.IN_PLACE, x, op=gs.MPI.SUM)}
+        times = {v: [] for v in variants}
+        for _ in range(repeats + 1):  # the first round warms up
+            for v, fn in variants.items():
+                def loop(fn=fn):
+                    for _ in range(loops):
+                        fn()
+                times[v].append(timed(world, loop) / loops)
+        med = {v: float(np.median(t[1:])) * 1e6 for v, t in times.items()}
+        if world.rank == 0:
+            print(f"{nbytes:9d} {med['gradsync']:9.2f} {med['mpi']:11.2f} {med['mpi4py']:8.2f} "
+                  f"{med['gradsync'] / med['mpi4py']:10.2f} {med['mpi'] / med['mpi4py']:14.2f}",
+                  flush=True)
+    through_mpi.close()
+    region.close()
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--cases", default="resnet50,64Mi,200x768,16")
     ap.add_argument("--skip", default="", help="variants not run, e.g. mpi4py (oversubscribed "
                     "ranks make MPICH's busy polling take seconds per call)")
+    ap.add_argument("--latency", default="", help="bytes, comma-separated: per-call times of "
+                    "one small array instead (with --cases '' alone)")
     args = ap.parse_args(argv)
+    if args.latency:
+        latency([int(b) for b in args.latency.split(",")], gs.world(), args.repeats)
+    if not args.cases:
+        return
     direct = gs.Communicator()
     os.environ["GRADSYNC_CMA_HUGEPAGES"] = "0"  # read when a communicator is made
     small_pages = gs.Communicator()

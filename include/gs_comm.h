@@ -68,6 +68,11 @@ GS_API gs_status_t gs_comm_fusion_threshold(gs_comm_t comm, int64_t *bytes);
 /* Local setting; every rank must use the same value (validation checks it). */
 GS_API gs_status_t gs_comm_set_fusion_threshold(gs_comm_t comm, int64_t bytes);
 GS_API gs_status_t gs_comm_check_enabled(gs_comm_t comm, int *enabled);
+/* The largest allreduce (bytes of one dtype, below the fusion threshold)
+ * that travels inside its validation exchange, validated and reduced in one
+ * step: gs_check_payload_bytes() through MPI; a slot of the host's shared
+ * region (GRADSYNC_SHM_BYTES) when every rank is on one host. */
+GS_API gs_status_t gs_comm_ride_bytes(gs_comm_t comm, int64_t *bytes);
 
 /* What a communicator has done since it was created; local counts. */
 typedef struct gs_comm_stats {

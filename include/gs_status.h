@@ -25,7 +25,8 @@ typedef enum gs_status {
   GS_ERR_CUDA = 9,
   GS_ERR_NCCL = 10,
   GS_ERR_TIMEOUT = 11,         /* waited past GRADSYNC_TIMEOUT_SECONDS     */
-  GS_ERR_INTERRUPTED = 12      /* the interrupt check (Ctrl-C) fired      */
+  GS_ERR_INTERRUPTED = 12,     /* the interrupt check (Ctrl-C) fired      */
+  GS_ERR_PEER_LOST = 13        /* a peer's process is gone (killed, died) */
 } gs_status_t;
 
 /* A short sentence for a status, saying what to do next. Never NULL. */
@@ -33,6 +34,11 @@ GS_API const char *gs_status_string(gs_status_t status);
 
 /* The detailed message of the last failing call on this thread ("" if none). */
 GS_API const char *gs_last_error(void);
+
+/* After GS_ERR_PEER_LOST: the lost ranks (in the failing communicator's
+ * numbering), up to `max` of them into `ranks`; returns how many there are
+ * (0 when the last failure on this thread named none). */
+GS_API int gs_last_lost_ranks(int *ranks, int max);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,7 @@ from gradsync._core import (  # noqa: E402
     DtypeError,
     Error,
     MismatchError,
+    PeerLostError,
     Request,
     TimeoutError,
     UnsupportedError,
@@ -94,9 +95,9 @@ def _nccl_version(v):
 
 __all__ = [
     "AllSumReduce", "Arena", "ArgumentError", "ClosedError", "Communicator", "DeviceArray",
-    "DtypeError", "Error", "ErrorFeedback", "JoinError", "MismatchError", "Op", "Request",
-    "Partition", "ShardLayout", "TimeoutError", "UnsupportedError", "WIRES", "accumulate_",
-    "accumulate_v2_", "all_finite", "bfloat16", "build_info", "dump_flight_record",
+    "DtypeError", "Error", "ErrorFeedback", "JoinError", "MismatchError", "Op", "PeerLostError",
+    "Request", "Partition", "ShardLayout", "TimeoutError", "UnsupportedError", "WIRES",
+    "accumulate_", "accumulate_v2_", "all_finite", "bfloat16", "build_info", "dump_flight_record",
     "flight_on_signal", "flight_record_dir", "flight_stacks", "get_include",
     "get_library_dir", "init", "scale_", "set_timeout",
     "start_timeline", "stop_timeline", "to_device", "world", "zero_", "zero_volume_array",

@@ -194,6 +194,12 @@ cdef class Comm:
         CHKERR(gs_comm_check_enabled(h, &chk))
         return r, s, lr, ls, thr, bool(chk)
 
+    def ride_bytes(self):
+        """gs_comm_ride_bytes: the largest allreduce validated and reduced in one exchange."""
+        cdef int64_t n
+        CHKERR(gs_comm_ride_bytes(self.live(), &n))
+        return n
+
     def stats(self):
         cdef gs_comm_stats_t st
         CHKERR(gs_comm_get_stats(self.live(), &st))

@@ -48,6 +48,19 @@ class TimeoutError(Error, builtins.TimeoutError):
     calling); the communicator is unusable afterwards."""
 
 
+class PeerLostError(Error):
+    """A peer's process is gone (killed, crashed, OOM-killed) while this rank
+    waited for it. ``ranks`` names the lost ranks in the communicator's
+    numbering. The communicator is unusable afterwards."""
+
+    def __init__(self, message="", status=GS_ERR_PEER_LOST, ranks=()):
+        super().__init__(message, status)
+        self.ranks = tuple(int(r) for r in ranks)
+
+    def __reduce__(self):
+        return (type(self), (str(self), self.status, self.ranks))
+
+
 _STATUS_CLASSES = {
     GS_ERR_INVALID_ARGUMENT: ArgumentError,
     GS_ERR_TYPE: DtypeError,
@@ -55,11 +68,16 @@ _STATUS_CLASSES = {
     GS_ERR_UNSUPPORTED: UnsupportedError,
     GS_ERR_CLOSED: ClosedError,
     GS_ERR_TIMEOUT: TimeoutError,
+    GS_ERR_PEER_LOST: PeerLostError,
 }
 
 
 cdef object error_for(gs_status_t s):
     msg = gs_last_error().decode("utf-8", "replace") or gs_status_string(s).decode()
+    cdef int lost[64]
+    if s == GS_ERR_PEER_LOST:
+        n = gs_last_lost_ranks(lost, 64)
+        return PeerLostError(msg, s, [lost[k] for k in range(min(n, 64))])
     return error_of_status(s, msg)
 
 

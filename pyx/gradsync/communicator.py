@@ -92,6 +92,14 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
         self.handle.set_fusion_threshold(int(nbytes))
 
     @property
+    def ride_bytes(self):
+        """The largest allreduce (bytes of one dtype, within the fusion
+        threshold) validated and reduced in one exchange: 128 bytes through
+        MPI; with every rank on one host, a slot of the host's shared region
+        (``GRADSYNC_SHM_BYTES``, about 1 MiB), which needs no MPI at all."""
+        return self.handle.ride_bytes()
+
+    @property
     def timeout(self):
         """This communicator's own wait limit in seconds, or None: then the
         process-wide one applies (gs.set_timeout, GRADSYNC_TIMEOUT_SECONDS).

@@ -46,6 +46,7 @@ cdef extern from "gs_comm.h" nogil:
     gs_status_t gs_comm_fusion_threshold(gs_comm_t comm, int64_t *bytes)
     gs_status_t gs_comm_set_fusion_threshold(gs_comm_t comm, int64_t bytes)
     gs_status_t gs_comm_check_enabled(gs_comm_t comm, int *enabled)
+    gs_status_t gs_comm_ride_bytes(gs_comm_t comm, int64_t *bytes)
     gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reason)
     gs_status_t gs_comm_device_transport(gs_comm_t comm, const char **name)
     gs_status_t gs_comm_cuda_stream(gs_comm_t comm, void **stream)

@@ -14,6 +14,8 @@ cdef extern from "gs_status.h" nogil:
         GS_ERR_NCCL
         GS_ERR_TIMEOUT
         GS_ERR_INTERRUPTED
+        GS_ERR_PEER_LOST
 
     const char *gs_status_string(gs_status_t status)
     const char *gs_last_error()
+    int gs_last_lost_ranks(int *ranks, int max)

@@ -42,6 +42,11 @@ int64_t gs_env_cma_bytes(void) {
   return (env_int64("GRADSYNC_CMA_BYTES", &v) && v >= 0) ? v : GS_DEFAULT_CMA_BYTES;
 }
 
+int64_t gs_env_shm_bytes(void) {
+  int64_t v;
+  return (env_int64("GRADSYNC_SHM_BYTES", &v) && v >= 0) ? v : GS_DEFAULT_SHM_BYTES;
+}
+
 int gs_env_cma_hugepages(void) {
   int64_t v;
   return env_int64("GRADSYNC_CMA_HUGEPAGES", &v) ? v != 0 : 1;

@@ -216,7 +216,7 @@ void gs_flight_end(uint64_t id, gs_status_t status) {
   }
   /* the failures that leave other ranks waiting or say the ranks diverged */
   if (status == GS_ERR_TIMEOUT || status == GS_ERR_MISMATCH || status == GS_ERR_INTERRUPTED ||
-      status == GS_ERR_MPI || status == GS_ERR_NCCL)
+      status == GS_ERR_MPI || status == GS_ERR_NCCL || status == GS_ERR_PEER_LOST)
     gs_flight_dump_failure(status);
 }
 

@@ -22,6 +22,10 @@ extern "C" {
 #define GS_ERROR_MAX 2048
 /* Records a formatted message as this thread's last error; returns status. */
 gs_status_t gs_fail(gs_status_t status, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* gs_fail(GS_ERR_PEER_LOST, ...), recording the lost ranks for
+ * gs_last_lost_ranks (up to 64 of them). */
+gs_status_t gs_fail_lost(const int *ranks, int n, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 /* Clears the last error (start of a successful public call). */
 void gs_clear_error(void);
 
@@ -67,6 +71,11 @@ int64_t gs_env_stage_chunk_bytes(void);           /* GRADSYNC_STAGE_CHUNK_BYTES 
  * (cma.c); 0: never. */
 #define GS_DEFAULT_CMA_BYTES ((int64_t)1 << 20)
 int64_t gs_env_cma_bytes(void);                   /* GRADSYNC_CMA_BYTES */
+/* A slot of the host's shared region: a call's data riding in validation
+ * (transport/shm/); one page more than GS_DEFAULT_CMA_BYTES, so every
+ * allreduce below the cross-memory path's threshold fits. */
+#define GS_DEFAULT_SHM_BYTES (GS_DEFAULT_CMA_BYTES + 4096)
+int64_t gs_env_shm_bytes(void);                   /* GRADSYNC_SHM_BYTES */
 int gs_env_cma_hugepages(void);                   /* GRADSYNC_CMA_HUGEPAGES (default 1) */
 int64_t gs_env_fusion_threshold(void);            /* GRADSYNC_FUSION_THRESHOLD */
 int gs_env_check(void);                           /* GRADSYNC_CHECK */

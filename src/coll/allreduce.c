@@ -173,19 +173,24 @@ static gs_status_t adasum_message(const gs_engine_t *e, const gs_plan_t *plan,
  * threshold), so ranks that agree on the call also agree on this. */
 static int rides_in_check(const gs_tensor_t *t, int64_t n, gs_op_t op, gs_comm_t c) {
   if (n < 1 || gs_op_is_adasum(op) || t[0].device.kind == GS_DEVICE_CUDA) return 0;
-  int64_t bytes = 0;
-  int64_t limit =
-      c->fusion_threshold < GS_CHECK_PAYLOAD_BYTES ? c->fusion_threshold : GS_CHECK_PAYLOAD_BYTES;
+  int64_t bytes = 0, payload = gs_check_payload_limit(c);
+  int64_t limit = c->fusion_threshold < payload ? c->fusion_threshold : payload;
   for (int64_t i = 0; i < n; i++) {
     int64_t b = t[i].count * (int64_t)gs_dtype_size(t[i].dtype);
-    if (t[i].dtype != t[0].dtype || b >= c->direct_bytes) return 0; /* one message only */
+    if (t[i].dtype != t[0].dtype) return 0; /* one message only */
+    /* through MPI a tensor of direct_bytes goes alone (not packed): then the
+     * call is several messages; the shared slot packs every tensor */
+    if (!c->shm && b >= c->direct_bytes) return 0;
     bytes += b;
     if (bytes > limit) return 0;
   }
   return 1;
 }
 
-/* Validates and reduces in one collective when the call rides. */
+/* Validates and reduces in one collective when the call rides. Over the
+ * host's shared region the tensors are packed straight into this rank's
+ * slot and the ranks' slots folded straight into the outputs: the data is
+ * copied once each way, as a fused message through MPI is twice. */
 static gs_status_t small_allreduce(gs_comm_t c, gs_coll_t *d, int *taken) {
   const gs_call_t *call = &d->call;
   const gs_tensor_t *in = d->in, *out = d->out;
@@ -198,19 +203,22 @@ static gs_status_t small_allreduce(gs_comm_t c, gs_coll_t *d, int *taken) {
     gs_log(GS_LOG_DEBUG, "allreduce: %lld tensors, op %s, inside the validation message",
            (long long)call->n, gs_op_name(op));
   gs_plan_t plan;
-  GS_CHECK(gs_plan_tensors(&plan, in, call->n, c, 0));
+  GS_CHECK(gs_plan_tensors(&plan, in, call->n, c, c->shm != NULL));
   const gs_message_t *m = &plan.msgs[0];
   uint64_t staging[GS_CHECK_PAYLOAD_BYTES / 8];
+  void *area = gs_check_payload_area(c);
   gs_engine_t host = {
       .comm = c, .call = "allreduce", .device = -1, .stream = NULL, .transport = &gs_mpi_transport};
-  gs_pack(&host, &plan, m, in, staging, pre);
-  gs_payload_t payload = {staging, m->count, m->dtype, op};
+  gs_pack(&host, &plan, m, in, area ? area : staging, pre);
+  gs_payload_t payload = {area ? area : staging, m->count, m->dtype, op, NULL};
   double t0 = GS_TL_START();
   gs_status_t s = gs_check_call(c, call, GS_SUCCESS, &payload);
+  double post = gs_postscale(c, op, postscale);
+  if (s == GS_SUCCESS && payload.peers)
+    gs_unpack_fold(&plan, m, payload.peers, GS_CHECK_SLOT_PAYLOAD, c->size, op, out ? out : in,
+                   post);
+  else if (s == GS_SUCCESS) gs_unpack(&host, &plan, m, staging, out ? out : in, post);
   GS_TL_END("validate + reduce", "allreduce", 0, t0, m->count * (int64_t)gs_dtype_size(m->dtype));
-  if (s == GS_SUCCESS) {
-    gs_unpack(&host, &plan, m, staging, out ? out : in, gs_postscale(c, op, postscale));
-  }
   gs_plan_free(&plan);
   return s;
 }

@@ -115,7 +115,7 @@ static gs_status_t agree(gs_comm_t c, gs_coll_t *d, gs_status_t local) {
   memcpy(&sums[0], &balance, sizeof balance);
   c->stats.calls++;
   if (c->check) {
-    gs_payload_t payload = {sums, 2, GS_INT64, GS_OP_SUM};
+    gs_payload_t payload = {sums, 2, GS_INT64, GS_OP_SUM, NULL};
     double t0 = GS_TL_START();
     gs_status_t s = gs_check_call(c, call, local, &payload);
     GS_TL_END("validate", "alltoallv", 0, t0, 0);

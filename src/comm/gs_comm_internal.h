@@ -6,6 +6,7 @@
 
 #include "algorithms/gs_algorithms.h"
 #include "base/gs_flight_ring.h"
+#include "transport/shm/gs_shm.h"
 
 /* ---- communicators (lifecycle.c) ------------------------------------------ */
 
@@ -39,9 +40,15 @@ const char *gs_call_name(gs_call_kind_t kind);
 
 /* Calls whose whole data fits here travel inside the validation message: one
  * collective validates and reduces them (small allreduces, latency bound). */
-/* 128 bytes: a loss/metrics vector fits, and the message (288 bytes) stays
- * cheap for calls that carry none. */
+/* 128 bytes through MPI: a loss/metrics vector fits, and the message (288
+ * bytes) stays cheap for calls that carry none. Over the host's shared
+ * region (transport/shm/) a payload fills the rest of a slot. */
 #define GS_CHECK_PAYLOAD_BYTES 128
+/* The largest payload on communicator c (its region's, or the MPI message's). */
+int64_t gs_check_payload_limit(gs_comm_t c);
+/* Where a payload is packed on c: this rank's slot of the shared region, so
+ * that the data is copied once (NULL: c has no region; pack anywhere). */
+void *gs_check_payload_area(gs_comm_t c);
 
 /* The validation messages' merge: signatures, and where both sides agree and
  * carry a payload, the payloads (check.c). MPI_User_function's shape. */
@@ -54,6 +61,10 @@ typedef struct gs_payload {
   int64_t count;
   gs_dtype_t dtype;
   gs_op_t op;
+  /* Set on success when `data` was gs_check_payload_area's: the reduction is
+   * not made; peers[r] + GS_CHECK_SLOT_PAYLOAD is rank r's packed data, to
+   * fold in rank order, readable until the communicator's next call. */
+  const void *const *peers;
 } gs_payload_t;
 
 /* What a rank is about to do. `extra` (n values, may be NULL) is one more
@@ -97,6 +108,17 @@ enum {
   F_PAYLOAD,
   NFIELDS
 };
+
+/* A validation message's head: the signature (each field, then each field
+ * negated, so a MAX merge yields max and min at once) and what its payload
+ * holds. In a shared slot the payload follows at GS_CHECK_SLOT_PAYLOAD. */
+typedef struct gs_check_head {
+  int64_t sig[2 * NFIELDS];
+  int64_t payload_count;
+  int32_t payload_dtype, payload_op;
+} gs_check_head_t;
+#define GS_CHECK_SLOT_PAYLOAD ((sizeof(gs_check_head_t) + 63) / 64 * 64)
+
 /* The hash of a call's tensor list (dtypes, counts, extras, memory kind). */
 uint64_t gs_check_hash(const gs_call_t *call);
 /* Bytes a call moves (for logs, the timeline and the stall warning). */
@@ -116,6 +138,8 @@ typedef struct gs_stall {
   int warned;
 } gs_stall_t;
 void gs_stall_tick(void *ctx, MPI_Request *req, int *done, double waited);
+/* The same over the shared region, which shows who has arrived (gs_shm_tick_fn). */
+void gs_stall_tick_shared(void *ctx, const unsigned char *arrived, int p, double waited);
 
 /* ---- argument checks shared by the collectives (args.c) ----------------- */
 

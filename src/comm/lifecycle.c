@@ -82,9 +82,36 @@ static void flight_register(struct gs_comm *c) {
 }
 
 /* Takes ownership of `mine` (already a private communicator). */
-static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *out) {
-  gs_status_t s = GS_SUCCESS;
+/* The host's shared region, when every rank is on one host (collective):
+ * validation and small allreduces ride on it, and every wait of the
+ * communicator watches the peers' processes through it, ending at once
+ * when one is gone or gave up (and telling them when this rank gives up). */
+static gs_status_t share_host(struct gs_comm *c) {
+  GS_CHECK(gs_shm_open(c, gs_env_shm_bytes(), &c->shm));
+  if (c->shm) {
+    c->fate.watch = gs_shm_watch;
+    c->fate.tell = gs_shm_give_up;
+    c->fate.watch_ctx = c->shm;
+  }
+  return GS_SUCCESS;
+}
+
+/* c's place: the notice channel, its rank and size, and among the ranks
+ * sharing its node; an MPI error code. */
+static int place(struct gs_comm *c) {
   MPI_Comm node = MPI_COMM_NULL;
+  int e = MPI_Comm_dup(c->mpi, &c->notice);
+  if (e == MPI_SUCCESS) e = MPI_Comm_rank(c->mpi, &c->rank);
+  if (e == MPI_SUCCESS) e = MPI_Comm_size(c->mpi, &c->size);
+  if (e == MPI_SUCCESS)
+    e = MPI_Comm_split_type(c->mpi, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  if (e == MPI_SUCCESS) e = MPI_Comm_rank(node, &c->local_rank);
+  if (e == MPI_SUCCESS) e = MPI_Comm_size(node, &c->local_size);
+  if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
+  return e;
+}
+
+static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *out) {
   struct gs_comm *c = calloc(1, sizeof *c);
   if (!c) {
     MPI_Comm_free(&mine);
@@ -92,15 +119,8 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   }
   c->mpi = mine;
   c->notice = MPI_COMM_NULL;
-  int e = MPI_Comm_dup(mine, &c->notice);
-  if (e == MPI_SUCCESS) e = MPI_Comm_rank(mine, &c->rank);
-  if (e == MPI_SUCCESS) e = MPI_Comm_size(mine, &c->size);
-  if (e == MPI_SUCCESS)
-    e = MPI_Comm_split_type(mine, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
-  if (e == MPI_SUCCESS) e = MPI_Comm_rank(node, &c->local_rank);
-  if (e == MPI_SUCCESS) e = MPI_Comm_size(node, &c->local_size);
-  if (node != MPI_COMM_NULL) MPI_Comm_free(&node);
-  s = e == MPI_SUCCESS ? gs_mpi_transport.init(c) : gs_mpi_fail(e, "gs_comm_create");
+  int e = place(c);
+  gs_status_t s = e == MPI_SUCCESS ? gs_mpi_transport.init(c) : gs_mpi_fail(e, "gs_comm_create");
   if (s != GS_SUCCESS) {
     if (c->notice != MPI_COMM_NULL) MPI_Comm_free(&c->notice);
     MPI_Comm_free(&c->mpi);
@@ -126,6 +146,14 @@ static gs_status_t comm_adopt(MPI_Comm mine, const gs_config_t *cfg, gs_comm_t *
   c->stall_seconds =
       (know_stall && cfg->stall_seconds >= 0) ? cfg->stall_seconds : gs_env_stall_seconds();
   c->fate.owns_core = c->local_size <= node_cores();
+  s = share_host(c);
+  if (s != GS_SUCCESS) {
+    gs_mpi_transport.free(c);
+    MPI_Comm_free(&c->notice);
+    MPI_Comm_free(&c->mpi);
+    free(c);
+    return s;
+  }
   flight_register(c);
   c->magic = GS_COMM_MAGIC;
   *out = c;
@@ -210,6 +238,7 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
   }
   gs_adasum_free(c);
   gs_mpi_transport.free(c); /* the host transport's state: its communicators first */
+  gs_shm_close(c->shm);
   if (init && !fin) {
     drain_notices(c->notice);
     MPI_Comm_free(&c->notice);
@@ -265,6 +294,13 @@ gs_status_t gs_comm_fusion_threshold(gs_comm_t comm, int64_t *bytes) {
   GS_CHECK(gs_comm_valid(comm, "gs_comm_fusion_threshold"));
   if (!bytes) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_fusion_threshold: bytes is NULL");
   *bytes = comm->fusion_threshold;
+  return GS_SUCCESS;
+}
+
+gs_status_t gs_comm_ride_bytes(gs_comm_t comm, int64_t *bytes) {
+  GS_CHECK(gs_comm_valid(comm, "gs_comm_ride_bytes"));
+  if (!bytes) return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_ride_bytes: bytes is NULL");
+  *bytes = gs_check_payload_limit(comm);
   return GS_SUCCESS;
 }
 

@@ -127,6 +127,12 @@ int gs_plan_contiguous(const gs_plan_t *plan, const gs_message_t *m, const gs_te
  * copy), rounded once to the dtype; on a device, in one launch. */
 gs_status_t gs_pack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
                     const gs_tensor_t *t, void *buf, double scale);
+/* Host memory: the rank-order fold of p packed copies of the message
+ * (bufs[r] + at: rank r's, in the host's shared region) written into `t`,
+ * times `scale`: t = ((b0 op b1) op b2) ..., the unpack and the reduction in
+ * one pass, a cache-sized piece at a time. */
+void gs_unpack_fold(const gs_plan_t *plan, const gs_message_t *m, const void *const *bufs,
+                    size_t at, int p, gs_op_t op, const gs_tensor_t *t, double scale);
 /* Copies buf back out into `t`, times `scale`. */
 gs_status_t gs_unpack(const gs_engine_t *e, const gs_plan_t *plan, const gs_message_t *m,
                       const void *buf, const gs_tensor_t *t, double scale);

@@ -55,6 +55,9 @@ struct gs_comm {
    * transport/mpi/ (its table's init and free slots), so no other layer
    * names its pieces. */
   void *host_state;
+  /* The host's shared region when every rank is on one host (transport/shm/;
+   * NULL: none): validation and small allreduces ride on it (comm/check.c). */
+  struct gs_shm *shm;
 };
 enum { GS_PATH_NONE = 0, GS_PATH_NCCL = 1, GS_PATH_STAGED = 2, GS_PATH_CUDA_AWARE = 3 };
 #define GS_COMM_MAGIC 0x67736331u /* "gsc1" */

@@ -48,11 +48,20 @@ typedef struct gs_fate {
   gs_status_t broken; /* GS_SUCCESS while usable */
   int owns_core; /* ranks on this node <= its cores */
   double timeout; /* > 0: its own wait limit (gs_comm_set_timeout); 0: the process's */
+  /* May be NULL: asked about every 0.1 s while one of the communicator's
+   * waits lasts, whatever it waits on; a failure (a peer's process gone,
+   * GS_ERR_PEER_LOST, its message recorded) ends the wait at once. */
+  gs_status_t (*watch)(void *ctx, const char *what);
+  /* May be NULL: told once when this rank marks the communicator broken,
+   * so the peers learn it (ctx: watch_ctx). */
+  void (*tell)(void *ctx, gs_status_t why);
+  void *watch_ctx;
 } gs_fate_t;
 /* Binds `fate` to the calling thread; returns the one bound before. The
  * binding ends with gs_runtime_unlock's outermost release. */
 gs_fate_t *gs_runtime_bind(gs_fate_t *fate);
-/* Marks the bound communicator unusable (no-op when none is bound). */
+/* Marks the bound communicator unusable (no-op when none is bound), telling
+ * its peers where it can (the fate's tell). */
 void gs_runtime_mark_broken(gs_status_t why);
 /* Whether the bound communicator's ranks own their cores. */
 int gs_runtime_owns_core(void);
@@ -62,6 +71,8 @@ double gs_fate_timeout(const gs_fate_t *fate);
 /* gs_fate_timeout of the bound communicator; *own (may be NULL): whether
  * that is the communicator's own. */
 double gs_runtime_timeout(int *own);
+/* The bound communicator's watch (GS_SUCCESS when it has none). */
+gs_status_t gs_runtime_watch(const char *what);
 
 /* ---- waiting (progress.c): every wait on every transport ------------------- */
 

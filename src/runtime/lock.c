@@ -101,7 +101,9 @@ gs_fate_t *gs_runtime_bind(gs_fate_t *fate) {
 
 void gs_runtime_mark_broken(gs_status_t why) {
   gs_fate_t *f = me.bound;
-  if (f) f->broken = why;
+  if (!f) return;
+  if (!f->broken && f->tell) f->tell(f->watch_ctx, why);
+  f->broken = why;
 }
 
 int gs_runtime_owns_core(void) {
@@ -111,6 +113,11 @@ int gs_runtime_owns_core(void) {
 
 double gs_fate_timeout(const gs_fate_t *fate) {
   return fate && fate->timeout > 0 ? fate->timeout : gs_env_timeout_seconds();
+}
+
+gs_status_t gs_runtime_watch(const char *what) {
+  gs_fate_t *f = me.bound;
+  return f && f->watch ? f->watch(f->watch_ctx, what) : GS_SUCCESS;
 }
 
 double gs_runtime_timeout(int *own) {

@@ -8,9 +8,17 @@
 #include "runtime/gs_runtime.h"
 
 static gs_interrupt_check_t interrupt_check;
-static const double interrupt_every = 0.1; /* seconds between checks */
+static const double interrupt_every = 0.1; /* seconds between checks (and watches) */
 
 void gs_set_interrupt_check(gs_interrupt_check_t check) { interrupt_check = check; }
+
+/* The communicator's watch found a peer gone: the wait ends with its
+ * status and message, the communicator unusable. */
+static gs_status_t lost(const gs_wait_t *w, gs_status_t why) {
+  gs_runtime_mark_broken(why);
+  if (w->abandon) w->abandon(w->ctx, why);
+  return why;
+}
 
 /* Gives up: the communicator cannot be trusted afterwards (other ranks, or
  * the device, may still be inside the call). */
@@ -60,9 +68,12 @@ gs_status_t gs_progress_wait(const gs_wait_t *w) {
     if (start == 0) start = last_check = t;
     if (timeout > 0 && t - start > timeout)
       return abandon(w, GS_ERR_TIMEOUT, t - start, timeout, own);
-    if (interrupt_check && !gs_runtime_in_worker() && t - last_check >= interrupt_every) {
+    if (t - last_check >= interrupt_every) {
       last_check = t;
-      if (interrupt_check()) return abandon(w, GS_ERR_INTERRUPTED, t - start, timeout, own);
+      if (interrupt_check && !gs_runtime_in_worker() && interrupt_check())
+        return abandon(w, GS_ERR_INTERRUPTED, t - start, timeout, own);
+      gs_status_t gone = gs_runtime_watch(w->what);
+      if (gone != GS_SUCCESS) return lost(w, gone);
     }
     if (w->tick) {
       if (t0 == 0) t0 = t;

@@ -319,6 +319,42 @@ def reduce_tolerance(per_rank, op, prescale=1.0, postscale=1.0):
     return (P + 2) * eps * absum * scale + (2 * P + 2) * sub * max(scale, 1.0)
 
 
+# ---- the rank-order fold, as gradsync's host kernels compute it (cma.c's and
+# the shared region's reductions; test_intrahost.py, test_shared_region.py)
+
+def combine(op, a, b):
+    """a op b in a's dtype as gradsync's kernels compute it: float16 and
+    bfloat16 in float32, rounded once."""
+    dt = a.dtype
+    if dt in (np.dtype(np.float16), BF16):
+        a, b = a.astype(np.float32), b.astype(np.float32)
+    f = {"sum": np.add, "average": np.add, "min": np.minimum, "max": np.maximum,
+         "prod": np.multiply}[op]
+    with np.errstate(over="ignore"):
+        return f(a, b).astype(dt)
+
+
+def scaled(x, scale):
+    """gs_cpu_scale_copy's arithmetic: float64 times the scale; the others
+    widened to float32, times the scale rounded to float32, rounded once."""
+    if x.dtype == np.float64:
+        return x * scale
+    return (x.astype(np.float32) * np.float32(scale)).astype(x.dtype)
+
+
+def left_fold(per_rank, op, prescale=1.0):
+    """Each input times prescale, then x0 op x1 op ... from the left, then
+    average's 1/p."""
+    if prescale != 1.0:
+        per_rank = [scaled(x, prescale) for x in per_rank]
+    acc = per_rank[0].copy()
+    for x in per_rank[1:]:
+        acc = combine(op, acc, x)
+    if op == "average":
+        acc = scaled(acc, 1.0 / len(per_rank))
+    return acc
+
+
 def bits(a):
     """The bytes of an array as uint8 (for bitwise comparisons)."""
     a = np.ascontiguousarray(a)
@@ -414,6 +450,15 @@ def check_reduction(outs, per_rank, op, shapes, dtype, prescale=1.0,
 # ---- children run without mpiexec -------------------------------------------
 
 TESTS_PYTHON_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def ride_bytes():
+    """The largest allreduce a communicator of every rank (made with the
+    environment as it is) validates and reduces in one exchange: 128 bytes
+    through MPI, a slot of the host's shared region when the ranks share a
+    host. Collective: call it on every rank."""
+    with gs.Communicator() as c:
+        return c.ride_bytes
 
 
 def child_env():

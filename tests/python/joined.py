@@ -32,7 +32,19 @@ class DirStore:
 def deny_process_vm_readv():
     """Installs a seccomp filter on this process that fails process_vm_readv
     with EPERM (what Docker's default profile does without CAP_SYS_PTRACE)."""
-    nr = {"x86_64": 310, "aarch64": 270}[os.uname().machine]
+    deny_syscall({"x86_64": 310, "aarch64": 270})
+
+
+def deny_memfd_create():
+    """Installs a seccomp filter on this process that fails memfd_create with
+    EPERM (a sandbox that refuses anonymous shared files)."""
+    deny_syscall({"x86_64": 319, "aarch64": 279})
+
+
+def deny_syscall(numbers):
+    """Installs a seccomp filter on this process that fails the system call
+    numbered numbers[machine] with EPERM and allows every other."""
+    nr = numbers[os.uname().machine]
     ld_nr, jeq, ret = 0x20, 0x15, 0x06  # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_RET|K
     prog = [(ld_nr, 0, 0, 0), (jeq, 0, 1, nr), (ret, 0, 0, 0x00050000 | 1),  # ERRNO(EPERM)
             (ret, 0, 0, 0x7FFF0000)]  # ALLOW

@@ -16,12 +16,20 @@ from mpi4py import MPI
 
 import gradsync as gs
 from gradsync.bench.data import cut_at_shards
-from gsutil import ALL_DTYPES, BF16, collectively, environment, is_int, run_joined
+from gsutil import (
+    ALL_DTYPES,
+    BF16,
+    collectively,
+    environment,
+    is_int,
+    left_fold,
+    run_joined,
+    scaled,
+)
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
 THRESHOLD = 4096  # fusion threshold: lists go out in several messages
-HALF = (np.dtype(np.float16), BF16)
 
 
 def make_comm(cma_bytes, **kw):
@@ -43,39 +51,6 @@ def through_mpi():
     c = make_comm(0, fusion_threshold=THRESHOLD)
     yield c
     c.close()
-
-
-def combine(op, a, b):
-    """a op b in a's dtype as gradsync's kernels compute it: float16 and
-    bfloat16 in float32, rounded once."""
-    dt = a.dtype
-    if dt in HALF:
-        a, b = a.astype(np.float32), b.astype(np.float32)
-    f = {"sum": np.add, "average": np.add, "min": np.minimum, "max": np.maximum,
-         "prod": np.multiply}[op]
-    with np.errstate(over="ignore"):
-        return f(a, b).astype(dt)
-
-
-def scaled(x, scale):
-    """gs_cpu_scale_copy's arithmetic: float64 times the scale; the others
-    widened to float32, times the scale rounded to float32, rounded once."""
-    if x.dtype == np.float64:
-        return x * scale
-    return (x.astype(np.float32) * np.float32(scale)).astype(x.dtype)
-
-
-def left_fold(per_rank, op, prescale=1.0):
-    """Each input times prescale, then x0 op x1 op ... from the left, then
-    average's 1/p."""
-    if prescale != 1.0:
-        per_rank = [scaled(x, prescale) for x in per_rank]
-    acc = per_rank[0].copy()
-    for x in per_rank[1:]:
-        acc = combine(op, acc, x)
-    if op == "average":
-        acc = scaled(acc, 1.0 / len(per_rank))
-    return acc
 
 
 # sizes 0, 1, odd, and past the fusion threshold (several messages)
