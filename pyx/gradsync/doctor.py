@@ -202,6 +202,11 @@ def disagreement(cm):
     return None
 
 
+# a call's statuses that mean the rank was waiting in it at its dump, or
+# until the wait gave up (a timeout, an interrupt, a peer's process gone)
+WAITED = ("in_flight", "timeout", "interrupted", "peer_lost")
+
+
 def latest(rk):
     return rk.calls[-1] if rk.calls else None
 
@@ -213,7 +218,7 @@ def doing_now(rk, comms_of_rank):
         return "it made no gradsync call"
     where = rk.site(last)
     at = " at " + where if where else ""
-    if last["status"] in ("in_flight", "timeout", "interrupted"):
+    if last["status"] in WAITED:
         return "it was waiting in %s%s on %s" % (describe(last), at, comms_of_rank(last))
     return ("its last call was %s #%d%s (completed %.1f s before its dump), so it is in its "
             "own code" % (describe(last), last["seq"], at,
@@ -387,7 +392,7 @@ def judge_hang(rep, cm, ranks, missing, comm_name):
     top = max(cm.reached(r) for r in cm.by_rank)
     waiting = {r: cm.by_rank[r][top] for r in cm.by_rank
                if cm.reached(r) == top and top in cm.by_rank[r]
-               and cm.by_rank[r][top]["status"] in ("in_flight", "timeout", "interrupted")}
+               and cm.by_rank[r][top]["status"] in WAITED}
     if not waiting:
         return
     call = next(iter(waiting.values()))
@@ -452,7 +457,7 @@ def left_behind(cm, late):
         return None
     s = seqs.pop()
     mine = [cm.by_rank[r].get(s) for r in late]
-    if any(c is None or c["status"] not in ("in_flight", "timeout", "interrupted")
+    if any(c is None or c["status"] not in WAITED
            for c in mine):
         return None
     done_on = sorted(r for r in cm.by_rank if r not in late and s in cm.by_rank[r]

@@ -93,8 +93,8 @@ static void json_string(FILE *f, const char *s) {
 
 static const char *status_name(int32_t s) {
   static const char *const names[] = {
-      "ok",       "invalid_argument", "type", "mismatch", "mpi",     "no_memory",  "unsupported",
-      "internal", "closed",           "cuda", "nccl",     "timeout", "interrupted"};
+      "ok",       "invalid_argument", "type", "mismatch", "mpi",     "no_memory",   "unsupported",
+      "internal", "closed",           "cuda", "nccl",     "timeout", "interrupted", "peer_lost"};
   if (s < 0) return "in_flight";
   return (size_t)s < sizeof names / sizeof names[0] ? names[s] : "unknown";
 }
