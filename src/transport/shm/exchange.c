@@ -62,13 +62,17 @@ static gs_status_t lost(const gs_shm_t *s, int from, uint64_t k, const char *wha
 
 static shm_identity_t *identity(const gs_shm_t *s) { return (shm_identity_t *)s->base; }
 
-/* A peer gave up on the communicator: its status, the communicator marked
- * unusable here too; GS_SUCCESS while none has. */
-static gs_status_t deserted(const gs_shm_t *s, const char *what) {
+/* A peer gave up on the communicator before completing exchange k: its
+ * status, the communicator marked unusable here too; GS_SUCCESS while none
+ * has. A peer that completed exchange k before giving up (a device error in
+ * the call it validated) took its part in it: the exchange stands, and this
+ * rank meets its own fate in that call. */
+static gs_status_t deserted(const gs_shm_t *s, uint64_t k, const char *what) {
   uint64_t a = __atomic_load_n(&identity(s)->abandoned, __ATOMIC_ACQUIRE);
-  if (a == 0) return GS_SUCCESS;
-  gs_status_t why = (gs_status_t)(a >> 32);
-  int who = (int)(a & 0xffffffffu) - 1;
+  uint32_t after = (uint32_t)(a >> 32);
+  if (a == 0 || (int32_t)((uint32_t)k - after) <= 0) return GS_SUCCESS; /* k <= after */
+  gs_status_t why = (gs_status_t)((a >> 24) & 0xff);
+  int who = (int)(a & 0xffffff) - 1;
   if (why == GS_ERR_PEER_LOST) { /* name the lost ranks, as the peer that saw it first did */
     gs_status_t e = lost(s, 0, 0, what);
     if (e != GS_SUCCESS) return e;
@@ -85,13 +89,14 @@ static gs_status_t deserted(const gs_shm_t *s, const char *what) {
 
 gs_status_t gs_shm_watch(void *ctx, const char *what) {
   const gs_shm_t *s = ctx;
-  gs_status_t e = deserted(s, what);
+  gs_status_t e = deserted(s, s->seq, what); /* the call this rank is in */
   return e != GS_SUCCESS ? e : lost(s, 0, 0, what);
 }
 
 void gs_shm_give_up(void *ctx, gs_status_t why) {
   gs_shm_t *s = ctx;
-  uint64_t none = 0, mine = ((uint64_t)why << 32) | (uint64_t)(s->rank + 1);
+  uint64_t none = 0, mine = ((uint64_t)(uint32_t)s->done << 32) | ((uint64_t)(why & 0xff) << 24) |
+                            (uint64_t)((s->rank + 1) & 0xffffff);
   __atomic_compare_exchange_n(&identity(s)->abandoned, &none, mine, 0, __ATOMIC_RELEASE,
                               __ATOMIC_RELAXED);
 }
@@ -102,8 +107,8 @@ static int shm_poll(void *ctx, gs_status_t *err) {
   while (w->next < s->size && published(s, w->next, w->k)) w->next++;
   /* a peer that gave up may have published first: its slot is no answer */
   if (__atomic_load_n(&identity(s)->abandoned, __ATOMIC_ACQUIRE)) {
-    *err = deserted(s, w->what);
-    return -1;
+    *err = deserted(s, w->k, w->what);
+    if (*err != GS_SUCCESS) return -1;
   }
   if (w->next == s->size) return 1;
   if ((++w->polls & 63) != 0) return 0;
@@ -128,6 +133,7 @@ gs_status_t gs_shm_exchange(gs_shm_t *s, const char *what, gs_shm_tick_fn tick, 
   shm_wait_t w = {s, k, 0, 0, gs_now(), tick, ctx, what};
   gs_wait_t wait = {shm_poll, NULL, tick ? shm_tick : NULL, NULL, &w, what};
   GS_CHECK(gs_progress_wait(&wait));
+  s->done = k;
   for (int r = 0; r < s->size; r++) s->slots[r] = gs_shm_slot(s, r, k);
   *slots = s->slots;
   return GS_SUCCESS;

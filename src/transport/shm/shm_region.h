@@ -17,8 +17,10 @@
 typedef struct shm_identity {
   uint64_t magic, token;
   int64_t ranks, slot_bytes, total_bytes;
-  /* 0 while every rank is in; then (status << 32) | (rank + 1) of the first
-   * rank whose wait on this communicator gave up (gs_shm_give_up) */
+  /* 0 while every rank is in; then, in one word so that it is written at
+   * once, of the first rank whose wait on this communicator gave up
+   * (gs_shm_give_up): the last exchange it completed (the ones up to it
+   * stand; low 32 bits) << 32 | its status << 24 | its rank + 1 */
   uint64_t abandoned;
 } shm_identity_t;
 
@@ -27,6 +29,7 @@ struct gs_shm {
   size_t total, header, slot_bytes;
   int rank, size;
   uint64_t seq;             /* exchanges begun */
+  uint64_t done;            /* exchanges completed */
   int64_t *pids;            /* every rank's process */
   int *pidfds;              /* a handle on each peer's process (-1: none, kill(pid, 0) asks) */
   const void **slots;       /* the last exchange's slots, by rank */
