@@ -502,6 +502,25 @@ def run_joined(script, nprocs, env_extra, args=(), timeout=180):
     return procs, outs
 
 
+def shm_entries():
+    """What /dev/shm holds now (a test compares before and after)."""
+    try:
+        return set(os.listdir("/dev/shm"))
+    except FileNotFoundError:
+        return set()
+
+
+def run_pair(job, tmp_path, mode, extra_env=None):
+    """run_joined(job) as two processes given tmp_path/store as their
+    rendezvous folder and `mode`; the join's timeout 60 s, and a flight
+    dump goes where tmp_path removes it."""
+    store = tmp_path / "store"
+    store.mkdir()
+    env = {"GRADSYNC_TIMEOUT_SECONDS": "60", "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")}
+    env.update(extra_env or {})
+    return run_joined(job, 2, env, args=(store, mode))
+
+
 @contextlib.contextmanager
 def environment(name, value):
     """os.environ[name] = str(value) inside the block (gradsync reads its

@@ -7,7 +7,6 @@ the OS refuses the reads (a seccomp filter, as a container without CMA
 has) or GRADSYNC_CMA_BYTES=0 turns them off; a peer killed in the middle
 of a reduction leaves the others with an error, never a result; nothing
 left in /dev/shm."""
-import os
 import signal
 
 import numpy as np
@@ -23,8 +22,9 @@ from gsutil import (
     environment,
     is_int,
     left_fold,
-    run_joined,
+    run_pair,
     scaled,
+    shm_entries,
 )
 
 pytestmark = pytest.mark.mpi
@@ -199,22 +199,6 @@ os._exit(0)  # MPI_Finalize would wait for a dead rank
 """
 
 
-def shm_entries():
-    try:
-        return set(os.listdir("/dev/shm"))
-    except FileNotFoundError:
-        return set()
-
-
-def run_pair(tmp_path, mode, extra_env=None):
-    store = tmp_path / "store"
-    store.mkdir()
-    # the join's timeout; a timeout's flight dump goes where tmp_path removes it
-    env = {"GRADSYNC_TIMEOUT_SECONDS": "60", "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")}
-    env.update(extra_env or {})
-    return run_joined(JOB, 2, env, args=(store, mode))
-
-
 one_rank = pytest.mark.skipif(WORLD.size > 1, reason="starts its own 2-process job")
 
 
@@ -223,7 +207,7 @@ def test_refused_reads_fall_back_to_mpi(tmp_path):
     """Neither process may call process_vm_readv (a seccomp filter, as in a
     container without CMA): the probe turns the reads off, the results are
     right, and each rank says why once at debug level."""
-    procs, outs = run_pair(tmp_path, "refused", {"GRADSYNC_LOG_LEVEL": "debug"})
+    procs, outs = run_pair(JOB, tmp_path, "refused", {"GRADSYNC_LOG_LEVEL": "debug"})
     for r in (0, 1):
         assert procs[r].returncode == 0, outs[r][-3000:]
         assert "rank %d peer_reads 0" % r in outs[r], outs[r][-3000:]
@@ -235,16 +219,17 @@ def test_refused_reads_fall_back_to_mpi(tmp_path):
 @one_rank
 def test_killed_peer_is_an_error_and_leaves_no_segment(tmp_path):
     """Rank 1 is SIGKILLed while 128 MiB allreduces run: rank 0 raises
-    (timeout, or the read of a process that is gone), never returns a
-    result of the dead rank's memory as a success; /dev/shm holds nothing
-    new afterwards."""
+    PeerLostError (the communicator's watch on its peers' processes ends
+    the MPI waits of the path as well as the shared region's, long before
+    the 5 s timeout), never returns a result of the dead rank's memory as a
+    success; /dev/shm holds nothing new afterwards."""
     before = shm_entries()
-    procs, outs = run_pair(tmp_path, "killed")
+    procs, outs = run_pair(JOB, tmp_path, "killed")
     assert procs[1].returncode == -signal.SIGKILL, outs[1][-3000:]
     assert "rank 1 peer_reads 1" in outs[1], outs[1][-3000:]
     assert procs[0].returncode == 0, outs[0][-3000:]
     assert "rank 0 peer_reads 1" in outs[0], outs[0][-3000:]
-    assert "rank 0 raised" in outs[0], outs[0][-3000:]
+    assert "rank 0 raised PeerLostError" in outs[0], outs[0][-3000:]
     assert "never raised" not in outs[0] and "wrong result" not in outs[0], outs[0][-3000:]
     assert shm_entries() - before == set()
 

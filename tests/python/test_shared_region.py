@@ -9,7 +9,6 @@ refused region (a seccomp filter without memfd_create) falls back to MPI with
 the same results; a peer SIGKILLed mid-call ends the survivor's wait with
 gs.PeerLostError naming it (not at the timeout), and nothing is left in
 /dev/shm."""
-import os
 import signal
 
 import numpy as np
@@ -17,7 +16,16 @@ import pytest
 from mpi4py import MPI
 
 import gradsync as gs
-from gsutil import ALL_DTYPES, collectively, environment, is_int, left_fold, run_joined, scaled
+from gsutil import (
+    ALL_DTYPES,
+    collectively,
+    environment,
+    is_int,
+    left_fold,
+    run_pair,
+    scaled,
+    shm_entries,
+)
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -197,21 +205,6 @@ os._exit(0)  # MPI_Finalize would wait for a dead rank
 """
 
 
-def shm_entries():
-    try:
-        return set(os.listdir("/dev/shm"))
-    except FileNotFoundError:
-        return set()
-
-
-def run_pair(tmp_path, mode, extra_env=None):
-    store = tmp_path / "store"
-    store.mkdir()
-    env = {"GRADSYNC_TIMEOUT_SECONDS": "60", "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")}
-    env.update(extra_env or {})
-    return run_joined(JOB, 2, env, args=(store, mode))
-
-
 one_rank = pytest.mark.skipif(WORLD.size > 1, reason="starts its own 2-process job")
 
 
@@ -220,7 +213,7 @@ def test_refused_region_falls_back_to_mpi(tmp_path):
     """Rank 0 may not call memfd_create: no rank gets a region (the same
     answer everywhere), both say why once at debug level, the calls go
     through MPI and are right."""
-    procs, outs = run_pair(tmp_path, "refused", {"GRADSYNC_LOG_LEVEL": "debug"})
+    procs, outs = run_pair(JOB, tmp_path, "refused", {"GRADSYNC_LOG_LEVEL": "debug"})
     mpi_ride = gs.build_info()["check_payload_bytes"]
     for r in (0, 1):
         assert procs[r].returncode == 0, outs[r][-3000:]
@@ -238,7 +231,7 @@ def test_killed_peer_raises_peer_lost_and_leaves_nothing(tmp_path):
     and the job ends well before it), never a wrong result; /dev/shm holds
     nothing new."""
     before = shm_entries()
-    procs, outs = run_pair(tmp_path, "killed")
+    procs, outs = run_pair(JOB, tmp_path, "killed")
     assert procs[1].returncode == -signal.SIGKILL, outs[1][-3000:]
     assert procs[0].returncode == 0, outs[0][-3000:]
     assert "rank 0 raised PeerLostError ranks=(1,)" in outs[0], outs[0][-3000:]
