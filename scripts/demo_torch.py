@@ -114,10 +114,11 @@ class TorchOptimizer(TorchMLP):
 
     def summary(self, steps, comm_s):
         st = {k: v - self.stats0[k] for k, v in self.comm.stats().items()}
-        return ["gradsync counters %d collectives, %d data messages, %s sent over %d steps "
-                "(%.1f collectives/step, %s/step; includes the loss/accuracy sums)"
-                % (st["calls"], st["messages"], fmt_bytes(st["bytes"]), steps,
-                   st["calls"] / steps, fmt_bytes(st["bytes"] / steps)),
+        return ["gradsync counters %d collectives, %d data messages (%s) and %d small calls "
+                "reduced inside their validation exchange, over %d steps (%.1f collectives/step; "
+                "includes the loss/accuracy sums)"
+                % (st["calls"], st["messages"], fmt_bytes(st["bytes"]), st["rode_in_check"],
+                   steps, st["calls"] / steps),
                 "skipped steps     %d (non-finite gradients)%s"
                 % (self.opt.skipped_steps, "; adasum: compute includes the blocking Adasum "
                    "of the parameter changes in step()" if self.op == "adasum" else "")]
