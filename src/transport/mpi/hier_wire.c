@@ -110,6 +110,7 @@ static gs_status_t host_reduce_scatter(hier_wire_t *h, int64_t k) {
     if (taken) return GS_SUCCESS;
     h->direct = 0; /* refused (the same on every rank): MPI from here on */
   }
+  GS_CHECK(gs_runtime_watch(host_names[0])); /* a peer known gone is not posted to */
   int e = MPI_Ireduce_scatter(MPI_IN_PLACE, base, h->cd[last], MPI_FLOAT, MPI_SUM,
                               gs_mpi_state(h->c)->hier_node, &h->rs[k % 2]);
   return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, host_names[0]);
@@ -151,6 +152,7 @@ static gs_status_t host_allgather(hier_wire_t *h, int64_t k) {
     if (!taken) h->direct = 0;
   }
   if (h->nl > 1 && !h->direct) {
+    GS_CHECK(gs_runtime_watch(host_names[1])); /* a peer known gone is not posted to */
     int e = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, base, h->cd[last], h->cd[last] + h->nl,
                             MPI_FLOAT, gs_mpi_state(h->c)->hier_node, &h->ag[k % 2]);
     return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, host_names[1]);

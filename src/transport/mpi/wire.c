@@ -96,6 +96,8 @@ gs_status_t gs_wire_begin(gs_wire_run_t *w, int64_t k, float *x, int64_t n, floa
   /* the counters say what this rank sends: its peers' shards here, its own
    * to each peer in the allgather */
   gs_count_message(w->c, at - s->bytes[w->r], GS_UINT8);
+  /* a peer known gone is not posted to: MPICH over UCX can crash in the post */
+  GS_CHECK(gs_runtime_watch("allreduce (wire): MPI_Ialltoallv"));
   int e = MPI_Ialltoallv(s->packed, s->bytes, s->displs, MPI_BYTE, s->recv, s->rbytes, s->rdispls,
                          MPI_BYTE, w->mc, &s->req);
   return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "allreduce (wire): MPI_Ialltoallv");
@@ -119,6 +121,7 @@ gs_status_t gs_wire_middle(gs_wire_run_t *w, int64_t k) {
     for (int64_t i = 0; out_lost && i < count; i++) s->lost[first + i] += out_lost[i] / w->post;
   }
   gs_count_message(w->c, (int64_t)s->bytes[w->r] * (w->p - 1), GS_UINT8);
+  GS_CHECK(gs_runtime_watch("allreduce (wire): MPI_Iallgatherv")); /* as above */
   int e = MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_BYTE, s->packed, s->bytes, s->displs, MPI_BYTE,
                           w->mc, &s->req);
   return e == MPI_SUCCESS ? GS_SUCCESS : gs_mpi_fail(e, "allreduce (wire): MPI_Iallgatherv");
