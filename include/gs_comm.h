@@ -12,6 +12,7 @@
 
 #include "gs_export.h"
 #include "gs_status.h"
+#include "gs_types.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -136,6 +137,23 @@ GS_API void gs_set_timeout_seconds(double seconds);
 GS_API gs_status_t gs_comm_set_timeout(gs_comm_t comm, double seconds);
 /* The value gs_comm_set_timeout set (0: none, the process-wide one applies). */
 GS_API gs_status_t gs_comm_timeout(gs_comm_t comm, double *seconds);
+
+/* The calling thread's call options (gs_call_options_t): every call this
+ * thread starts from now on, on any communicator (collectives, barriers, and
+ * asynchronous collectives, which take them when queued), carries them until
+ * they are set again; NULL or {0, 0} ends them. Thread-local, so no other
+ * thread's calls see them (the torch backend's per-call timeout, the Horovod
+ * drop-in's operation names).
+ * - tag: compared across ranks with the call's other arguments when
+ *   validation is on: ranks whose tags differ fail with GS_ERR_MISMATCH
+ *   naming "the call tag", and nothing is written. Not compared with
+ *   GRADSYNC_CHECK=0.
+ * - timeout: the wait limit of those calls' host waits, in place of the
+ *   communicator's (gs_comm_set_timeout) and the process's; device work they
+ *   queue keeps the communicator's. Must be >= 0 (GS_ERR_INVALID_ARGUMENT). */
+GS_API gs_status_t gs_set_call_options(const gs_call_options_t *options);
+/* The calling thread's call options ({0, 0}: none). */
+GS_API void gs_get_call_options(gs_call_options_t *options);
 
 /* The MPI library's version string as the library gradsync linked sees it,
  * and the path of the shared object that provides MPI (empty if unknown). */

@@ -72,6 +72,13 @@ typedef struct gs_tensor {
   gs_device_t device;
 } gs_tensor_t;
 
+/* What a thread's calls carry besides their arguments (gs_set_call_options
+ * in gs_comm.h): a tag the ranks' calls must agree on, and a wait limit. */
+typedef struct gs_call_options {
+  uint64_t tag;   /* 0: none; else every rank's call must carry the same */
+  double timeout; /* seconds (> 0) in place of the communicator's; 0: its */
+} gs_call_options_t;
+
 /* Convenience constructor for host tensors. */
 #define GS_HOST_TENSOR(ptr, n, dt) \
   ((gs_tensor_t){(void *)(ptr), (int64_t)(n), (dt), {GS_DEVICE_CPU, 0}})

@@ -31,11 +31,13 @@ include "_errors.pxi"
 include "_dtypes.pxi"
 include "_dlpack.pxi"
 include "_tensors.pxi"
+include "_memory.pxi"
 include "_device.pxi"
 include "_kernels.pxi"
 include "_async.pxi"
 include "_flight.pxi"
 include "_op_args.pxi"
+include "_options.pxi"
 
 gs_set_interrupt_check(check_signals)
 
@@ -124,8 +126,9 @@ def block_range(int64_t rows, int size, int rank):
     return first, count
 
 
-cdef class Comm:
-    """Handle of a C gs_comm_t. Collective methods take lists of arrays."""
+cdef class _CommHandle:
+    """The C gs_comm_t a Comm holds and what every binding method needs of it
+    (Comm's base: _CommExchange's methods, in _exchange.pxi, use it too)."""
     cdef gs_comm_t handle
     cdef public object mpi_comm
     cdef public object adasum  # default Adasum mode: None/"flat" or "hierarchical"
@@ -142,6 +145,26 @@ cdef class Comm:
         # it never waits on other ranks.
         if self.handle != NULL:
             gs_comm_free(&self.handle)
+
+    cdef inline gs_comm_t live(self) except NULL:
+        if self.handle == NULL:
+            raise ClosedError("the communicator is closed", GS_ERR_CLOSED)
+        if _flight_stacks:
+            flight_mark()
+        return self.handle
+
+    cdef int abandon(self, exc) except -1:
+        """Meet the other ranks' check on behalf of a call that failed here."""
+        cdef bytes reason = str(exc).encode("utf-8", "replace")
+        gs_comm_abandon(self.handle, status_of(exc), reason)
+        return 0
+
+
+include "_exchange.pxi"
+
+
+cdef class Comm(_CommExchange):
+    """Handle of a C gs_comm_t. Collective methods take lists of arrays."""
 
     @staticmethod
     def set_world(mpi_comm):
@@ -165,13 +188,6 @@ cdef class Comm:
             CHKERR(gs_comm_create((<MPI_Comm *>addr)[0], &cfg, &c.handle))
         c.mpi_comm = mpi_comm
         return c
-
-    cdef inline gs_comm_t live(self) except NULL:
-        if self.handle == NULL:
-            raise ClosedError("the communicator is closed", GS_ERR_CLOSED)
-        if _flight_stacks:
-            flight_mark()
-        return self.handle
 
     def close(self):
         if self.handle != NULL:
@@ -255,12 +271,6 @@ cdef class Comm:
         cdef gs_comm_t h = self.live()
         with nogil:
             CHKERR(gs_barrier(h))
-
-    cdef int abandon(self, exc) except -1:
-        """Meet the other ranks' check on behalf of a call that failed here."""
-        cdef bytes reason = str(exc).encode("utf-8", "replace")
-        gs_comm_abandon(self.handle, status_of(exc), reason)
-        return 0
 
     # Each collective converts its arguments inside `with self.converting`:
     # a failure there meets the other ranks' check (abandon), so they raise
@@ -471,8 +481,5 @@ cdef class _Abandoning:
 
     def __exit__(self, exc_type, exc, tb):
         if exc is not None:
-            (<Comm>self.comm).abandon(exc)
+            (<_CommHandle>self.comm).abandon(exc)
         return False
-
-
-include "_exchange.pxi"

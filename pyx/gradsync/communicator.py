@@ -222,7 +222,7 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
         arrays, was_list = _as_list(tensors)
         shapes, counts = self.handle.allgather_counts(tensors)
         outs = self._checked(lambda: [alloc(a, s) for a, s in zip(arrays, shapes)])
-        _core.allgatherv(self.handle, tensors, _answer(outs, was_list), counts, False)
+        self.handle.allgatherv(tensors, _answer(outs, was_list), counts, False)
         return _answer(outs, was_list)
 
     def reduce_scatter(self, tensors, op="sum", *, prescale=1.0, postscale=1.0):
@@ -243,7 +243,7 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
                 outs.append(alloc(a, (nrows,) + shape[1:]))
             return rows, outs
         rows, outs = self._checked(prepare)
-        _core.reduce_scatter_into(self.handle, tensors, _answer(outs, was_list), rows, op,
+        self.handle.reduce_scatter_into(tensors, _answer(outs, was_list), rows, op,
                                   float(prescale), float(postscale), False)
         return _answer(outs, was_list)
 

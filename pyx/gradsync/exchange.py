@@ -69,7 +69,7 @@ class ExchangeCollectives:
         try:
             return prepare()
         except Exception as exc:
-            _core.abandon(self.handle, exc)
+            self.handle.give_up(exc)
             raise
 
     # ---- all-to-all -----------------------------------------------------------
@@ -78,7 +78,7 @@ class ExchangeCollectives:
         ``send_counts[self.rank]`` (any unit). Collective."""
         send = self._checked(lambda: _rank_counts(send_counts, self.size, "alltoall_counts",
                                                   "send_counts"))
-        got = _core.alltoall_counts(self.handle, [np.empty(0, np.int64)], None, send)
+        got = self.handle.alltoall_counts([np.empty(0, np.int64)], None, send)
         return np.asarray(got, dtype=np.int64)
 
     def _alltoall_plan(self, arrays, was_list, send_counts, recv_counts, outs):
@@ -118,7 +118,7 @@ class ExchangeCollectives:
         shapes, sends, recvs, row_elems = self._checked(
             lambda: self._alltoall_plan(arrays, was_list, send_counts, recv_counts, None))
         if any(rc is None for rc in recvs):
-            got = _core.alltoall_counts(self.handle, _given(arrays, was_list), row_elems,
+            got = self.handle.alltoall_counts(_given(arrays, was_list), row_elems,
                                         np.asarray(sends, dtype=np.int64).T.reshape(-1)
                                         ).reshape(self.size, len(arrays))
             recvs = [[int(v) for v in got[:, i]] for i in range(len(arrays))]
@@ -126,7 +126,7 @@ class ExchangeCollectives:
             outs = self._checked(lambda: [
                 _core.empty_like(a, (sum(recvs[i]),) + shapes[i][0][1:])
                 for i, a in enumerate(arrays)])
-        _core.alltoallv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+        self.handle.alltoallv(_given(arrays, was_list), _given(outs, was_list),
                         _elements(sends, row_elems), _elements(recvs, row_elems), False)
         return _answer(outs, was_list)
 
@@ -138,7 +138,7 @@ class ExchangeCollectives:
         outs = _as_list(out)[0]
         _, sends, recvs, row_elems = self._checked(
             lambda: self._alltoall_plan(arrays, was_list, send_counts, recv_counts, outs))
-        return _core.alltoallv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+        return self.handle.alltoallv(_given(arrays, was_list), _given(outs, was_list),
                                _elements(sends, row_elems), _elements(recvs, row_elems), True,
                                out)
 
@@ -167,7 +167,7 @@ class ExchangeCollectives:
         shapes, per, rows = self._checked(lambda: self._gather_rows(arrays, was_list, counts))
         if any(r is None for r in rows):
             send = np.repeat(np.array([[p[0] for p in per]], dtype=np.int64), self.size, 0)
-            got = _core.alltoall_counts(self.handle, _given(arrays, was_list),
+            got = self.handle.alltoall_counts(_given(arrays, was_list),
                                         [p[1] for p in per], send.reshape(-1)
                                         ).reshape(self.size, len(arrays))
             rows = [[int(v) for v in got[:, i]] for i in range(len(arrays))]
@@ -177,7 +177,7 @@ class ExchangeCollectives:
             outs = _as_list(out)[0] if out is not None else self._checked(lambda: [
                 _core.empty_like(a, (sum(rows[i]),) + shapes[i][0][1:])
                 for i, a in enumerate(arrays)])
-        _core.gatherv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+        self.handle.gatherv(_given(arrays, was_list), _given(outs, was_list),
                       _elements(rows, [p[1] for p in per]), root, False)
         return None if outs is None else _answer(outs, was_list)
 
@@ -188,7 +188,7 @@ class ExchangeCollectives:
         shapes, per, rows = self._checked(lambda: self._gather_rows(arrays, was_list, counts))
         rows = [[p[0]] * self.size if r is None else r for r, p in zip(rows, per)]
         outs = None if out is None else _as_list(out)[0]
-        return _core.gatherv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+        return self.handle.gatherv(_given(arrays, was_list), _given(outs, was_list),
                              _elements(rows, [p[1] for p in per]), int(root), True, out)
 
     def _scatter_meta(self, tensor, root, counts):
@@ -245,7 +245,7 @@ class ExchangeCollectives:
         if out is not None:
             outs = _as_list(out)[0]
         row_elems = [int(np.prod(t, dtype=np.int64)) for t in trailing]
-        _core.scatterv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+        self.handle.scatterv(_given(arrays, was_list), _given(outs, was_list),
                        _elements(rows, row_elems), root, False)
         return _answer(outs, was_list)
 
@@ -260,7 +260,7 @@ class ExchangeCollectives:
         given = _per_tensor(counts, len(outs), was_list, "counts")
         rows = [[p[0]] * self.size if c is None else list(c) for c, p in zip(given, per)]
         arrays = _as_list(tensor)[0] if self.rank == int(root) else None
-        return _core.scatterv(self.handle, _given(arrays, was_list), _given(outs, was_list),
+        return self.handle.scatterv(_given(arrays, was_list), _given(outs, was_list),
                               _elements(rows, [p[1] for p in per]), int(root), True, out)
 
     # ---- reduce -------------------------------------------------------------
@@ -273,20 +273,20 @@ class ExchangeCollectives:
         if self.rank == root:
             outs = self._checked(lambda: [_core.empty_like(a, s) for a, (s, _) in zip(
                 arrays, _core.describe(_answer(arrays, was_list)))])
-        _core.reduce(self.handle, tensors, _given(outs, was_list), op, float(prescale),
+        self.handle.reduce(tensors, _given(outs, was_list), op, float(prescale),
                      float(postscale), root, False)
         return None if outs is None else _answer(outs, was_list)
 
     def reduce_(self, tensors, op="sum", root=0, *, prescale=1.0, postscale=1.0):
         """Reduces into root's tensors in place (the others' are only read);
         returns ``tensors``."""
-        _core.reduce(self.handle, tensors, None, op, float(prescale), float(postscale),
+        self.handle.reduce(tensors, None, op, float(prescale), float(postscale),
                      int(root), False)
         return tensors
 
     def reduce_async_(self, tensors, op="sum", root=0, *, prescale=1.0, postscale=1.0):
         """Starts reduce_; returns a Request."""
-        return _core.reduce(self.handle, tensors, None, op, float(prescale), float(postscale),
+        return self.handle.reduce(tensors, None, op, float(prescale), float(postscale),
                             int(root), True, tensors)
 
     # ---- allgather and reduce_scatter into given outputs --------------------
@@ -306,7 +306,7 @@ class ExchangeCollectives:
                                                    "counts")
                     for i, (c, o) in enumerate(zip(given, oshapes))]
             return _elements(rows, per)
-        return _core.allgatherv(self.handle, tensor, out, self._checked(prepare), True, out)
+        return self.handle.allgatherv(tensor, out, self._checked(prepare), True, out)
 
     def reduce_scatter_async(self, tensor, out, op="sum", *, prescale=1.0, postscale=1.0):
         """Starts a reduce_scatter into ``out`` (this rank's balanced block)."""
@@ -314,51 +314,51 @@ class ExchangeCollectives:
         rows = self._checked(lambda: [
             _row_shape(s, _label("tensor", i, was_list), "reduce_scatter")[0]
             for i, (s, _) in enumerate(_core.describe(tensor))])
-        return _core.reduce_scatter_into(self.handle, tensor, out, rows, op, float(prescale),
+        return self.handle.reduce_scatter_into(tensor, out, rows, op, float(prescale),
                                          float(postscale), True, out)
 
     # ---- point to point -----------------------------------------------------
     @property
     def max_tag(self):
         """The largest tag send/recv accept here (at least 16383)."""
-        return _core.p2p_max_tag(self.handle)
+        return self.handle.p2p_max_tag()
 
     def send(self, tensor, dest, tag=0):
         """Sends to rank ``dest``; returns once ``tensor`` may be reused. A
         list is sent as that many messages, in order. Not collective."""
-        return _core.send(self.handle, tensor, int(dest), int(tag), False, tensor)
+        return self.handle.send(tensor, int(dest), int(tag), False, tensor)
 
     def recv_(self, tensor, source, tag=0):
         """Receives rank ``source``'s oldest unreceived message with ``tag``
         into ``tensor`` (same dtype and size as sent, else MismatchError here);
         returns ``tensor``. Waits like a collective (gs.set_timeout)."""
-        return _core.recv(self.handle, tensor, int(source), int(tag), False, tensor)
+        return self.handle.recv(tensor, int(source), int(tag), False, tensor)
 
     def send_async(self, tensor, dest, tag=0):
         """Posts the send now; returns a Request (wait() returns ``tensor``).
         Point-to-point requests do not queue behind collectives."""
-        return _core.send(self.handle, tensor, int(dest), int(tag), True, tensor)
+        return self.handle.send(tensor, int(dest), int(tag), True, tensor)
 
     def recv_async_(self, tensor, source, tag=0):
         """Posts the receive now; returns a Request (wait() returns ``tensor``)."""
-        return _core.recv(self.handle, tensor, int(source), int(tag), True, tensor)
+        return self.handle.recv(tensor, int(source), int(tag), True, tensor)
 
     def recv_any_(self, tensor, tag=0):
         """Receives the oldest message with ``tag`` that any rank sent here
         (and no receive from its sender has taken) into ``tensor``; returns
         ``(tensor, sender)``. A list takes that many messages, all from the
         rank whose first message matched. Waits like ``recv_``."""
-        return _core.recv_any(self.handle, tensor, int(tag), False, tensor)
+        return self.handle.recv_any(tensor, int(tag), False, tensor)
 
     def recv_any_async_(self, tensor, tag=0):
         """A receive from any source that returns at once: the Request's
         ``source`` is the sender once it is done (-1 before). The message is
         matched when the Request is first tested or waited on."""
-        return _core.recv_any(self.handle, tensor, int(tag), True, tensor)
+        return self.handle.recv_any(tensor, int(tag), True, tensor)
 
     def probe(self, source=None, tag=0):
         """The rank whose message with ``tag`` is waiting to be received here
         (from ``source``; None: any rank), or None. Never waits and receives
         nothing, so a caller can poll it against a deadline of its own."""
-        found = _core.p2p_probe(self.handle, -1 if source is None else int(source), int(tag))
+        found = self.handle.p2p_probe(-1 if source is None else int(source), int(tag))
         return None if found < 0 else found

@@ -1,6 +1,7 @@
 # Mirrors include/gs_comm.h.
 from libc.stdint cimport int64_t, uint64_t, uintptr_t
 from gradsync.gs_status cimport gs_status_t
+from gradsync.gs_types cimport gs_call_options_t
 
 cdef extern from "mpi.h" nogil:
     # Opaque here: only ever passed through by address.
@@ -57,6 +58,8 @@ cdef extern from "gs_comm.h" nogil:
     void gs_set_timeout_seconds(double seconds)
     gs_status_t gs_comm_set_timeout(gs_comm_t comm, double seconds)
     gs_status_t gs_comm_timeout(gs_comm_t comm, double *seconds)
+    gs_status_t gs_set_call_options(const gs_call_options_t *options)
+    void gs_get_call_options(gs_call_options_t *options)
     const char *gs_mpi_library_version()
     const char *gs_mpi_library_path()
     int gs_mpi_thread_level()

@@ -1,5 +1,5 @@
 # Mirrors include/gs_types.h.
-from libc.stdint cimport int32_t, int64_t
+from libc.stdint cimport int32_t, int64_t, uint64_t
 
 cdef extern from "gs_types.h" nogil:
     ctypedef enum gs_dtype_t:
@@ -46,6 +46,10 @@ cdef extern from "gs_types.h" nogil:
         int64_t count
         gs_dtype_t dtype
         gs_device_t device
+
+    ctypedef struct gs_call_options_t:
+        uint64_t tag
+        double timeout
 
     size_t gs_dtype_size(gs_dtype_t dtype)
     const char *gs_dtype_name(gs_dtype_t dtype)

@@ -25,7 +25,7 @@ const char *gs_status_string(gs_status_t status) {
     case GS_ERR_CLOSED: return "the communicator was freed";
     case GS_ERR_CUDA: return "the CUDA runtime reported an error";
     case GS_ERR_NCCL: return "NCCL reported an error";
-    case GS_ERR_TIMEOUT: return "a collective took longer than GRADSYNC_TIMEOUT_SECONDS";
+    case GS_ERR_TIMEOUT: return "a collective took longer than its timeout";
     case GS_ERR_INTERRUPTED: return "a wait was interrupted (the interrupt check fired)";
     case GS_ERR_PEER_LOST:
       return "a peer's process is gone: gs_last_error() and gs_last_lost_ranks() name it";

@@ -59,9 +59,7 @@ static gs_status_t wire_check(gs_comm_t c, gs_coll_t *d) {
                    "%s: op %s does not take wire %s; a wire format sums (op sum or average)", d->fn,
                    gs_op_name(d->op), gs_wire_name(w->wire));
   for (int64_t i = 0; i < d->n; i++) {
-    /* a tensor of no elements carries only its dtype, which the ranks
-     * validate (the Horovod drop-in's name signatures) */
-    if (d->in[i].count > 0 && !wire_takes(w->wire, d->in[i].dtype))
+    if (!wire_takes(w->wire, d->in[i].dtype))
       return gs_fail(GS_ERR_TYPE,
                      "%s: in[%lld] is %s, which wire %s does not take (float32 tensors; "
                      "float16/bfloat16 ones with a float8 wire)",

@@ -32,6 +32,7 @@ typedef struct call_ctx {
   double pre, post;
   int root;
   gs_wire_t wire;
+  gs_call_options_t options; /* the caller's when it queued the call */
 } call_ctx_t;
 
 static void release(void *ctx) {
@@ -43,8 +44,7 @@ static void release(void *ctx) {
   free(x);
 }
 
-static gs_status_t run(void *ctx) {
-  call_ctx_t *x = ctx;
+static gs_status_t dispatch(const call_ctx_t *x) {
   switch (x->kind) {
     case CALL_ALLREDUCE: return gs_allreduce(x->comm, x->in, NULL, x->n, x->op, x->pre, x->post);
     case CALL_ALLREDUCE_WIRE:
@@ -63,6 +63,15 @@ static gs_status_t run(void *ctx) {
       return gs_reduce(x->comm, x->in, x->out, x->n, x->op, x->pre, x->post, x->root);
   }
   return gs_fail(GS_ERR_INTERNAL, "async: unknown call %d", (int)x->kind);
+}
+
+/* On the background thread, under the options the caller had. */
+static gs_status_t run(void *ctx) {
+  call_ctx_t *x = ctx;
+  gs_call_options_t before = gs_runtime_swap_call_options(x->options);
+  gs_status_t s = dispatch(x);
+  gs_runtime_swap_call_options(before);
+  return s;
 }
 
 /* A copy of `count` items of `size` bytes, or NULL for NULL (the blocking
@@ -87,6 +96,7 @@ static gs_status_t queue(const char *fn, call_ctx_t proto, const gs_tensor_t *in
   call_ctx_t *x = calloc(1, sizeof *x);
   if (!x) return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
   *x = proto;
+  gs_get_call_options(&x->options);
   x->in = x->out = NULL;
   x->a = x->b = NULL;
   int ok = dup_into((void **)&x->in, in, proto.n, sizeof *in) &&

@@ -45,6 +45,7 @@ struct gs_coll {
                          gs_coll_t *d);
   gs_status_t (*run)(const gs_engine_t *e, gs_coll_t *d);
   int fuse_direct; /* plan with no direct-size tensor alone (gs_plan_tensors) */
+  const char *record_as;       /* the flight record's name (NULL: the kind's) */
   /* Frees what `check` allocated into `extra`. */
   void (*release)(gs_coll_t *d);
   /* ---- set by the skeleton (check may adjust) */
@@ -60,6 +61,11 @@ gs_status_t gs_collective(gs_comm_t c, gs_coll_t *d);
  * validate the row sizes, their element counts may differ, and no engine
  * opens. */
 void gs_coll_counts_only(gs_coll_t *d, const int64_t *row_elems);
+/* The flight recorder's one entry point (skeleton.c): counts the call in
+ * the communicator's collective sequence (p2p: its point-to-point one) and
+ * records it; returns the record's id for gs_flight_phase/_end. */
+uint64_t gs_coll_record(gs_comm_t c, int p2p, const char *name, const gs_tensor_t *t, int64_t n,
+                        gs_op_t op, int root_or_peer, int tag);
 /* The postscale a reduction applies: average divides by the size. */
 double gs_postscale(gs_comm_t c, gs_op_t op, double postscale);
 

@@ -292,9 +292,7 @@ static gs_status_t start(const char *fn, gs_comm_t c, const gs_tensor_t *t, int6
     return gs_fail(GS_ERR_NO_MEMORY, "%s: out of memory", fn);
   }
   *p = (p2p_t){c, recv, peer, tag, n, copy, m, peer == GS_ANY_SOURCE && n > 0, source, 0};
-  gs_flight_call_t fc = {c->flight, 1,    ++c->p2p_seq, fn + 3 /* past "gs_" */, t, n,
-                         GS_OP_SUM, peer, tag};
-  p->flight = gs_flight_enter(&fc);
+  p->flight = gs_coll_record(c, 1, fn + 3 /* past "gs_" */, t, n, GS_OP_SUM, peer, tag);
   if (n) memcpy(p->t, t, (size_t)n * sizeof *t);
   for (int64_t i = 0; i < n; i++) p->m[i].req[0] = p->m[i].req[1] = MPI_REQUEST_NULL;
   c->stats.calls++;

@@ -43,21 +43,26 @@ static gs_status_t messages(const gs_engine_t *e, gs_coll_t *d) {
   return s;
 }
 
-/* Counts the call and records it in the flight recorder: every collective
- * passes here once, on every transport, checked or not. */
-static uint64_t flight_begin(gs_comm_t c, const gs_coll_t *d) {
-  c->seq++;
-  gs_flight_call_t fc = {
-      c->flight,      0,       c->seq, gs_call_name(d->kind), d->call.tensors, d->call.n,
-      (int32_t)d->op, d->root, 0};
+uint64_t gs_coll_record(gs_comm_t c, int p2p, const char *name, const gs_tensor_t *t, int64_t n,
+                        gs_op_t op, int root_or_peer, int tag) {
+  gs_flight_call_t fc = {c->flight,    p2p, p2p ? ++c->p2p_seq : ++c->seq, name, t, n, (int32_t)op,
+                         root_or_peer, tag};
   return gs_flight_enter(&fc);
+}
+
+/* Every collective passes here once, on every transport, checked or not. */
+static uint64_t flight_begin(gs_comm_t c, const gs_coll_t *d) {
+  return gs_coll_record(c, 0, d->record_as ? d->record_as : gs_call_name(d->kind), d->call.tensors,
+                        d->call.n, d->op, d->root, 0);
 }
 
 static gs_status_t run(gs_comm_t c, gs_coll_t *d, uint64_t *fid) {
   GS_CHECK(gs_comm_enter(c, d->fn));
   gs_clear_error();
   d->comm = c;
-  d->call = (gs_call_t){d->kind, d->op, d->root, d->n, d->in, NULL, NULL, 0};
+  gs_call_options_t options;
+  gs_get_call_options(&options); /* the caller's tag travels with the call */
+  d->call = (gs_call_t){d->kind, d->op, d->root, d->n, d->in, NULL, NULL, 0, options.tag};
   d->plan_on = d->memory = d->in;
   gs_status_t local = check(c, d);
   if (local != GS_SUCCESS) { /* the tensors may be unreadable: validate the call alone */

@@ -143,16 +143,7 @@ void *gs_check_payload_area(gs_comm_t c) {
 
 /* This rank's signature of the call, every field also negated. */
 static void sign(gs_comm_t c, const gs_call_t *call, gs_status_t local, int payload, int64_t *v) {
-  v[F_KIND] = call->kind;
-  v[F_OP] = call->op;
-  v[F_ROOT] = call->root;
-  v[F_N] = call->n;
-  v[F_HASH] = local == GS_SUCCESS ? (int64_t)gs_check_hash(call) : 0;
-  v[F_THRESHOLD] = c->fusion_threshold;
-  v[F_DIRECT] = c->direct_bytes;
-  v[F_PIPELINE] = c->pipeline_bytes;
-  v[F_CMA] = c->cma_bytes; /* whether a large call reads the peers: all or none */
-  v[F_ERROR] = local != GS_SUCCESS;
+  gs_check_fields(c, call, local, v);
   v[F_PAYLOAD] = payload;
   /* every field is sent negated too: INT64_MIN (a hostile n) has no negation */
   for (int f = 0; f < NFIELDS; f++) {

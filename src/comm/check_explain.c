@@ -39,6 +39,22 @@ uint64_t gs_check_hash(const gs_call_t *call) {
   return h & 0x3fffffffffffffffull; /* keep it positive: its negation is sent too */
 }
 
+void gs_check_fields(gs_comm_t c, const gs_call_t *call, gs_status_t local, int64_t *v) {
+  v[F_KIND] = call->kind;
+  v[F_OP] = call->op;
+  v[F_ROOT] = call->root;
+  v[F_N] = call->n;
+  v[F_HASH] = local == GS_SUCCESS ? (int64_t)gs_check_hash(call) : 0;
+  v[F_THRESHOLD] = c->fusion_threshold;
+  v[F_DIRECT] = c->direct_bytes;
+  v[F_PIPELINE] = c->pipeline_bytes;
+  v[F_CMA] = c->cma_bytes; /* whether a large call reads the peers: all or none */
+  v[F_TAG_HI] = (int64_t)(call->tag >> 32);
+  v[F_TAG_LO] = (int64_t)(call->tag & 0xffffffffu);
+  v[F_ERROR] = local != GS_SUCCESS;
+  v[F_PAYLOAD] = 0;
+}
+
 int64_t gs_call_bytes(const gs_call_t *call) {
   int64_t b = 0;
   for (int64_t i = 0; i < call->n; i++)
@@ -71,6 +87,10 @@ typedef const char *(*name_fn)(int64_t v, char *tmp, size_t cap);
 
 static const char *name_int(int64_t v, char *tmp, size_t cap) {
   snprintf(tmp, cap, "%lld", (long long)v);
+  return tmp;
+}
+static const char *name_tag(int64_t v, char *tmp, size_t cap) {
+  snprintf(tmp, cap, "0x%016llx", (unsigned long long)v);
   return tmp;
 }
 static const char *name_kind(int64_t v, char *tmp, size_t cap) {
@@ -150,6 +170,21 @@ static void explain_error(const record_t *all, int p, const char *name, char *ms
            first >= 0 ? all[first].reason : "");
 }
 
+/* The call tags differ (gs_set_call_options): each rank's whole tag. */
+static void explain_tag(const record_t *all, int p, const char *name, char *msg, size_t cap) {
+  int64_t *tags = malloc((size_t)p * sizeof *tags);
+  if (!tags) {
+    snprintf(msg, cap, "%s: the call tag differs across ranks", name);
+    return;
+  }
+  for (int r = 0; r < p; r++)
+    tags[r] = (int64_t)(((uint64_t)all[r].f[F_TAG_HI] << 32) | (uint64_t)all[r].f[F_TAG_LO]);
+  char what[160];
+  snprintf(what, sizeof what, "%s: the call tag", name);
+  describe(msg, cap, what, tags, 1, p, name_tag);
+  free(tags);
+}
+
 /* Same count everywhere: gather the per-tensor lists to name the first
  * tensor that differs. */
 static gs_status_t explain_tensors(gs_comm_t c, const gs_call_t *call, const char *name, char *msg,
@@ -195,17 +230,7 @@ gs_status_t gs_check_explain(gs_comm_t c, const gs_call_t *call, gs_status_t loc
   record_t mine, *all = malloc((size_t)p * sizeof *all);
   if (!all) return gs_fail(GS_ERR_NO_MEMORY, "validation: out of memory");
   memset(&mine, 0, sizeof mine);
-  mine.f[F_KIND] = call->kind;
-  mine.f[F_OP] = call->op;
-  mine.f[F_ROOT] = call->root;
-  mine.f[F_N] = call->n;
-  mine.f[F_HASH] = local == GS_SUCCESS ? (int64_t)gs_check_hash(call) : 0;
-  mine.f[F_THRESHOLD] = c->fusion_threshold;
-  mine.f[F_DIRECT] = c->direct_bytes;
-  mine.f[F_PIPELINE] = c->pipeline_bytes;
-  mine.f[F_CMA] = c->cma_bytes;
-  mine.f[F_ERROR] = local != GS_SUCCESS;
-  mine.f[F_PAYLOAD] = 0; /* derived from the fields above; never the first difference */
+  gs_check_fields(c, call, local, mine.f); /* F_PAYLOAD 0: never the first difference */
   if (local != GS_SUCCESS) snprintf(mine.reason, GS_REASON_LEN, "%s", gs_last_error());
   int e = MPI_Allgather(&mine, sizeof mine, MPI_BYTE, all, sizeof mine, MPI_BYTE, c->mpi);
   if (e != MPI_SUCCESS) {
@@ -222,6 +247,10 @@ gs_status_t gs_check_explain(gs_comm_t c, const gs_call_t *call, gs_status_t loc
   const struct scalar_field *scalar;
   if (differs[F_ERROR] || all[0].f[F_ERROR]) {
     explain_error(all, p, name, msg, sizeof msg);
+  } else if (!differs[F_KIND] && (differs[F_TAG_HI] || differs[F_TAG_LO])) {
+    /* what the caller named the call (a Horovod operation's name) says more
+     * than the tensors that differ with it */
+    explain_tag(all, p, name, msg, sizeof msg);
   } else if ((scalar = first_scalar_difference(differs)) != NULL) {
     char what[160];
     /* The collective itself differs: naming this rank's would mislead. */

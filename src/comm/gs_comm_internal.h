@@ -79,6 +79,7 @@ typedef struct gs_call {
   const int64_t *extra;
   const char *extra_name;
   int counts_vary;         /* element counts may differ by rank (allgather) */
+  uint64_t tag;            /* the caller's call tag (gs_set_call_options); 0: none */
 } gs_call_t;
 
 /* Meets the other ranks and compares calls. `local` is GS_SUCCESS or the
@@ -104,6 +105,8 @@ enum {
   F_DIRECT,
   F_PIPELINE,
   F_CMA,
+  F_TAG_HI, /* the call tag's two halves: each compared exactly */
+  F_TAG_LO,
   F_ERROR,
   F_PAYLOAD,
   NFIELDS
@@ -119,6 +122,8 @@ typedef struct gs_check_head {
 } gs_check_head_t;
 #define GS_CHECK_SLOT_PAYLOAD ((sizeof(gs_check_head_t) + 63) / 64 * 64)
 
+/* This rank's signature fields of a call (F_PAYLOAD left 0). */
+void gs_check_fields(gs_comm_t c, const gs_call_t *call, gs_status_t local, int64_t *v);
 /* The hash of a call's tensor list (dtypes, counts, extras, memory kind). */
 uint64_t gs_check_hash(const gs_call_t *call);
 /* Bytes a call moves (for logs, the timeline and the stall warning). */

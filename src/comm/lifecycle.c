@@ -330,34 +330,6 @@ gs_status_t gs_comm_timeout(gs_comm_t comm, double *seconds) {
   return GS_SUCCESS;
 }
 
-/* A barrier: validation alone when it is on, else MPI's. */
-static gs_status_t barrier_run(gs_comm_t comm, uint64_t fid) {
-  gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
-  if (comm->check) return gs_begin_call(comm, &call, GS_SUCCESS);
-  comm->stats.calls++;
-  MPI_Request req;
-  GS_MPI_CHECK(MPI_Ibarrier(comm->mpi, &req), "gs_barrier: MPI_Ibarrier");
-  gs_flight_path(fid, "mpi");
-  gs_flight_phase(fid, GS_FLIGHT_SENT);
-  return gs_mpi_wait(&req, "gs_barrier: MPI_Ibarrier", NULL, NULL);
-}
-
-/* Counts and records a collective that does not go through the skeleton. */
-static uint64_t flight_begin(gs_comm_t comm, const char *name) {
-  comm->seq++;
-  gs_flight_call_t fc = {comm->flight, 0, comm->seq, name, NULL, 0, GS_OP_SUM, -1, 0};
-  return gs_flight_enter(&fc);
-}
-
-static gs_status_t barrier_impl(gs_comm_t comm) {
-  GS_CHECK(gs_comm_enter(comm, "gs_barrier"));
-  gs_clear_error();
-  uint64_t fid = flight_begin(comm, "barrier");
-  gs_status_t s = barrier_run(comm, fid);
-  gs_flight_end(fid, s);
-  return s;
-}
-
 const char *gs_mpi_library_version(void) {
   static char version[MPI_MAX_LIBRARY_VERSION_STRING + 1];
   int len = 0;
@@ -377,18 +349,6 @@ int gs_mpi_thread_level(void) {
   MPI_Initialized(&init);
   if (init) MPI_Query_thread(&level);
   return level;
-}
-
-static gs_status_t comm_abandon_impl(gs_comm_t comm, gs_status_t status, const char *reason) {
-  GS_CHECK(gs_comm_enter(comm, "gs_comm_abandon"));
-  if (status == GS_SUCCESS) status = GS_ERR_INVALID_ARGUMENT;
-  gs_fail(status, "%s", reason ? reason : "invalid arguments");
-  gs_call_t call = {GS_CALL_BARRIER, GS_OP_SUM, 0, 0, NULL, NULL, NULL, 0};
-  /* recorded as what it is: this rank gave up on its call (bad arguments) */
-  uint64_t fid = flight_begin(comm, "abandon");
-  gs_status_t s = gs_begin_call(comm, &call, status);
-  gs_flight_end(fid, s);
-  return s;
 }
 
 gs_status_t gs_comm_device_transport(gs_comm_t comm, const char **name) {
@@ -464,20 +424,6 @@ gs_status_t gs_comm_free(gs_comm_t *comm) {
 gs_status_t gs_comm_split(gs_comm_t comm, int color, int key, gs_comm_t *out) {
   gs_enter_runtime();
   gs_status_t s = comm_split_impl(comm, color, key, out);
-  gs_leave_runtime();
-  return s;
-}
-
-gs_status_t gs_barrier(gs_comm_t comm) {
-  gs_enter_runtime();
-  gs_status_t s = barrier_impl(comm);
-  gs_leave_runtime();
-  return s;
-}
-
-gs_status_t gs_comm_abandon(gs_comm_t comm, gs_status_t status, const char *reason) {
-  gs_enter_runtime();
-  gs_status_t s = comm_abandon_impl(comm, status, reason);
   gs_leave_runtime();
   return s;
 }

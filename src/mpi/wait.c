@@ -25,7 +25,7 @@ int gs_use_blocking(gs_comm_t c, int64_t bytes) {
     single = level <= MPI_THREAD_FUNNELED;
   }
   return single && c->fate.owns_core && bytes < GS_BLOCKING_MAX_BYTES &&
-         gs_fate_timeout(&c->fate) == 0.0;
+         gs_call_timeout(&c->fate, NULL) == 0.0;
 }
 
 gs_status_t gs_mpi_finish(int e, MPI_Request *req, const char *what) {

@@ -68,9 +68,18 @@ int gs_runtime_owns_core(void);
 /* The wait limit of `fate` (NULL: of none): its own timeout when set, else
  * GRADSYNC_TIMEOUT_SECONDS (gs_set_timeout_seconds); 0: wait forever. */
 double gs_fate_timeout(const gs_fate_t *fate);
-/* gs_fate_timeout of the bound communicator; *own (may be NULL): whether
- * that is the communicator's own. */
-double gs_runtime_timeout(int *own);
+/* The wait limit of a call on `fate` made by this thread: the thread's call
+ * options' timeout (gs_set_call_options) when set, else gs_fate_timeout.
+ * *which (may be NULL) names where it comes from, for the timeout message
+ * ("the call's timeout of ", "the communicator's timeout of ",
+ * "GRADSYNC_TIMEOUT_SECONDS="). */
+double gs_call_timeout(const gs_fate_t *fate, const char **which);
+/* Makes `options` the calling thread's call options and returns those it
+ * had (gs_set_call_options without its checks or error reset: the
+ * background thread runs a queued call under its caller's). */
+gs_call_options_t gs_runtime_swap_call_options(gs_call_options_t options);
+/* gs_call_timeout of the bound communicator. */
+double gs_runtime_timeout(const char **which);
 /* The bound communicator's watch (GS_SUCCESS when it has none). */
 gs_status_t gs_runtime_watch(const char *what);
 

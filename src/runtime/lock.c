@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "gs_comm.h"
 #include "runtime/gs_runtime.h"
 
 static pthread_mutex_t runtime_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -23,6 +24,7 @@ typedef struct thread_state {
   int in_worker;  /* this is gradsync's background thread */
   gs_fate_t *bound;
   after_unlock_t *after, **after_tail; /* run once the lock is released */
+  gs_call_options_t options; /* gs_set_call_options: this thread's calls carry them */
 } thread_state_t;
 static _Thread_local thread_state_t me;
 
@@ -120,8 +122,36 @@ gs_status_t gs_runtime_watch(const char *what) {
   return f && f->watch ? f->watch(f->watch_ctx, what) : GS_SUCCESS;
 }
 
-double gs_runtime_timeout(int *own) {
-  gs_fate_t *f = me.bound;
-  if (own) *own = f && f->timeout > 0;
-  return gs_fate_timeout(f);
+gs_status_t gs_set_call_options(const gs_call_options_t *options) {
+  gs_clear_error();
+  if (options && !(options->timeout >= 0))
+    return gs_fail(GS_ERR_INVALID_ARGUMENT,
+                   "gs_set_call_options: timeout must be >= 0 seconds (0: the communicator's), "
+                   "got %g",
+                   options->timeout);
+  me.options = options ? *options : (gs_call_options_t){0, 0};
+  return GS_SUCCESS;
 }
+
+gs_call_options_t gs_runtime_swap_call_options(gs_call_options_t options) {
+  gs_call_options_t before = me.options;
+  me.options = options;
+  return before;
+}
+
+void gs_get_call_options(gs_call_options_t *options) {
+  if (options) *options = me.options;
+}
+
+double gs_call_timeout(const gs_fate_t *fate, const char **which) {
+  if (me.options.timeout > 0) {
+    if (which) *which = "the call's timeout of ";
+    return me.options.timeout;
+  }
+  if (which)
+    *which =
+        fate && fate->timeout > 0 ? "the communicator's timeout of " : "GRADSYNC_TIMEOUT_SECONDS=";
+  return gs_fate_timeout(fate);
+}
+
+double gs_runtime_timeout(const char **which) { return gs_call_timeout(me.bound, which); }

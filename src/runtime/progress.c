@@ -23,12 +23,10 @@ static gs_status_t lost(const gs_wait_t *w, gs_status_t why) {
 /* Gives up: the communicator cannot be trusted afterwards (other ranks, or
  * the device, may still be inside the call). */
 static gs_status_t abandon(const gs_wait_t *w, gs_status_t why, double waited, double limit,
-                           int own) {
+                           const char *which) {
   gs_runtime_mark_broken(why);
   if (w->abandon) w->abandon(w->ctx, why);
   const char *detail = w->detail ? w->detail(w->ctx) : NULL;
-  /* the communicator's own limit (gs_comm_set_timeout), or the process's */
-  const char *which = own ? "the communicator's timeout of " : "GRADSYNC_TIMEOUT_SECONDS=";
   if (why == GS_ERR_TIMEOUT)
     return gs_fail(why,
                    "%s did not complete within %s%g s (waited %.1f "
@@ -41,8 +39,10 @@ static gs_status_t abandon(const gs_wait_t *w, gs_status_t why, double waited, d
 }
 
 gs_status_t gs_progress_wait(const gs_wait_t *w) {
-  int own = 0;
-  double t0 = 0, start = 0, last_check = 0, timeout = gs_runtime_timeout(&own);
+  /* the call's limit (gs_set_call_options), the communicator's
+   * (gs_comm_set_timeout), or the process's */
+  const char *which = NULL;
+  double t0 = 0, start = 0, last_check = 0, timeout = gs_runtime_timeout(&which);
   /* with a core of its own, a rank spins as MPI's blocking calls do for the
    * first 50 microseconds (the peer is running too), then starts yielding */
   const double spin_until = gs_runtime_owns_core() ? 50e-6 : 0.0;
@@ -67,11 +67,11 @@ gs_status_t gs_progress_wait(const gs_wait_t *w) {
     gs_runtime_pause(gs_runtime_in_worker() ? (start == 0 || t - start < 1e-3 ? 20 : 200) : 0);
     if (start == 0) start = last_check = t;
     if (timeout > 0 && t - start > timeout)
-      return abandon(w, GS_ERR_TIMEOUT, t - start, timeout, own);
+      return abandon(w, GS_ERR_TIMEOUT, t - start, timeout, which);
     if (t - last_check >= interrupt_every) {
       last_check = t;
       if (interrupt_check && !gs_runtime_in_worker() && interrupt_check())
-        return abandon(w, GS_ERR_INTERRUPTED, t - start, timeout, own);
+        return abandon(w, GS_ERR_INTERRUPTED, t - start, timeout, which);
       gs_status_t gone = gs_runtime_watch(w->what);
       if (gone != GS_SUCCESS) return lost(w, gone);
     }

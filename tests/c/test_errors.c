@@ -353,6 +353,31 @@ static void test_mismatches(void) {
   EXPECT_MISMATCH(gs_allreduce(comm, t, NULL, 2, rank_ == 0 ? GS_OP_SUM : GS_OP_MAX, 1.0, 1.0),
                   "the op", "sum on rank(s) 0", "max");
 
+  SECTION("mismatch: the call tag (gs_set_call_options)");
+  {
+    gs_call_options_t o = {rank_ == 0 ? 0xabcdef0123456789ull : 0xabcdef0123456788ull, 0};
+    GS_OK(gs_set_call_options(&o));
+    EXPECT_MISMATCH(gs_allreduce(comm, t, NULL, 2, GS_OP_SUM, 1.0, 1.0), "the call tag",
+                    "0xabcdef0123456789 on rank(s) 0", "0xabcdef0123456788");
+    EXPECT_MISMATCH(gs_barrier(comm), "barrier: the call tag");
+    gs_call_options_t now;
+    gs_get_call_options(&now);
+    CHECK(now.tag == o.tag, "the options last until set again");
+    GS_OK(gs_set_call_options(NULL));
+    gs_get_call_options(&now);
+    CHECK(now.tag == 0 && now.timeout == 0, "NULL ends them");
+    /* equal tags: the call runs */
+    o.tag = 42;
+    GS_OK(gs_set_call_options(&o));
+    check_comm_works(comm);
+    o.timeout = -1;
+    GS_EXPECT(gs_set_call_options(&o), GS_ERR_INVALID_ARGUMENT);
+    CHECK_ERROR_MENTIONS("timeout");
+    gs_get_call_options(&now);
+    CHECK(now.tag == 42 && now.timeout == 0, "a refused option changes nothing");
+    GS_OK(gs_set_call_options(NULL));
+  }
+
   SECTION("mismatch: root");
   EXPECT_MISMATCH(gs_broadcast(comm, t, 2, rank_ == 0 ? 0 : 1), "the root", "0 on rank(s) 0");
 

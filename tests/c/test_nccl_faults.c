@@ -64,10 +64,10 @@ static gs_comm_t nccl_comm(gs_tensor_t *t, double timeout) {
 static void check_abort_logged(const char *log) {
   CHECK_LOGGED(log,
                "ERROR: aborting the NCCL communicator (a collective took longer than "
-               "GRADSYNC_TIMEOUT_SECONDS)");
+               "its timeout)");
   CHECK_LOGGED(log,
                "WARNING: freeing a communicator abandoned after a collective took "
-               "longer than GRADSYNC_TIMEOUT_SECONDS");
+               "longer than its timeout");
 }
 
 /* What a rank logs when the background thread times out a handed-off

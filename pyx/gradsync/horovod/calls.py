@@ -1,8 +1,7 @@
-"""What the engine queues: a Call (one submitted operation, its arrays
-and what becomes of it), the signature of zero-element tensors that carries
-its name (gradsync.horovod.engine's docstring), and the zeros a joined rank
+"""What the engine queues: a Call (one submitted operation: its arrays,
+what becomes of it, and the call tag its name travels as; see
+gradsync.horovod.engine's docstring), and the zeros a joined rank
 contributes by default."""
-import hashlib
 import threading
 import time
 
@@ -11,18 +10,8 @@ import numpy as np
 import gradsync as gs
 
 _QUEUED, _RUNNING, _DONE, _RAISED = range(4)
-_SIG_DTYPES = (np.dtype(np.float16), np.dtype(gs.bfloat16), np.dtype(np.float32),
-               np.dtype(np.float64))
-_SIG_SLOTS = 12
-
-
-def signature_dtypes(name):
-    """The dtypes of the zero-element tensors that carry ``name`` (None:
-    no signature)."""
-    if name is None:
-        return ()
-    h = int.from_bytes(hashlib.sha1(str(name).encode()).digest()[:3], "little")
-    return tuple(_SIG_DTYPES[(h >> (2 * i)) & 3] for i in range(_SIG_SLOTS))
+# The tag of the negotiation's STATUS allreduce: no operation's name has it.
+STATUS_TAG = "gradsync.horovod.status"
 
 
 def _dtype_name(dtype):
@@ -39,15 +28,16 @@ def numpy_zeros(dtype_name, shape):
 
 
 class Call:
-    """One submitted operation: its arrays (data, then signature), what it
-    does, its result, and what becomes of it."""
+    """One submitted operation: its arrays, what it does, the call tag its
+    full name travels as (``tag``, a str: gradsync hashes it to 64 bits),
+    its result, and what becomes of it."""
 
-    __slots__ = ("kind", "arrays", "ndata", "args", "name", "result", "error", "state",
+    __slots__ = ("kind", "arrays", "args", "name", "tag", "result", "error", "state",
                  "finish", "done", "observed", "submitted", "context", "unnamed", "site")
 
-    def __init__(self, kind, arrays, ndata, args, name, finish, context, unnamed):
-        self.kind, self.arrays, self.ndata, self.args = kind, arrays, ndata, args
-        self.name, self.finish, self.context, self.unnamed = name, finish, context, unnamed
+    def __init__(self, kind, arrays, args, name, tag, finish, context, unnamed):
+        self.kind, self.arrays, self.args, self.name, self.tag = kind, arrays, args, name, tag
+        self.finish, self.context, self.unnamed = finish, context, unnamed
         self.result = self.error = None
         self.state = _QUEUED
         self.done = threading.Event()
@@ -57,11 +47,10 @@ class Call:
 
     def describe(self):
         """What a rank that joined needs to take part: kind, arguments, the
-        data's (dtype, shape) and the signature's dtypes."""
+        data's (dtype, shape) and the call tag."""
         args = {k: v for k, v in self.args.items() if k not in ("out", "run")}
-        specs = [(_dtype_name(a.dtype), tuple(a.shape)) for a in self.arrays[:self.ndata]]
-        sig = [_dtype_name(a.dtype) for a in self.arrays[self.ndata:]]
-        return (self.kind, args, specs, sig)
+        specs = [(_dtype_name(a.dtype), tuple(a.shape)) for a in self.arrays]
+        return (self.kind, args, specs, self.tag)
 
     def __repr__(self):
         return self.name

@@ -3,22 +3,6 @@ DistributedOptimizer and broadcasts use, routed through a Horovod engine, so
 their collectives are matched by name with the others, carry on while other
 ranks have called join(), and end when a rank shuts down. That is how the
 Horovod shim reuses them unchanged."""
-from gradsync.horovod.calls import signature_dtypes
-
-
-def _sig_like(tensors):
-    """The engine's signature maker, in the memory of the first tensor
-    (torch tensors stay torch: a call's tensors share one device)."""
-    first = tensors[0] if tensors else None
-    if first is None or not hasattr(first, "new_empty"):
-        return None
-
-    import torch
-
-    def make(full):
-        return [torch.empty(0, dtype=getattr(torch, dt.name), device=first.device)
-                for dt in signature_dtypes(full)]
-    return make
 
 
 class EngineRequest:
@@ -69,9 +53,8 @@ class EngineComm:
                              "through the Horovod engine; use gradsync.torch's "
                              "DistributedOptimizer(wire=...)")
         listed = self._listed(tensors)
-        call = self.engine.submit("allreduce", listed, sig=_sig_like(listed), op=op,
-                                  prescale=prescale, postscale=postscale, adasum=adasum,
-                                  wire=wire)
+        call = self.engine.submit("allreduce", listed, op=op, prescale=prescale,
+                                  postscale=postscale, adasum=adasum, wire=wire)
         return EngineRequest(self.engine, call, tensors)
 
     def allreduce_(self, tensors, op="sum", *, prescale=1.0, postscale=1.0, adasum=None,
@@ -81,14 +64,14 @@ class EngineComm:
 
     def broadcast_(self, tensors, root=0):
         listed = self._listed(tensors)
-        call = self.engine.submit("broadcast", listed, sig=_sig_like(listed), root=int(root))
+        call = self.engine.submit("broadcast", listed, root=int(root))
         self.engine.wait(call)
         return tensors
 
     def allgather(self, tensors):
         was_list = isinstance(tensors, (list, tuple))
         listed = self._listed(tensors)
-        out = self.engine.wait(self.engine.submit("allgather", listed, sig=_sig_like(listed)))
+        out = self.engine.wait(self.engine.submit("allgather", listed))
         return out if was_list else out[0]
 
     def barrier(self):

@@ -10,10 +10,10 @@ ranks agree:
 - **Every operation has a name.** The caller's (``allreduce.grad``), or
   ``<kind>.noname.<k>`` for the k-th unnamed operation of that kind on this
   process set (``barrier.noname`` and ``join.noname`` as in Horovod). The
-  name and the tensors' shapes travel with the data as a signature of
-  zero-element tensors (twelve, each one of four float dtypes: 24 bits of a
-  hash), which gradsync's cross-rank check compares like any dtype: no
-  bytes move for them.
+  name (with the tensors' shapes, which Horovod compares too) travels as
+  the collective's call tag (``gs.call_options(tag=...)``: 64 bits of a
+  hash), which gradsync's cross-rank check compares with the call's other
+  arguments: no message of its own, no bytes moved.
 - **Fast path.** One executor thread per process set runs the operations in
   submission order, each a blocking gradsync collective. While every rank
   submits the same names in the same order, that is all that happens: the
@@ -21,7 +21,7 @@ ranks agree:
 - **Negotiation.** When a collective fails the check (ranks submitted
   different names at that point, or shapes differ, or a rank joined),
   nothing has been written and every rank's executor switches to rounds:
-  a STATUS allreduce (a signature no operation has; ranks still in other
+  a STATUS allreduce (a tag no operation has; ranks still in other
   collectives fail the check against it and come to the round too), then
   every rank's list of queued names. Names queued on every rank that has
   not joined run, in the order of the lowest such rank's list; joined ranks
@@ -48,7 +48,7 @@ mismatch is not detected: the ranks must submit in the same order.
 
 This module is the Engine: submission, completion, shutdown, the executor
 thread and the fast path. The negotiation rounds are in
-gradsync.horovod.negotiation, a Call and its signature in
+gradsync.horovod.negotiation, a Call and its tag in
 gradsync.horovod.calls, the error classes in gradsync.horovod.errors, and
 the shutdown messages between processes in gradsync.horovod.notices.
 """
@@ -60,7 +60,7 @@ import numpy as np
 
 import gradsync as gs
 
-from .calls import _DONE, _QUEUED, _RAISED, _RUNNING, Call, numpy_zeros, signature_dtypes
+from .calls import _DONE, _QUEUED, _RAISED, _RUNNING, Call, numpy_zeros
 from .errors import ShutdownError, _Abandoned
 from .negotiation import NegotiationRounds
 
@@ -94,7 +94,6 @@ class Engine(NegotiationRounds):
         self._warned = set()
         self._stall_warn = 60.0
         self._stall_shutdown = 0.0
-        self._status_sig = [np.empty(0, dt) for dt in signature_dtypes("gradsync.horovod.status")]
 
     def configure(self, stall_warn=None, stall_shutdown=None):
         """Stall warning and stall shutdown, in seconds (0: never)."""
@@ -125,14 +124,15 @@ class Engine(NegotiationRounds):
             with self._cv:
                 self._counters[kind] = max(self._counters[kind], int(k) + 1)
 
-    def submit(self, kind, arrays, name=None, sig=None, finish=None, context=None, **args):
+    def submit(self, kind, arrays, name=None, tag=None, finish=None, context=None, **args):
         """Queues an operation for the executor and returns its Call at once.
-        ``name``: the caller's name (None: unnamed); ``sig(full_name)``: the
-        signature tensors of the operation's full name, in the data's memory
-        (default: NumPy arrays, for host data); ``context``: a callable
-        returning a context manager the executor runs the collective in (a
-        CUDA stream). Raises ValueError when an operation of that name is in
-        flight on this rank, ShutdownError after a shutdown."""
+        ``name``: the caller's name (None: unnamed); ``tag(full_name)``: the
+        str the operation's call tag is made of (default: the full name;
+        the torch front end adds the tensors' shapes); ``context``: a
+        callable returning a context manager the executor runs the
+        collective in (a CUDA stream). Raises ValueError when an operation
+        of that name is in flight on this rank, ShutdownError after a
+        shutdown."""
         self.check_notices()
         with self._cv:
             self._raise_if_closed()
@@ -142,10 +142,8 @@ class Engine(NegotiationRounds):
                 raise ValueError(f"{full}: an operation of this name is already in flight on "
                                  f"rank {self.comm.rank} of the set (Horovod: duplicate tensor "
                                  "name); names of outstanding operations must be unique")
-            sig = [np.empty(0, dt) for dt in signature_dtypes(full)] if sig is None \
-                else list(sig(full))
-            call = Call(kind, list(arrays) + sig, len(arrays), args, full, finish,
-                        context, name is None)
+            call = Call(kind, list(arrays), args, full, full if tag is None else tag(full),
+                        finish, context, name is None)
             self._names[full] = call
             self._queue.append(call)
             if self.timeline is not None:
@@ -186,7 +184,7 @@ class Engine(NegotiationRounds):
                 del self._names[full]
         if call.state == _RAISED:
             raise call.error
-        out = call.result if call.result is not None else call.arrays[:call.ndata]
+        out = call.result if call.result is not None else call.arrays
         return call.finish(out) if call.finish is not None else out
 
     def join(self):
@@ -291,11 +289,12 @@ class Engine(NegotiationRounds):
         gs._core.flight_use_site(call.site if mine else -1)
         try:
             ctx = call.context() if (mine and call.context is not None) else None
-            if ctx is not None:
-                with ctx:
-                    result = self._collective(call.kind, arrays, call.ndata, call.args)
-            else:
-                result = self._collective(call.kind, arrays, call.ndata, call.args)
+            with gs.call_options(tag=call.tag):
+                if ctx is not None:
+                    with ctx:
+                        result = self._collective(call.kind, arrays, call.args)
+                else:
+                    result = self._collective(call.kind, arrays, call.args)
         except gs.MismatchError:
             if mine:
                 call.state = _QUEUED
@@ -311,7 +310,7 @@ class Engine(NegotiationRounds):
         if mine:
             self._finish(call, result=result)
 
-    def _collective(self, kind, a, ndata, args):
+    def _collective(self, kind, a, args):
         comm = self.comm
         if kind == "allreduce":
             comm.allreduce_(a, args["op"], prescale=args["prescale"],
@@ -322,7 +321,7 @@ class Engine(NegotiationRounds):
             comm.broadcast_(a, root=args["root"])
             return None
         if kind == "allgather":
-            return comm.allgather(a)[:ndata]
+            return comm.allgather(a)
         if kind == "reduce_scatter":
             outs = list(args["out"])
             made = []
@@ -332,14 +331,14 @@ class Engine(NegotiationRounds):
                             else gs._core.empty_like(array, shape))
                 return made[-1]
             comm._reduce_scatter(a, args["op"], args["prescale"], args["postscale"], alloc)
-            return outs[:ndata]
+            return outs[:len(a)]
         if kind == "alltoall":
             counts = np.asarray(args["send_counts"], np.int64)
-            matrix = comm.allgather([counts] + a[ndata:])[0].reshape(comm.size, comm.size)
+            matrix = comm.allgather(counts).reshape(comm.size, comm.size)
             recv = [int(c) for c in matrix[:, comm.rank]]
             return comm.alltoall(a[0], args["send_counts"], recv_counts=recv), recv
         if kind in ("barrier", "add_set", "remove_set"):
-            comm.allreduce_([np.zeros(1, np.int32)] + a[ndata:], "sum")
+            comm.allreduce_(np.zeros(1, np.int32), "sum")
             run = args.get("run")
             return run() if run is not None else None
         raise ValueError(f"unknown collective {kind!r}")
@@ -354,7 +353,6 @@ class Engine(NegotiationRounds):
             call.state, call.result = _DONE, result
         if self.timeline is not None:
             self.timeline.end(call)
-        call.arrays = call.arrays if error is None else call.arrays[:call.ndata]
         with self._cv:
             if call in self._queue:
                 self._queue.remove(call)

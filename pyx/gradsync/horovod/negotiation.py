@@ -13,7 +13,7 @@ import numpy as np
 import gradsync as gs
 
 from . import stall_record
-from .calls import _QUEUED, Call
+from .calls import _QUEUED, STATUS_TAG, Call
 from .errors import HorovodInternalError, JoinedError, MismatchError, _Abandoned, _translate
 
 log = logging.getLogger("gradsync.horovod")
@@ -36,7 +36,8 @@ class NegotiationRounds:
             vec = np.zeros(size, np.int64)
             vec[me] = 2 if joined else 1
             try:
-                self.comm.allreduce_([vec] + self._status_sig, op="max")
+                with gs.call_options(tag=STATUS_TAG):
+                    self.comm.allreduce_(vec, op="max")
                 return vec
             except gs.MismatchError:
                 continue
@@ -112,7 +113,7 @@ class NegotiationRounds:
     def _run_ready(self, name, by_rank, ref, mine, joined):
         """Runs ``name`` on every member (joined ones with zeros), or fails
         it on every rank that queued it."""
-        kind, args, specs, sig = by_rank[ref][name][1]
+        kind, args, specs, tag = by_rank[ref][name][1]
         holders = [r for r in range(len(by_rank)) if name in by_rank[r]]
         call = mine.get(name)
         if call is None:
@@ -135,8 +136,8 @@ class NegotiationRounds:
         if call is not None:
             arrays = call.arrays
         else:  # joined here: zeros in the shape the others described
-            arrays = [self.zeros(d, s) for d, s in specs] + [self.zeros(d, (0,)) for d in sig]
-            call = Call(kind, arrays, len(specs), dict(args), name, None, None, False)
+            arrays = [self.zeros(d, s) for d, s in specs]
+            call = Call(kind, arrays, dict(args), name, tag, None, None, False)
             try:
                 self._execute(call, arrays, mine=False)
             except (gs.MismatchError, ValueError, TypeError):

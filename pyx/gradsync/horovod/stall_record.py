@@ -17,7 +17,7 @@ log = logging.getLogger("gradsync.horovod")
 
 def pending_record(set_ranks, call, now):
     """One queued operation as a format-1 "pending" line's fields."""
-    kind, args, specs, _sig = call.describe()
+    kind, args, specs, _tag = call.describe()
     return {"v": 1, "type": "pending", "set": list(set_ranks), "name": call.name, "op": kind,
             "tensors": [[dtype, list(shape)] for dtype, shape in specs],
             "redop": str(args["op"]) if args.get("op") is not None else None,

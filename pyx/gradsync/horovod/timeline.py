@@ -115,7 +115,7 @@ class Timeline:
         if self._file is None:
             return
         args = {}
-        data = call.arrays[:call.ndata] if call.arrays else []
+        data = call.arrays or []
         if data:
             args = {"dtype": str(getattr(data[0], "dtype", "")),
                     "shape": str(tuple(getattr(data[0], "shape", ())))}

@@ -12,7 +12,7 @@ ranks by name, as Horovod matches them.
 
 Handles, poll() and synchronize() are in gradsync.horovod.torch.handles,
 the op and scaling rules in .scaling, and what turns tensors into the
-engine's arrays and signatures in .tensors.
+engine's arrays and call tags in .tensors.
 """
 import torch
 
@@ -31,11 +31,10 @@ from gradsync.horovod.torch.handles import (  # noqa: F401 (poll: Horovod's mpi_
 from gradsync.horovod.torch.scaling import _op, _scale_, _scales
 from gradsync.horovod.torch.tensors import (
     _as_bytes,
-    _barrier_sig,
     _contiguous,
     _from_bytes,
-    _sig,
     _stream,
+    _tag,
     _zeros_on,
 )
 from gradsync.torch._dlpack import _import
@@ -65,7 +64,7 @@ def _allreduce_submit(tensors, name, op, prescale, postscale, process_set, resul
     def finish(arrays):
         _scale_(tensors, my_post)
         return result(tensors)
-    call = engine.submit("allreduce", tensors, name=name, sig=_sig(tensors), op=gs_op,
+    call = engine.submit("allreduce", tensors, name=name, tag=_tag(tensors), op=gs_op,
                          prescale=pre, postscale=post, adasum=adasum, finish=finish,
                          context=_stream(tensors))
     return _handle(engine, call, name)
@@ -197,7 +196,7 @@ def _allgather_submit(tensors, name, process_set, result):
     def finish(outs):
         return result([_from_bytes(_import(o), t) for o, t in zip(outs, tensors)])
     call = engine.submit("allgather", wire, name=name,
-                         sig=_sig(tensors, rows_may_differ=True), finish=finish,
+                         tag=_tag(tensors, rows_may_differ=True), finish=finish,
                          context=_stream(tensors))
     return _handle(engine, call, name)
 
@@ -264,7 +263,7 @@ def _broadcast_submit(tensor, root_rank, name, process_set, result):
     engine = _engine(process_set)
     root = process_set.root_index(root_rank)
     call = engine.submit("broadcast", [_as_bytes(tensor).reshape(-1)], name=name,
-                         sig=_sig([tensor]), root=root, finish=lambda _: result,
+                         tag=_tag([tensor]), root=root, finish=lambda _: result,
                          context=_stream([tensor]))
     return _handle(engine, call, name)
 
@@ -330,7 +329,7 @@ def _reducescatter_submit(tensors, name, op, process_set, prescale, postscale, r
     def finish(outs):
         _scale_(outs, my_post)
         return result(outs)
-    call = engine.submit("reduce_scatter", tensors, name=name, sig=_sig(tensors), op=gs_op,
+    call = engine.submit("reduce_scatter", tensors, name=name, tag=_tag(tensors), op=gs_op,
                          prescale=pre, postscale=post, out=outs, finish=finish,
                          context=_stream(tensors))
     return _handle(engine, call, name)
@@ -437,7 +436,7 @@ def _alltoall_submit(tensor, splits, name, process_set, with_counts):
         return (received, recv) if with_counts else received
     wire = _as_bytes(t)
     call = engine.submit("alltoall", [wire], name=name, send_counts=counts, finish=finish,
-                         sig=_sig([t], rows_may_differ=True), context=_stream([t]))
+                         tag=_tag([t], rows_may_differ=True), context=_stream([t]))
     return _handle(engine, call, name)
 
 
@@ -488,7 +487,7 @@ def join(device=-1):
 def barrier(process_set=global_process_set):
     """Waits until every rank of the set has called it."""
     engine = _engine(process_set)
-    engine.wait(engine.submit("barrier", [], sig=_barrier_sig))
+    engine.wait(engine.submit("barrier", []))
 
 
 state.set_zeros_factory(_zeros_on("cpu"))

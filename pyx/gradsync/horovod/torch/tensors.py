@@ -1,42 +1,22 @@
 """Torch tensors as the engine (gradsync.horovod.engine) takes them: the
-signature tensors of an operation's name in the tensors' memory, the
-caller's CUDA stream on the executor thread, byte views of dtypes gradsync
-does not reduce, and the zeros a joined rank contributes."""
+call tag of an operation's name and shapes, the caller's CUDA stream on the
+executor thread, byte views of dtypes gradsync does not reduce, and the
+zeros a joined rank contributes."""
 import torch
-
-from gradsync.horovod.calls import signature_dtypes
 
 _WIRE = (torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.uint8,
          torch.int32, torch.int64)
 _TORCH_DTYPES = {str(d).rsplit(".", 1)[-1]: d for d in
                  _WIRE + (torch.int16, torch.bool, torch.complex64, torch.complex128)}
 
-_sig_cache = {}               # (name, device) -> signature tensors
 
-
-def _sig(tensors, rows_may_differ=False):
-    """The engine's signature maker for these tensors: zero-element tensors
-    (engine docstring) for the operation's full name and its tensors' shapes
-    (without dim 0 where it may differ by rank): gradsync compares element
-    counts, Horovod compares shapes too. In the tensors' memory; cached."""
+def _tag(tensors, rows_may_differ=False):
+    """The engine's tag maker for these tensors (engine docstring): the
+    operation's full name and its tensors' shapes (without dim 0 where it
+    may differ by rank), since gradsync compares element counts and Horovod
+    compares shapes too."""
     shapes = tuple(tuple(t.shape[1:]) if rows_may_differ else tuple(t.shape) for t in tensors)
-    device = tensors[0].device if tensors else None
-
-    def build(full):
-        return [torch.empty(0, dtype=_TORCH_DTYPES[dt.name], device=device)
-                for dt in signature_dtypes(repr((full, shapes)))]
-
-    def make(full):
-        if ".noname." in full:  # a name of its own per call: a cache would only grow
-            return build(full)
-        key = (full, device, shapes)
-        sig = _sig_cache.get(key)
-        if sig is None:
-            if len(_sig_cache) > 4096:
-                _sig_cache.clear()
-            sig = _sig_cache[key] = build(full)
-        return sig
-    return make
+    return lambda full: repr((full, shapes))
 
 
 def _stream(tensors):
@@ -72,7 +52,3 @@ def _from_bytes(out, like):
     if like.dtype in _WIRE:
         return out
     return out.view(like.dtype).reshape((-1,) + tuple(like.shape[1:]))
-
-
-def _barrier_sig(full):
-    return [torch.empty(0, dtype=_TORCH_DTYPES[dt.name]) for dt in signature_dtypes(full)]

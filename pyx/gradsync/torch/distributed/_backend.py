@@ -22,7 +22,6 @@ import torch
 import torch.distributed as dist
 
 import gradsync as gs
-from gradsync import _core
 from gradsync.torch.distributed import _compile, _monitored, _sparse, _work
 from gradsync.torch.distributed._rooted import RootedAndPointToPoint
 from gradsync.torch.distributed._tensors import (
@@ -93,7 +92,6 @@ class ProcessGroupGradsync(RootedAndPointToPoint, dist.ProcessGroup):
         self._name, self._desc = "", ""
         self._seq = 0  # collectives started: torch's sequence number for the group
         self._started = itertools.count(1)  # next() is atomic: no lock on the hot path
-        self._last = None  # the latest asynchronous Work
         self._free_tags = _monitored.tags(comm)[0]  # user tags below; monitored_barrier's above
         seconds = _seconds(timeout)
         if seconds and not os.environ.get("GRADSYNC_TIMEOUT_SECONDS"):
@@ -135,9 +133,7 @@ class ProcessGroupGradsync(RootedAndPointToPoint, dist.ProcessGroup):
             with self._limit(_seconds(getattr(opts, "timeout", None)), what):
                 blocking()
             return _work.done(result, finish)
-        work = _work.Work(asynchronous(), result, finish, what=what, limit=self.comm.timeout)
-        self._last = work
-        return work
+        return _work.Work(asynchronous(), result, finish, what=what, limit=self.comm.timeout)
 
     def _count(self):
         self._seq = next(self._started)
@@ -145,27 +141,19 @@ class ProcessGroupGradsync(RootedAndPointToPoint, dist.ProcessGroup):
     @contextlib.contextmanager
     def _limit(self, seconds, what):
         """Runs a blocking call under its own timeout ``seconds`` (None: the
-        group's); gradsync's timeouts leave in torch's words."""
+        group's), given to that call alone as a call option of this thread
+        (gs.call_options): the communicator, other threads and the calls
+        already queued keep theirs. gradsync's timeouts leave in torch's
+        words."""
         own = seconds is not None and seconds != _seconds(self._timeout)
-        if own:  # what is queued before it finishes under the group's limit
-            self._settle()
-            saved = self.comm.timeout
-            self.comm.timeout = max(seconds, 1e-6)
         try:
-            yield
-        except gs.TimeoutError as exc:
-            limit = seconds if own else self.comm.timeout
-            raise _work.torch_error(exc, what, limit) from exc
-        finally:
             if own:
-                self.comm.timeout = saved
-
-    def _settle(self):
-        """Waits for the latest asynchronous call (its errors are its Work's)."""
-        last, self._last = self._last, None
-        if last is not None:
-            with contextlib.suppress(Exception):
-                last.wait()
+                with gs.call_options(timeout=max(seconds, 1e-6)):
+                    yield
+            else:
+                yield
+        except gs.TimeoutError as exc:
+            raise _work.torch_error(exc, what, seconds if own else self.comm.timeout) from exc
 
     # ---- the direct path ----------------------------------------------------
     # The common calls (one dense tensor gradsync takes as it is, blocking,
@@ -288,7 +276,7 @@ class ProcessGroupGradsync(RootedAndPointToPoint, dist.ProcessGroup):
     def _allgather_base(self, output, input, opts=None):
         if self._now(opts) and _direct(input) and _direct(output) and \
                 output.dtype == input.dtype and output.numel() == input.numel() * self.comm.size:
-            self._blocking("allgather", _core.allgatherv, self.comm.handle, _bare(input),
+            self._blocking("allgather", self.comm.handle.allgatherv, _bare(input),
                            output.detach().reshape(-1), [input.numel()] * self.comm.size, False)
             return _work.finished([output])
         return self._allgather_flat(opts or dist.AllgatherOptions(), [input], [output],
@@ -361,7 +349,7 @@ class ProcessGroupGradsync(RootedAndPointToPoint, dist.ProcessGroup):
                 output.dtype == input.dtype and input.numel() == output.numel() * self.comm.size:
             op = _direct_op(opts.reduceOp)
             if op is not None:
-                self._blocking("reduce_scatter", _core.reduce_scatter_into, self.comm.handle,
+                self._blocking("reduce_scatter", self.comm.handle.reduce_scatter_into,
                                input.detach().reshape(-1), output.detach().reshape(-1),
                                [input.numel()], op, 1.0, 1.0, False)
                 return _work.finished([output])
