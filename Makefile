@@ -116,8 +116,11 @@ all: build
 deps:
 	@sh scripts/install_deps.sh
 
+# Objects by content (scripts/object_cache.py): the in-place build fills it,
+# make test's wheel build (test-installed) reuses what it can.
+OBJECT_CACHE ?= $(CURDIR)/build/object-cache
 build: deps
-	$(PYTHON) setup.py -q build_ext --inplace
+	GRADSYNC_OBJECT_CACHE=$(OBJECT_CACHE) $(PYTHON) setup.py -q build_ext --inplace
 	@$(PYTHON) -c "import gradsync" || { echo "gradsync: the built package does not import"; exit 1; }
 
 tests/c/bin/%: tests/c/%.c $(LIB) tests/c/gs_test.h
@@ -155,7 +158,7 @@ c-tests: build $(C_TESTS) $(C_EXAMPLES) tests/c/bin/test_cuda_pieces
 # since 3 and 4 ranks would repeat them on the same two cores (about 100 s
 # of make test).
 PROCESS_LOCAL_TESTS = test_kernels test_gpu_session test_gpu_visible test_import_check \
-    test_no_shadowing test_nccl_bundle test_dlpack test_timeline test_tmp_dirs
+    test_no_shadowing test_nccl_bundle test_dlpack test_timeline test_tmp_dirs test_object_cache
 py-tests: build
 	@for n in $(NP_LIST); do \
 	    echo "== pytest at $$n ranks"; \
@@ -365,7 +368,8 @@ test-installed: build
 	    sh scripts/test_installed.sh
 
 # In `make test`, test-installed's `pip wheel .` (2.5 minutes of compiling
-# here) starts right after the in-place build, in the background and niced,
+# here, seconds when it finds the in-place build's objects in OBJECT_CACHE)
+# starts right after the in-place build, in the background and niced,
 # in a process group of its own (the run folder's watcher ends it if make
 # stops first): it takes the core that the one-process tiers leave idle, and
 # test-installed waits for its wheel instead of building then.
@@ -373,7 +377,7 @@ INSTALLED_WHEEL = $(TEST_RUN_DIR)/installed-wheel
 installed-wheel-start: build
 	@[ -n "$(TEST_RUN_DIR)" ] || { echo "installed-wheel-start: part of make test only"; exit 1; }
 	@mkdir -p $(INSTALLED_WHEEL) && echo "== test-installed: pip wheel . started in the background"
-	@setsid nice -n 10 sh scripts/test_installed.sh wheel $(INSTALLED_WHEEL) \
+	@GRADSYNC_OBJECT_CACHE=$(OBJECT_CACHE) setsid nice -n 10 sh scripts/test_installed.sh wheel $(INSTALLED_WHEEL) \
 	    </dev/null >$(INSTALLED_WHEEL)/log 2>&1 & echo $$! > $(TEST_RUN_DIR)/.run/installed-wheel.pgid
 
 cluster-smoke: build

@@ -29,6 +29,7 @@ from setuptools.command.build_ext import build_ext
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(ROOT, "scripts"))
+import object_cache  # noqa: E402  (GRADSYNC_OBJECT_CACHE: scripts/object_cache.py)
 from gradsync_build import (  # noqa: E402  (the build's configuration: scripts/gradsync_build.py)
     NCCL_WHEEL,
     cuda_archs,
@@ -46,6 +47,9 @@ from gradsync_build import (  # noqa: E402  (the build's configuration: scripts/
 INCLUDE = os.path.join(ROOT, "include")
 SRC = os.path.join(ROOT, "src")
 OBJ_DIR = os.path.join(ROOT, "build", "objects")
+# Objects reused by content (scripts/object_cache.py): make's in-place build
+# and make test's wheel build share build/object-cache; unset, no cache.
+CACHE = os.environ.get("GRADSYNC_OBJECT_CACHE") or None
 C_FLAGS = ["-O3", "-g", "-fPIC", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
            "-fvisibility=hidden", "-fno-fast-math", "-ffp-contract=off", "-fopenmp",
            "-DGS_BUILDING_LIBRARY"]
@@ -95,10 +99,20 @@ class BuildWithRuntime(build_ext):
             return link(*args, **kwargs)
 
         self.compiler.link = link_after_the_library
+        compile_one = self.compiler._compile  # distutils' one compile, stable across versions
+
+        def cached(obj, src, ext, cc_args, extra_postargs, pp_opts):
+            cmd = list(self.compiler.compiler_so) + cc_args + [src, "-o", obj] + extra_postargs
+            object_cache.run(cmd, CACHE, ROOT, lambda _: compile_one(
+                obj, src, ext, cc_args, extra_postargs, pp_opts))
+
+        if CACHE:  # the extension's compile through the object cache too
+            self.compiler._compile = cached
         try:
             super().build_extension(ext)
         finally:
             self.compiler.link = link
+            self.compiler._compile = compile_one
 
     def build_library(self, mpicc, pkg_dir):
         """Builds libgradsync.so into pkg_dir unless it is up to date;
@@ -217,13 +231,19 @@ def run_all(commands):
     for cmd in commands:
         os.makedirs(os.path.dirname(cmd[-1]), exist_ok=True)
 
-    def run(cmd):
+    def spawn(cmd):
         print(" ".join(cmd), flush=True)
         subprocess.check_call(cmd)
+
+    def run(cmd):
+        if object_cache.run(cmd, CACHE, ROOT, spawn):
+            print(f"{cmd[-1]}: from the object cache", flush=True)
 
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         for done in [pool.submit(run, cmd) for cmd in commands]:
             done.result()  # raises the first failure
+    if CACHE:
+        object_cache.prune(CACHE)
 
 
 # The mpich wheel gradsync builds and runs with: below 5, since MPICH 5.0.x
