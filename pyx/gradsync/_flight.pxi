@@ -148,6 +148,8 @@ def flight_record_dir(path=None):
 
 
 def flight_record_capacity():
+    """Entries the flight recorder's ring holds (GRADSYNC_FLIGHT_ENTRIES; 0:
+    the recorder is off)."""
     return gs_flight_capacity()
 
 

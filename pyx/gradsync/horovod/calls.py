@@ -43,7 +43,7 @@ class Call:
         self.done = threading.Event()
         self.observed = False
         self.submitted = time.monotonic()
-        self.site = gs._core.flight_site_here()  # the submitting line, for the record
+        self.site = gs.flight_site_here()  # the submitting line, for the record
 
     def describe(self):
         """What a rank that joined needs to take part: kind, arguments, the

@@ -224,9 +224,9 @@ class Engine(NegotiationRounds):
         deadline = time.monotonic() + self.GRACE_SECONDS
         for call in running:
             call.done.wait(max(0.0, deadline - time.monotonic()))
-        gs._core.abandon_waits(thread.ident)
+        gs.abandon_waits(thread.ident)
         thread.join(timeout=10.0)
-        gs._core.abandon_waits(thread.ident, False)
+        gs.abandon_waits(thread.ident, False)
         for call in running:
             self._finish(call, error=ShutdownError(f"{call}: {why}"))
 
@@ -236,7 +236,7 @@ class Engine(NegotiationRounds):
 
     # ---- the executor thread ----------------------------------------------------
     def _executor(self):
-        gs._core.flight_use_site(-1)  # its negotiation calls have no user line
+        gs.flight_use_site(-1)  # its negotiation calls have no user line
         try:
             while True:
                 with self._cv:
@@ -286,7 +286,7 @@ class Engine(NegotiationRounds):
             call.state = _RUNNING
         # the flight record names the line that submitted it (the rounds' own
         # collectives, none)
-        gs._core.flight_use_site(call.site if mine else -1)
+        gs.flight_use_site(call.site if mine else -1)
         try:
             ctx = call.context() if (mine and call.context is not None) else None
             with gs.call_options(tag=call.tag):
@@ -328,7 +328,7 @@ class Engine(NegotiationRounds):
 
             def alloc(array, shape):
                 made.append(outs[len(made)] if len(made) < len(outs)
-                            else gs._core.empty_like(array, shape))
+                            else gs.empty_like(array, shape))
                 return made[-1]
             comm._reduce_scatter(a, args["op"], args["prescale"], args["postscale"], alloc)
             return outs[:len(a)]

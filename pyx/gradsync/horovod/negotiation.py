@@ -62,7 +62,7 @@ class NegotiationRounds:
         return out
 
     def _round(self):
-        gs._core.flight_use_site(-1)  # the round's own collectives have no user line
+        gs.flight_use_site(-1)  # the round's own collectives have no user line
         with self._cv:
             queued = [c for c in self._queue if c.state == _QUEUED]
         join_call = next((c for c in queued if c.kind == "join"), None)

@@ -29,7 +29,7 @@ def write(set_ranks, calls, reason):
     """Dumps this rank's flight record with ``calls`` (queued, not run)
     added; returns the file, or None with the recorder off or the dump
     refused (said once as a warning: a stall report must not end the job)."""
-    if gs._core.flight_record_capacity() <= 0:
+    if gs.flight_record_capacity() <= 0:
         return None
     try:
         path = gs.dump_flight_record(reason)
