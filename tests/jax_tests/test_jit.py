@@ -363,7 +363,9 @@ def test_a_stopped_rank_times_out_inside_jit(capfd):
             if WORLD.rank != late:
                 assert isinstance(raised, gs.TimeoutError), repr(raised)
                 assert "allreduce inside jax.jit" in str(raised)
-                assert "GRADSYNC_TIMEOUT_SECONDS" in str(raised)
+                # its own limit, or a peer's notice that it ran out first
+                assert ("GRADSYNC_TIMEOUT_SECONDS" in str(raised)
+                        or "took longer than its timeout" in str(raised)), str(raised)
             with pytest.raises(gs.Error, match="unusable"):
                 f(jnp.ones(3))
     finally:

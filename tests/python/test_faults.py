@@ -58,7 +58,11 @@ def test_stopped_rank_times_out_everywhere(timeout):
             if WORLD.rank != late:
                 assert raised is not None, "a rank waiting on a stopped one must time out"
                 assert isinstance(raised, TimeoutError)  # the builtin too
-                assert "GRADSYNC_TIMEOUT_SECONDS" in str(raised) and "validation" in str(raised)
+                # its own limit, or a peer that ran out first said so (ranks
+                # sharing a host tell each other: "rank N gave up ...")
+                assert ("GRADSYNC_TIMEOUT_SECONDS" in str(raised)
+                        or "took longer than its timeout" in str(raised)), str(raised)
+                assert "validation" in str(raised)
                 # the message names the collective the ranks were meeting for
                 assert re.search(r"allreduce \(call #\d+\): validation exchange", str(raised))
                 # no earlier than the timeout; long before the stopped rank's
