@@ -17,6 +17,7 @@ cdef class Request:
     cdef gs_request_t req
     cdef TensorList keep   # the arrays' descriptors and owners
     cdef object keep_also  # a second call argument's (outputs), or None
+    cdef object comm       # the Comm it runs on: freed after its requests, never before
     cdef object result     # what wait() returns
     cdef bint finished
     cdef bint on_cuda

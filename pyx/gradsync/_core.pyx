@@ -374,8 +374,11 @@ cdef class Comm(_CommExchange):
     cdef Request async_request(self, tensors, str call):
         """A Request holding the arrays of an in-place asynchronous call,
         converted and checked; the caller submits it."""
+        cdef Request r
         with self.converting:
-            return new_request(arguments(tensors, "tensors", True, call), tensors)
+            r = new_request(arguments(tensors, "tensors", True, call), tensors)
+        r.comm = self  # freed after its requests (pending() says why)
+        return r
 
     cdef gs_op_t async_op(self, op, adasum) except *:
         with self.converting:

@@ -36,9 +36,10 @@ cdef TensorList optional_arguments(object objs, str name, bint writable,
     return None if objs is None else arguments(objs, name, writable, None, None, after)
 
 
-cdef Request pending(TensorList a, TensorList b, object result):
+cdef Request pending(_CommHandle c, TensorList a, TensorList b, object result):
     cdef Request r = new_request(a, result)
     r.keep_also = b
+    r.comm = c  # a request outliving its communicator's object would wait on freed state
     return r
 
 
@@ -80,7 +81,7 @@ cdef class _CommExchange(_CommHandle):
             s = as_counts(send_counts, tin.n * size, "send_counts")
             r = as_counts(recv_counts, tin.n * size, "recv_counts")
         if run_async:
-            req = pending(tin, tout, result)
+            req = pending(self, tin, tout, result)
             CHKERR(gs_alltoallv_async(h, tin.t, tout.t, tin.n, &s[0], &r[0], &req.req))
             return req
         with nogil:
@@ -100,7 +101,7 @@ cdef class _CommExchange(_CommHandle):
             k = as_counts(counts, tin.n * comm_size(self), "counts")
         cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
         if run_async:
-            req = pending(tin, tout, result)
+            req = pending(self, tin, tout, result)
             CHKERR(gs_gatherv_async(h, tin.t, po, tin.n, &k[0], root, &req.req))
             return req
         with nogil:
@@ -120,7 +121,7 @@ cdef class _CommExchange(_CommHandle):
             k = as_counts(counts, tout.n * comm_size(self), "counts")
         cdef const gs_tensor_t *pi = tin.t if tin is not None else NULL
         if run_async:
-            req = pending(tout, tin, result)
+            req = pending(self, tout, tin, result)
             CHKERR(gs_scatterv_async(h, pi, tout.t, tout.n, &k[0], root, &req.req))
             return req
         with nogil:
@@ -140,7 +141,7 @@ cdef class _CommExchange(_CommHandle):
             tout = optional_arguments(outputs, "out", True, tin)
         cdef const gs_tensor_t *po = tout.t if tout is not None else NULL
         if run_async:
-            req = pending(tin, tout, result)
+            req = pending(self, tin, tout, result)
             CHKERR(gs_reduce_async(h, tin.t, po, tin.n, cop, prescale, postscale, root, &req.req))
             return req
         with nogil:
@@ -158,7 +159,7 @@ cdef class _CommExchange(_CommHandle):
             tout = arguments(outputs, "out", True, None, None, tin)
             k = as_counts(counts, tin.n * comm_size(self), "counts")
         if run_async:
-            req = pending(tin, tout, result)
+            req = pending(self, tin, tout, result)
             CHKERR(gs_allgatherv_async(h, tin.t, tout.t, tin.n, &k[0], &req.req))
             return req
         with nogil:
@@ -179,7 +180,7 @@ cdef class _CommExchange(_CommHandle):
             tout = arguments(outputs, "out", True, None, None, tin)
             k = as_counts(rows, tin.n, "rows")
         if run_async:
-            req = pending(tin, tout, result)
+            req = pending(self, tin, tout, result)
             CHKERR(gs_reduce_scatter_async(h, tin.t, tout.t, tin.n, &k[0], cop, prescale,
                                            postscale, &req.req))
             return req
@@ -199,6 +200,7 @@ cdef class _CommExchange(_CommHandle):
         cdef Request req
         if run_async:
             req = new_request(tl, result)
+            req.comm = self
             CHKERR(gs_isend(h, tl.t, tl.n, dest, tag, &req.req))
             return req
         with nogil:
@@ -212,6 +214,7 @@ cdef class _CommExchange(_CommHandle):
         cdef Request req
         if run_async:
             req = new_request(tl, result)
+            req.comm = self
             CHKERR(gs_irecv(h, tl.t, tl.n, source, tag, &req.req))
             return req
         with nogil:
@@ -227,6 +230,7 @@ cdef class _CommExchange(_CommHandle):
         cdef int source = -1
         if run_async:
             req = new_request(tl, result)
+            req.comm = self
             CHKERR(gs_irecv_any(h, tl.t, tl.n, tag, &req.source, &req.req))
             return req
         with nogil:

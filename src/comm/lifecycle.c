@@ -215,7 +215,9 @@ static void keep_abandoned(gs_comm_t c, gs_comm_t *comm) {
          "freeing a communicator abandoned after %s: its MPI "
          "communicators and buffers are kept",
          gs_status_string(c->fate.broken));
-  c->magic = 0;
+  /* volatile: a plain store before free() is a dead store the compiler may drop,
+   * and a stale handle would then still pass gs_comm_valid */
+  *(volatile uint32_t *)&c->magic = 0;
   abandoned_keep(c);
   *comm = NULL;
 }
@@ -245,7 +247,9 @@ static gs_status_t comm_free_impl(gs_comm_t *comm) {
     MPI_Comm_free(&c->mpi);
   }
   gs_buffers_free(c);
-  c->magic = 0;
+  /* volatile: a plain store before free() is a dead store the compiler may drop,
+   * and a stale handle would then still pass gs_comm_valid */
+  *(volatile uint32_t *)&c->magic = 0;
   free(c);
   *comm = NULL;
   return s;
