@@ -16,6 +16,7 @@ from gradsync import _core  # noqa: E402
 
 _check_same_mpi(MPI, _core)
 
+from gradsync import elastic  # noqa: E402
 from gradsync._core import (  # noqa: E402
     ArgumentError,
     ClosedError,
@@ -104,7 +105,7 @@ __all__ = [
     "DtypeError", "Error", "ErrorFeedback", "JoinError", "MismatchError", "Op", "PeerLostError",
     "Request", "Partition", "ShardLayout", "TimeoutError", "UnsupportedError", "WIRES",
     "abandon_waits", "accumulate_", "accumulate_v2_", "all_finite", "bfloat16", "build_info",
-    "call_options", "dump_flight_record", "empty_like", "flight_on_signal",
+    "call_options", "dump_flight_record", "elastic", "empty_like", "flight_on_signal",
     "flight_record_capacity", "flight_record_dir", "flight_site_here", "flight_stacks",
     "flight_use_site", "get_include",
     "get_library_dir", "init", "scale_", "set_timeout",

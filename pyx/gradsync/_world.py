@@ -16,6 +16,7 @@ and every failure is told to the group (a broadcast) and to the other groups
 waiting in MPI_Comm_accept for a peer that will not come.
 """
 import os
+import socket
 import time
 
 from mpi4py import MPI  # gradsync/__init__ loads it first, at gradsync's thread level
@@ -27,9 +28,12 @@ from gradsync import _core
 LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMIX_RANK", "PMIX_NAMESPACE",
                  "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "HYDRA_CONTROL_FD")
 _POLL_SECONDS = 0.005
+_WATCH_SECONDS = 0.05  # how often a join's waits ask whether a member is gone
+
 
 _world = None          # the joined intracommunicator, or None: MPI_COMM_WORLD
 _generation = 0        # joins started in this process: a retry uses fresh keys
+_joined = None         # how _world was joined: (store, generation, rank, size, timeout)
 
 
 def mpi_launched():
@@ -62,11 +66,13 @@ class _Rendezvous:
     every wait against one deadline, and an abort key that fails the others
     fast once one rank knows the join cannot finish."""
 
-    def __init__(self, store, rank, size, timeout, generation):
+    def __init__(self, store, rank, size, timeout, generation, watch=None):
         self.store, self.rank, self.size = store, rank, size
         self.timeout = timeout
         self.deadline = time.monotonic() + timeout
         self.prefix = f"gradsync/join/{generation}/"
+        self.watch = watch  # None, or a call naming a member that is gone (else None)
+        self.watched = 0.0
 
     def key(self, name):
         return self.prefix + name
@@ -96,8 +102,16 @@ class _Rendezvous:
                 raise JoinError(bytes(self.store.get(self.key("abort"))).decode())
             if self._has(name):
                 return bytes(self.store.get(self.key(name)))
-            if time.monotonic() > self.deadline:
+            now = time.monotonic()
+            if now > self.deadline:
                 raise JoinError(self._late(waiting_for))
+            if self.watch is not None and now - self.watched > _WATCH_SECONDS:
+                self.watched = now
+                gone = self.watch()
+                if gone:  # the join cannot finish: say so to the others too
+                    message = f"gradsync join: waiting for {waiting_for}: {gone}"
+                    self.abort(message)
+                    raise JoinError(message)
             time.sleep(_POLL_SECONDS)
 
     def same_size(self, peer):
@@ -193,22 +207,25 @@ def check_can_join():
             "with mpiexec/srun instead of torchrun")
 
 
-def _leader_step(rdv, comm, work):
-    """Runs ``work()`` on comm's rank 0 and shares its result, or its
-    failure, with the whole group: every member returns or raises together."""
-    result, error = None, None
-    if comm.Get_rank() == 0:
-        try:
-            result = work()
-        except JoinError as e:
-            error = str(e)
-        except Exception as e:  # noqa: BLE001 (an MPI or store error: told to the group)
-            error = f"gradsync join: rank {rdv.rank}: {type(e).__name__}: {e}"
-        if error is not None:
-            rdv.abort(error)
-    result, error = comm.bcast((result, error), root=0)
+def _leader_step(rdv, comm, work, name):
+    """Runs ``work()`` (which returns str) on comm's rank 0 and shares its
+    result, or its failure, with the whole group through the store (key
+    ``name``): every member returns or raises together, and a member waits
+    in the store, where the join's watch sees a lost leader, not in MPI."""
+    if comm.Get_rank() != 0:
+        return rdv.get(name, f"the leader of ranks {rdv.rank - comm.Get_rank()}..").decode()
+    error = None
+    try:
+        result = work()
+    except JoinError as e:
+        error = str(e)
+    except Exception as e:  # noqa: BLE001 (an MPI or store error: told to the group)
+        error = f"gradsync join: rank {rdv.rank}: {type(e).__name__}: {e}"
     if error is not None:
+        rdv.abort(error)  # the group's get() raises it
         raise JoinError(error)
+    if comm.Get_size() > 1:
+        rdv.set(name, result.encode())
     return result
 
 
@@ -237,15 +254,19 @@ def _merge_round(rdv, comm, k):
                     MPI.Close_port(opened)  # no one will connect: closed here
                     raise
                 return opened
-            port = _leader_step(rdv, comm, publish_and_wait)
+            port = _leader_step(rdv, comm, publish_and_wait, name + "/accepting")
             inter = comm.Accept(port if comm.Get_rank() == 0 else None, root=0)
         else:
             def fetch():
-                rdv.set(name + "/ready", b"1")
                 opened = rdv.get(name + "/port", f"rank {peer}'s port in round {k}").decode()
                 rdv.same_size(peer)
+                # said last, just before MPI_Comm_connect: the acceptor enters
+                # MPI_Comm_accept (which no timeout ends) only now, so a rank
+                # lost during a shrink's join leaves it blocked only if it
+                # dies within the connect itself
+                rdv.set(name + "/ready", b"1")
                 return opened
-            port_name = _leader_step(rdv, comm, fetch)
+            port_name = _leader_step(rdv, comm, fetch, name + "/connecting")
             inter = comm.Connect(port_name if comm.Get_rank() == 0 else None, root=0)
     except MPI.Exception as e:
         library = MPI.Get_library_version().strip().splitlines()[0]
@@ -262,20 +283,27 @@ def _merge_round(rdv, comm, k):
         inter.Disconnect()
 
 
-def join(store, rank, size, timeout=None):
+def join(store, rank, size, timeout=None, *, generation=None, watch=None):
     """Joins ``size`` singleton processes into one intracommunicator through
     ``store`` (a torch.distributed.Store, or any object with set, get and
     check as torch's have); returns it, ranked as ``rank`` says. Collective:
-    every rank calls it. JoinError names what was missing when it fails."""
-    global _world, _generation
+    every rank calls it. JoinError names what was missing when it fails.
+    ``generation`` names the join's keys in the store (default: a count of
+    this process's joins); ``watch``, called while a wait lasts, names a
+    member that is gone (the join then fails at once, not at the timeout)."""
+    global _world, _generation, _joined
     rank, size = int(rank), int(size)
     if not 0 <= rank < size:
         raise ValueError(f"rank must be in [0, {size}), got {rank}")
     check_can_join()
     timeout = _timeout() if timeout is None else float(timeout)
     _generation += 1
-    rdv = _Rendezvous(store, rank, size, timeout, _generation)
+    generation = _generation if generation is None else generation
+    rdv = _Rendezvous(store, rank, size, timeout, generation, watch)
     rdv.claim()
+    # where this process lives, for a later shrink to tell a lost member
+    # from a slow one (_shrink.py)
+    rdv.set(f"proc/{rank}", f"{socket.gethostname()} {os.getpid()}".encode())
     rdv.set(f"arrived/{rank}", str(size).encode())
     comm = MPI.COMM_SELF.Dup()
     try:
@@ -289,13 +317,16 @@ def join(store, rank, size, timeout=None):
         if (comm.Get_rank(), comm.Get_size()) != (rank, size):
             raise JoinError(f"gradsync join: rank {rank} of {size} came out rank "
                             f"{comm.Get_rank()} of {comm.Get_size()}")
-        sizes = comm.allgather(size)
+        # from the store, not an MPI allgather: a member lost now ends a
+        # wait in the store (the watch), where MPI would wait for ever
+        sizes = [int(rdv.get(f"arrived/{r}", f"rank {r}'s arrival")) for r in range(size)]
         if len(set(sizes)) > 1:
             raise JoinError(f"gradsync join: the ranks disagree on WORLD_SIZE: {sizes}")
     except BaseException:
         comm.Free()
         raise
     _world = comm
+    _joined = (store, generation, rank, size, timeout)
     _core.Comm.set_world(comm)  # flight records name ranks of this world, not of a singleton's
     return comm
 

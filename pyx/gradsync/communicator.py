@@ -58,10 +58,13 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
             if stall_seconds is not None and stall < 0:
                 raise ValueError(f"stall_seconds must be >= 0, got {stall_seconds}")
             _handle = _core.Comm.create(mpi_comm, threshold, -1, stall)
+            self._stall_seconds = stall_seconds
         self.handle = _handle
         self.handle.adasum = adasum
         (self.rank, self.size, self.local_rank, self.local_size, _,
          self.check) = self.handle.info()
+        # over gradsync's world itself (the one shrink() remakes): its ranks are the world's
+        self._world_ranks = range(self.size) if mpi_comm is _world.world() else None
 
     # ---- life cycle -------------------------------------------------------
     def close(self):
@@ -71,6 +74,35 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
     @property
     def closed(self):
         return self.handle.closed
+
+    def shrink(self, lost=None):
+        """A new Communicator over the ranks still alive, ranked in their old
+        order, once one was lost (gs.PeerLostError); this one is closed.
+        Collective over the survivors: every one calls it, and they agree on
+        who is left (the same answer on each, even when another rank dies
+        meanwhile). ``lost``: the PeerLostError caught, or the ranks it named
+        (a hint; the survivors find the rest). The new one keeps this one's
+        fusion threshold, stall warning, timeout and Adasum mode, and is
+        gradsync's world from now on. Needs a world joined from singletons
+        (torchrun, or gs.init with a store): elsewhere
+        gs.UnsupportedError (docs/GUIDE.md, "Losing a rank")."""
+        from gradsync import _shrink
+        if self._world_ranks is None:
+            raise _core.UnsupportedError(
+                "shrink: this communicator was made over an MPI communicator of the caller's "
+                "(Communicator(mpi_comm)), not over gradsync's world")
+        ranks = getattr(lost, "ranks", lost) or ()
+        threshold, timeout = self.fusion_threshold, self.timeout
+        world = _shrink.shrink_world([self._world_ranks[r] for r in ranks])
+        self.close()  # abandoned: its MPI communicators and buffers are kept, not freed
+        new = Communicator(world, fusion_threshold=threshold,
+                           stall_seconds=getattr(self, "_stall_seconds", None),
+                           adasum=self.handle.adasum)
+        new.timeout = timeout
+        global _default
+        if _default is self:  # the adapters' shared one follows
+            _default = new
+        return new
 
     def __enter__(self):
         return self

@@ -4,6 +4,7 @@ others down with it). Imported by those processes, so it imports no MPI."""
 import ctypes
 import os
 import struct
+import time
 
 
 class DirStore:
@@ -27,6 +28,27 @@ class DirStore:
 
     def check(self, keys):
         return all(os.path.exists(self._file(k)) for k in keys)
+
+    def compare_set(self, key, expected, desired):
+        """torch's Store.compare_set: ``desired`` is set when the value is
+        ``expected`` (b"" also when there is none); returns the value after.
+        Atomic across processes: a lock file made with O_EXCL."""
+        lock = self._file(key) + ".lock"
+        while True:
+            try:
+                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+                break
+            except FileExistsError:
+                time.sleep(0.001)
+        try:
+            current = self.get(key) if os.path.exists(self._file(key)) else b""
+            if current == expected:
+                self.set(key, desired)
+                current = desired
+            return current
+        finally:
+            os.close(fd)
+            os.unlink(lock)
 
 
 def deny_process_vm_readv():

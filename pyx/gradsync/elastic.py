@@ -1,0 +1,128 @@
+"""Training that goes on when a rank is lost (docs/GUIDE.md, "Losing a rank";
+docs/DESIGN.md section 16).
+
+    state = gs.elastic.State(weights=w, step=0)
+
+    def train(state, comm):
+        while state.step < steps:
+            g = gradient(state.weights, gs.elastic.shard(data, comm))
+            comm.allreduce_(g, op="average")
+            state.weights -= lr * g
+            state.step += 1
+            state.commit()              # a step boundary: what a loss goes back to
+        return state.weights
+
+    weights = gs.elastic.run(train, state)
+
+When a peer is lost (``gs.PeerLostError``), ``run`` shrinks the
+communicator to the survivors (``Communicator.shrink``), puts the state back
+to its last commit, makes every survivor hold the lowest-ranked one's
+(a rank that completed the lost step and committed it and one that did not
+then agree), and calls ``train`` again with the new communicator. Nothing
+is written to a file: the commit lives in each survivor's memory.
+"""
+import pickle
+
+import numpy as np
+
+from gradsync import _core
+from gradsync.communicator import default_communicator
+
+
+def _is_array(value):
+    return isinstance(value, np.ndarray) or (hasattr(value, "copy_") and hasattr(value, "clone"))
+
+
+def _saved(value):
+    if isinstance(value, np.ndarray):
+        return value.copy()
+    if _is_array(value):  # a torch tensor
+        return value.detach().clone()
+    return pickle.loads(pickle.dumps(value))  # a deep copy that leaves nothing shared
+
+
+class State:
+    """What training must not lose, by name: arrays (NumPy, or torch
+    tensors: restored in place, so optimizers and models holding them see
+    the restored values) and plain values (numbers, lists, dicts: anything
+    picklable). Read and set them as attributes. ``commit()`` saves the
+    current values; ``restore()`` goes back to the last commit (made at
+    construction too); ``sync(comm)`` gives every rank rank 0's values."""
+
+    def __init__(self, **values):
+        object.__setattr__(self, "_values", dict(values))
+        object.__setattr__(self, "_commit", None)
+        object.__setattr__(self, "commits", 0)
+        self.commit()
+
+    def __getattr__(self, name):
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"the elastic State has no {name!r}") from None
+
+    def __setattr__(self, name, value):
+        if name not in self._values:
+            raise AttributeError(f"the elastic State has no {name!r} (give it to State(...))")
+        self._values[name] = value
+
+    def commit(self):
+        """Saves every value: a loss from now on comes back here."""
+        object.__setattr__(self, "_commit", {k: _saved(v) for k, v in self._values.items()})
+        object.__setattr__(self, "commits", self.commits + 1)
+
+    def restore(self):
+        """Every value as at the last commit (arrays in place)."""
+        for k, saved in self._commit.items():
+            value = self._values[k]
+            if isinstance(value, np.ndarray) and value.shape == saved.shape:
+                np.copyto(value, saved)
+            elif _is_array(value) and tuple(value.shape) == tuple(saved.shape):
+                value.copy_(saved)
+            else:
+                self._values[k] = _saved(saved)
+
+    def sync(self, comm):
+        """Every rank takes rank 0's values (arrays in place) and commits
+        them. Collective."""
+        arrays = [k for k, v in self._values.items() if _is_array(v)]
+        others = {k: v for k, v in self._values.items() if k not in arrays}
+        if arrays:
+            comm.broadcast_([self._values[k] for k in arrays], root=0)
+        blob = np.frombuffer(pickle.dumps(others), np.uint8) if comm.rank == 0 else None
+        length = np.array([0 if blob is None else blob.size], np.int64)
+        comm.broadcast_(length, root=0)
+        data = blob.copy() if blob is not None else np.empty(int(length[0]), np.uint8)
+        comm.broadcast_(data, root=0)
+        self._values.update(pickle.loads(data.tobytes()))
+        self.commit()
+
+
+def shard(items, comm):
+    """This rank's share of ``items`` (every size-th from its rank): what it
+    trains on in the world as it is now."""
+    return items[comm.rank::comm.size]
+
+
+def run(train, state, comm=None, *, on_change=None, max_losses=None):
+    """Calls ``train(state, comm)`` until it returns, and returns what it
+    returns. When a peer is lost: shrinks ``comm`` to the survivors,
+    restores ``state`` to its last commit, syncs it from the new rank 0,
+    calls ``on_change(comm)`` (rebuild what depends on the world: a DDP
+    model, a sampler) and calls ``train`` again. ``max_losses``: how many
+    losses to survive (None: while ranks remain); past it the
+    PeerLostError goes up. ``comm``: default, gradsync's world."""
+    comm = default_communicator(comm)
+    losses = 0
+    while True:
+        try:
+            state.sync(comm)
+            if losses and on_change is not None:
+                on_change(comm)
+            return train(state, comm)
+        except _core.PeerLostError as lost:
+            losses += 1
+            if max_losses is not None and losses > max_losses:
+                raise
+            comm = comm.shrink(lost)
+            state.restore()

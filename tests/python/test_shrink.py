@@ -1,0 +1,147 @@
+"""Losing a rank and training on (docs/DESIGN.md section 16, issue 48).
+
+Four processes joined by gs.init through a folder store (no launcher, so a
+killed one takes nobody with it) train with gradsync.elastic; rank 2 is
+SIGKILLed at a chosen step, between steps or while it waits inside a small
+(shared-region) or large (cross-memory) allreduce. The three survivors
+shrink, go back to their last commit and train on. Each prints its final
+weights and the members of every committed step; the test recomputes the
+weights from that history with NumPy (the gradients are whole numbers, so
+every order of summation gives the same float32 bits) and checks that the
+survivors agree bit for bit, that the loss came at the step it was made at
+(or the next, when the lost rank's contribution had reached them all), and
+that the survivors trained every step. A second kill while the
+survivors agree (rank 3, after it registered) leaves two. Under mpiexec,
+shrink raises UnsupportedError on every rank.
+"""
+import json
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+import gradsync as gs
+from gsutil import collectively, run_joined, shm_entries
+
+WORLD = MPI.COMM_WORLD
+STEPS = 6
+
+JOB = r"""
+import json, os, signal, sys, threading, time
+import numpy as np
+import gradsync as gs
+from gradsync import _shrink
+from joined import DirStore
+
+rank, store, mode, kill_step, n = (int(sys.argv[1]), DirStore(sys.argv[2]), sys.argv[3],
+                                   int(sys.argv[4]), int(sys.argv[5]))
+STEPS = %(steps)d
+gs.init(store, rank=rank, world_size=4)
+gs.set_timeout(60.0)  # far away: only the watch on the peers ends a wait soon
+
+if mode == "second" and rank == 3:  # dies once it has registered with the survivors
+    def decide_and_die(self, offer):
+        os.kill(os.getpid(), signal.SIGKILL)
+    _shrink._Agreement.decide = decide_and_die
+
+def grad(step, who):  # whole numbers: exact sums in float32, whatever the order
+    return ((step + 1) * (who + 1) + np.arange(n) %% 7).astype(np.float32)
+
+def train(state, comm):
+    members = [int(r) for r in comm.allgather(np.array([rank], np.int64))]
+    while state.step < STEPS:
+        g = grad(state.step, rank)
+        if rank == 2 and state.step == kill_step:
+            if mode in ("between", "second"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
+        elif state.step == kill_step and mode.startswith("inside"):
+            time.sleep(0.3)  # rank 2 waits inside the allreduce when it dies
+        comm.allreduce_(g)
+        state.w -= g
+        state.history.append(members)
+        state.step += 1
+        state.commit()
+    return state.w
+
+state = gs.elastic.State(w=np.zeros(n, np.float32), step=0, history=[])
+w = gs.elastic.run(train, state, gs.Communicator(stall_seconds=0))
+print("RESULT " + json.dumps({"rank": rank, "w": w.tobytes().hex(), "history": state.history}),
+      flush=True)
+os._exit(0)  # MPI_Finalize would wait for the lost ranks
+""" % {"steps": STEPS}
+
+one_rank = pytest.mark.skipif(WORLD.size > 1, reason="starts its own 4-process job")
+
+
+def _results(procs, outs, survivors):
+    got = {}
+    for r in survivors:
+        assert procs[r].returncode == 0, f"rank {r}:\n{outs[r][-4000:]}"
+        line = [ln for ln in outs[r].splitlines() if ln.startswith("RESULT ")]
+        assert line, f"rank {r}:\n{outs[r][-4000:]}"
+        got[r] = json.loads(line[-1][len("RESULT "):])
+    return got
+
+
+def _reference(history, n):
+    """The weights the history says: minus the sum over committed steps of
+    every member's gradient, in float64 (exact: whole numbers)."""
+    w = np.zeros(n)
+    for step, members in enumerate(history):
+        for who in members:
+            w -= (step + 1) * (who + 1) + np.arange(n) % 7
+    return w.astype(np.float32)
+
+
+@one_rank
+@pytest.mark.parametrize("mode,kill_step,n", [
+    ("between", 2, 1001),         # rank 2 dies before its step's allreduce
+    ("inside-small", 3, 1001),    # ... while it waits in a shared-region allreduce
+    ("inside-large", 1, 600001),  # ... in a cross-memory one (2.4 MB: past the slot)
+])
+def test_survivors_train_on_after_a_kill(tmp_path, mode, kill_step, n):
+    store = tmp_path / "store"
+    store.mkdir()
+    before = shm_entries()
+    procs, outs = run_joined(JOB, 4, {"GRADSYNC_TIMEOUT_SECONDS": "60",
+                                      "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")},
+                             args=(store, mode, kill_step, n), timeout=120)
+    assert procs[2].returncode == -9, outs[2][-4000:]
+    got = _results(procs, outs, (0, 1, 3))
+    history = got[0]["history"]
+    assert all(got[r]["history"] == history and got[r]["w"] == got[0]["w"] for r in (1, 3))
+    # the loss shows at the step rank 2 died in, or the next one when its
+    # contribution had reached every survivor before it died; every step trained
+    assert history in ([[0, 1, 2, 3]] * k + [[0, 1, 3]] * (STEPS - k)
+                       for k in (kill_step, kill_step + 1)), history
+    want = _reference(history, n)
+    assert bytes.fromhex(got[0]["w"]) == want.tobytes()
+    assert shm_entries() - before == set()
+
+
+@one_rank
+def test_a_second_loss_while_agreeing_leaves_two(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    procs, outs = run_joined(JOB, 4, {"GRADSYNC_TIMEOUT_SECONDS": "60",
+                                      "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")},
+                             args=(store, "second", 2, 33), timeout=120)
+    assert procs[2].returncode == -9 and procs[3].returncode == -9, outs[3][-4000:]
+    got = _results(procs, outs, (0, 1))
+    history = got[0]["history"]
+    assert got[1] == {**got[0], "rank": 1}
+    assert history == [[0, 1, 2, 3]] * 2 + [[0, 1]] * (STEPS - 2), history
+    assert bytes.fromhex(got[0]["w"]) == _reference(history, 33).tobytes()
+
+
+def test_shrink_under_an_mpi_launcher_raises_on_every_rank():
+    """The MPI library owns mpiexec's world: no rank can be dropped from it."""
+    comm = gs.Communicator()
+    try:
+        with collectively(comm, "shrink"):
+            with pytest.raises(gs.UnsupportedError, match="joined from MPI singletons"):
+                comm.shrink()
+        assert not comm.closed  # nothing was given up
+    finally:
+        comm.close()
