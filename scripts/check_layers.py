@@ -80,12 +80,13 @@ PYX = os.path.join(TOP, "pyx")
 # The Python package's layers, bottom first: (name, what, module prefixes).
 PY_LAYERS = [
     ("binding", "the Cython extension and what it needs: MPI start-up, gradsync's world (MPI's "
-     "or joined from singletons), argument helpers, ops",
-     ["gradsync._core", "gradsync._mpi", "gradsync._world", "gradsync._args", "gradsync.ops"]),
+     "or joined from singletons, and shrunk to its survivors), argument helpers, ops",
+     ["gradsync._core", "gradsync._mpi", "gradsync._world", "gradsync._shrink", "gradsync._args",
+      "gradsync.ops"]),
     ("compose", "classes over the binding: Communicator, its exchange collectives, arenas, "
-     "kernels, partitions, shard layouts",
+     "kernels, partitions, shard layouts, training across a lost rank",
      ["gradsync.exchange", "gradsync.communicator", "gradsync.arena", "gradsync.kernels",
-      "gradsync.partition", "gradsync.shard", "gradsync.wire"]),
+      "gradsync.partition", "gradsync.shard", "gradsync.wire", "gradsync.elastic"]),
     ("package", "import gradsync: the public names", ["gradsync"]),
     ("tools", "gsbench, the installed benchmark", ["gradsync.bench"]),
     ("front doors", "frameworks: JAX, torch (autograd, DistributedOptimizer, the "

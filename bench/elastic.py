@@ -1,0 +1,98 @@
+"""Time from a rank's SIGKILL to the survivors' first completed step.
+
+    python -m bench.elastic [--trials 10] [--ranks 4] [--elements 1000]
+
+Each trial starts ``--ranks`` processes joined by gs.init through a folder
+store (as tests/python/test_shrink.py does) that train with
+gradsync.elastic, one allreduce of ``--elements`` float32 a step, a commit
+after each. The last rank SIGKILLs itself at step 3, between steps; the
+survivors catch gs.PeerLostError, shrink, restore, sync and train on. Per
+trial: seconds from the kill (the killed rank's clock, CLOCK_MONOTONIC: one
+host) to the slowest survivor's first step completed in the new world, and
+the steps the survivors ran twice (lost work). Prints each trial and the
+median. A benchmark, not a test.
+"""
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+
+JOB = r"""
+import os, signal, sys, time
+import numpy as np
+import gradsync as gs
+from joined import DirStore
+
+rank, size, store, n = int(sys.argv[1]), int(sys.argv[2]), DirStore(sys.argv[3]), int(sys.argv[4])
+STEPS, KILL = 6, 3
+gs.init(store, rank=rank, world_size=size)
+runs = 0
+
+def train(state, comm):
+    global runs
+    while state.step < STEPS:
+        if rank == size - 1 and state.step == KILL:
+            print("KILL %.6f" % time.monotonic(), flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+        g = np.ones(n, np.float32)
+        comm.allreduce_(g)
+        runs += 1
+        if comm.size < size and not state.first:
+            print("FIRST %.6f" % time.monotonic(), flush=True)
+            state.first = True
+        state.w -= g
+        state.step += 1
+        state.commit()
+
+state = gs.elastic.State(w=np.zeros(n, np.float32), step=0, first=False)
+gs.elastic.run(train, state, gs.Communicator(stall_seconds=0))
+print("RERUN %d" % (runs - STEPS), flush=True)
+os._exit(0)
+"""
+
+
+def trial(ranks, elements):
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ)
+    env = {k: v for k, v in env.items() if not k.startswith(("PMI_", "PMIX_", "HYDRA_"))}
+    env["PYTHONPATH"] = os.pathsep.join([os.path.join(here, "..", "pyx"),
+                                         os.path.join(here, "..", "tests", "python"),
+                                         env.get("PYTHONPATH", "")])
+    env.setdefault("GRADSYNC_TIMEOUT_SECONDS", "60")
+    with tempfile.TemporaryDirectory() as store:
+        procs = [subprocess.Popen([sys.executable, "-c", JOB, str(r), str(ranks), store,
+                                   str(elements)], env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True) for r in range(ranks)]
+        outs = [p.communicate(timeout=120)[0] for p in procs]
+
+    def values(tag, out):
+        return [float(ln.split()[1]) for ln in out.splitlines() if ln.startswith(tag + " ")]
+
+    killed = values("KILL", outs[-1])
+    firsts = [v for out in outs[:-1] for v in values("FIRST", out)]
+    reruns = [v for out in outs[:-1] for v in values("RERUN", out)]
+    if not killed or len(firsts) != ranks - 1:
+        raise RuntimeError("a trial did not finish:\n" + "\n---\n".join(o[-2000:] for o in outs))
+    return max(firsts) - killed[0], max(reruns)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--elements", type=int, default=1000)
+    args = ap.parse_args()
+    times = []
+    for t in range(args.trials):
+        seconds, rerun = trial(args.ranks, args.elements)
+        times.append(seconds)
+        print(f"trial {t}: {seconds:.3f} s from the kill to the survivors' first step; "
+              f"steps run twice: {int(rerun)}", flush=True)
+    print(f"median of {len(times)}: {statistics.median(times):.3f} s ({args.ranks} ranks, "
+          f"{args.elements} float32 a step)")
+
+
+if __name__ == "__main__":
+    main()
