@@ -80,8 +80,10 @@ PYX = os.path.join(TOP, "pyx")
 # The Python package's layers, bottom first: (name, what, module prefixes).
 PY_LAYERS = [
     ("binding", "the Cython extension and what it needs: MPI start-up, gradsync's world (MPI's "
-     "or joined from singletons, and shrunk to its survivors), argument helpers, ops",
-     ["gradsync._core", "gradsync._mpi", "gradsync._world", "gradsync._shrink", "gradsync._args",
+     "or joined from singletons, shrunk to its survivors, grown by newcomers), argument "
+     "helpers, ops",
+     ["gradsync._core", "gradsync._mpi", "gradsync._world", "gradsync._shrink", "gradsync._grow",
+      "gradsync._args",
       "gradsync.ops"]),
     ("compose", "classes over the binding: Communicator, its exchange collectives, arenas, "
      "kernels, partitions, shard layouts, training across a lost rank",

@@ -117,8 +117,7 @@ def _watch(members, ranks):
     def gone():
         for r in ranks:
             if members[r].gone():
-                return (f"rank {r} of the survivors' last world (pid {members[r].pid} on "
-                        f"{members[r].host}) exited")
+                return f"rank {r} (pid {members[r].pid} on {members[r].host}) exited"
         return None
     return gone
 

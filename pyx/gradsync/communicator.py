@@ -2,7 +2,7 @@
 import numpy as np
 from mpi4py import MPI  # gradsync/__init__ loads it first, at gradsync's thread level
 
-from gradsync import _core, _world
+from gradsync import _core, _grow, _shrink, _world
 from gradsync._args import _answer, _as_list, _label, _row_shape
 from gradsync.exchange import ExchangeCollectives
 
@@ -86,20 +86,45 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
         gradsync's world from now on. Needs a world joined from singletons
         (torchrun, or gs.init with a store): elsewhere
         gs.UnsupportedError (docs/GUIDE.md, "Losing a rank")."""
-        from gradsync import _shrink
+        self._check_world_ranks("shrink")
+        ranks = getattr(lost, "ranks", lost) or ()
+        return self._remade(_shrink.shrink_world([self._world_ranks[r] for r in ranks]))
+
+    def newcomers_waiting(self):
+        """How many processes wait to join this world (gs.elastic.join_running):
+        the most any rank has seen. Collective (one small allreduce)."""
+        self._check_world_ranks("grow")
+        return max(0, _grow.pending(self) - _grow._admitted)
+
+    def grow(self):
+        """A new Communicator over this one's ranks and the processes waiting
+        to join (gs.elastic.join_running), ranked after them in the order
+        they came; this one is closed. This one when none waits. Collective
+        over this communicator's ranks; the newcomers' side is
+        join_running. Needs a world joined from singletons, as shrink."""
+        self._check_world_ranks("grow")
+        upto = _grow.pending(self)
+        if upto <= _grow._admitted:
+            return self
+        return self._remade(_grow.grow_world(upto))
+
+    def _check_world_ranks(self, what):
         if self._world_ranks is None:
             raise _core.UnsupportedError(
-                "shrink: this communicator was made over an MPI communicator of the caller's "
+                f"{what}: this communicator was made over an MPI communicator of the caller's "
                 "(Communicator(mpi_comm)), not over gradsync's world")
-        ranks = getattr(lost, "ranks", lost) or ()
+
+    def _remade(self, world):
+        """This communicator's successor over ``world``, with its settings;
+        this one closed (abandoned when a loss broke it: its MPI
+        communicators and buffers are kept, not freed)."""
+        global _default
         threshold, timeout = self.fusion_threshold, self.timeout
-        world = _shrink.shrink_world([self._world_ranks[r] for r in ranks])
-        self.close()  # abandoned: its MPI communicators and buffers are kept, not freed
+        self.close()
         new = Communicator(world, fusion_threshold=threshold,
                            stall_seconds=getattr(self, "_stall_seconds", None),
                            adasum=self.handle.adasum)
         new.timeout = timeout
-        global _default
         if _default is self:  # the adapters' shared one follows
             _default = new
         return new

@@ -25,8 +25,12 @@ import pickle
 
 import numpy as np
 
-from gradsync import _core
+from gradsync import _core, _grow
 from gradsync.communicator import default_communicator
+
+
+class _Grows(Exception):
+    """Raised by a commit inside run() when newcomers wait to join."""
 
 
 def _is_array(value):
@@ -53,6 +57,7 @@ class State:
         object.__setattr__(self, "_values", dict(values))
         object.__setattr__(self, "_commit", None)
         object.__setattr__(self, "commits", 0)
+        object.__setattr__(self, "_after_commit", None)  # run()'s look for newcomers
         self.commit()
 
     def __getattr__(self, name):
@@ -70,6 +75,8 @@ class State:
         """Saves every value: a loss from now on comes back here."""
         object.__setattr__(self, "_commit", {k: _saved(v) for k, v in self._values.items()})
         object.__setattr__(self, "commits", self.commits + 1)
+        if self._after_commit is not None:
+            self._after_commit()
 
     def restore(self):
         """Every value as at the last commit (arrays in place)."""
@@ -95,7 +102,12 @@ class State:
         data = blob.copy() if blob is not None else np.empty(int(length[0]), np.uint8)
         comm.broadcast_(data, root=0)
         self._values.update(pickle.loads(data.tobytes()))
-        self.commit()
+        hook = self._after_commit
+        object.__setattr__(self, "_after_commit", None)
+        try:
+            self.commit()
+        finally:
+            object.__setattr__(self, "_after_commit", hook)
 
 
 def shard(items, comm):
@@ -104,25 +116,52 @@ def shard(items, comm):
     return items[comm.rank::comm.size]
 
 
-def run(train, state, comm=None, *, on_change=None, max_losses=None):
+def join_running(store, timeout=None):
+    """For a process started after the others (a replacement, more
+    capacity): joins the world the processes at ``store`` train in, at
+    their next commit inside ``run``; returns gradsync's world (as gs.init).
+    Then call ``run`` as they do: it starts with their state. JoinError
+    when nobody admits it within ``timeout`` s (default
+    GRADSYNC_TIMEOUT_SECONDS, else 300)."""
+    return _grow.join_running(store, timeout)
+
+
+def run(train, state, comm=None, *, on_change=None, max_losses=None, grow=True):
     """Calls ``train(state, comm)`` until it returns, and returns what it
     returns. When a peer is lost: shrinks ``comm`` to the survivors,
     restores ``state`` to its last commit, syncs it from the new rank 0,
     calls ``on_change(comm)`` (rebuild what depends on the world: a DDP
     model, a sampler) and calls ``train`` again. ``max_losses``: how many
     losses to survive (None: while ranks remain); past it the
-    PeerLostError goes up. ``comm``: default, gradsync's world."""
+    PeerLostError goes up. With ``grow``, each ``state.commit()`` also
+    admits processes waiting in ``join_running`` (one small allreduce
+    among the ranks: they decide alike): the world grows, the state goes to
+    the newcomers, ``on_change`` and ``train`` as after a loss.
+    ``comm``: default, gradsync's world."""
     comm = default_communicator(comm)
     losses = 0
+    changed = False
     while True:
+        if grow:
+            object.__setattr__(state, "_after_commit", lambda: _look_for_newcomers(comm))
         try:
             state.sync(comm)
-            if losses and on_change is not None:
+            if changed and on_change is not None:
                 on_change(comm)
             return train(state, comm)
+        except _Grows:
+            comm = comm.grow()
         except _core.PeerLostError as lost:
             losses += 1
             if max_losses is not None and losses > max_losses:
                 raise
             comm = comm.shrink(lost)
             state.restore()
+        finally:
+            object.__setattr__(state, "_after_commit", None)
+        changed = True
+
+
+def _look_for_newcomers(comm):
+    if comm.newcomers_waiting():
+        raise _Grows()

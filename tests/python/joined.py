@@ -1,6 +1,7 @@
 """Helpers for tests that start processes of their own and join them into
 one world with gs.init (no launcher: a killed process does not take the
 others down with it). Imported by those processes, so it imports no MPI."""
+import contextlib
 import ctypes
 import os
 import struct
@@ -31,8 +32,26 @@ class DirStore:
 
     def compare_set(self, key, expected, desired):
         """torch's Store.compare_set: ``desired`` is set when the value is
-        ``expected`` (b"" also when there is none); returns the value after.
-        Atomic across processes: a lock file made with O_EXCL."""
+        ``expected`` (b"" also when there is none); returns the value after."""
+        with self._locked(key):
+            current = self.get(key) if os.path.exists(self._file(key)) else b""
+            if current == expected:
+                self.set(key, desired)
+                current = desired
+            return current
+
+    def add(self, key, amount):
+        """torch's Store.add: the integer value (0 when none) plus ``amount``,
+        stored and returned."""
+        with self._locked(key):
+            value = int(self.get(key)) if os.path.exists(self._file(key)) else 0
+            value += int(amount)
+            self.set(key, str(value).encode())
+            return value
+
+    @contextlib.contextmanager
+    def _locked(self, key):
+        """Atomic across processes: a lock file made with O_EXCL."""
         lock = self._file(key) + ".lock"
         while True:
             try:
@@ -41,11 +60,7 @@ class DirStore:
             except FileExistsError:
                 time.sleep(0.001)
         try:
-            current = self.get(key) if os.path.exists(self._file(key)) else b""
-            if current == expected:
-                self.set(key, desired)
-                current = desired
-            return current
+            yield
         finally:
             os.close(fd)
             os.unlink(lock)

@@ -15,13 +15,15 @@ survivors agree (rank 3, after it registered) leaves two. Under mpiexec,
 shrink raises UnsupportedError on every rank.
 """
 import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from mpi4py import MPI
 
 import gradsync as gs
-from gsutil import collectively, run_joined, shm_entries
+from gsutil import child_env, collectively, run_joined, shm_entries
 
 WORLD = MPI.COMM_WORLD
 STEPS = 6
@@ -33,10 +35,16 @@ import gradsync as gs
 from gradsync import _shrink
 from joined import DirStore
 
-rank, store, mode, kill_step, n = (int(sys.argv[1]), DirStore(sys.argv[2]), sys.argv[3],
-                                   int(sys.argv[4]), int(sys.argv[5]))
+rank, store, mode, kill_step, n, size, grow_step = (
+    int(sys.argv[1]), DirStore(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
+    int(sys.argv[6]), int(sys.argv[7]))
 STEPS = %(steps)d
-gs.init(store, rank=rank, world_size=4)
+if mode == "newcomer":  # joins the others' world at their commit after step grow_step
+    while not store.check(["test/at-grow-step"]):
+        time.sleep(0.01)
+    gs.elastic.join_running(store)
+else:
+    gs.init(store, rank=rank, world_size=size)
 gs.set_timeout(60.0)  # far away: only the watch on the peers ends a wait soon
 
 if mode == "second" and rank == 3:  # dies once it has registered with the survivors
@@ -51,8 +59,12 @@ def train(state, comm):
     members = [int(r) for r in comm.allgather(np.array([rank], np.int64))]
     while state.step < STEPS:
         g = grad(state.step, rank)
+        if state.step == grow_step and mode != "newcomer":  # a newcomer is on its way
+            store.set("test/at-grow-step", b"1")
+            while not store.check(["gradsync/grow/want/1"]):
+                time.sleep(0.01)
         if rank == 2 and state.step == kill_step:
-            if mode in ("between", "second"):
+            if mode in ("between", "second", "replace"):
                 os.kill(os.getpid(), signal.SIGKILL)
             threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
         elif state.step == kill_step and mode.startswith("inside"):
@@ -106,7 +118,7 @@ def test_survivors_train_on_after_a_kill(tmp_path, mode, kill_step, n):
     before = shm_entries()
     procs, outs = run_joined(JOB, 4, {"GRADSYNC_TIMEOUT_SECONDS": "60",
                                       "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")},
-                             args=(store, mode, kill_step, n), timeout=120)
+                             args=(store, mode, kill_step, n, 4, -1), timeout=120)
     assert procs[2].returncode == -9, outs[2][-4000:]
     got = _results(procs, outs, (0, 1, 3))
     history = got[0]["history"]
@@ -126,7 +138,7 @@ def test_a_second_loss_while_agreeing_leaves_two(tmp_path):
     store.mkdir()
     procs, outs = run_joined(JOB, 4, {"GRADSYNC_TIMEOUT_SECONDS": "60",
                                       "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")},
-                             args=(store, "second", 2, 33), timeout=120)
+                             args=(store, "second", 2, 33, 4, -1), timeout=120)
     assert procs[2].returncode == -9 and procs[3].returncode == -9, outs[3][-4000:]
     got = _results(procs, outs, (0, 1))
     history = got[0]["history"]
@@ -145,3 +157,59 @@ def test_shrink_under_an_mpi_launcher_raises_on_every_rank():
         assert not comm.closed  # nothing was given up
     finally:
         comm.close()
+
+
+def _start(script_args, env_extra, who):
+    env = child_env()
+    env.update(env_extra)
+    return subprocess.Popen([sys.executable, "-c", JOB, str(who), *map(str, script_args)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _finish(procs, timeout=120):
+    outs = []
+    for p in procs:
+        try:
+            outs.append(p.communicate(timeout=timeout)[0])
+        except subprocess.TimeoutExpired:
+            p.kill()
+            outs.append(p.communicate()[0] + "<hung>")
+    return outs
+
+
+@one_rank
+def test_a_newcomer_joins_at_a_commit(tmp_path):
+    """Three ranks train; a fourth process, started beside them, calls
+    join_running once they reach step 2 (they wait there for its ticket, so
+    the step is known); they admit it at the commit after step 2: from step
+    3 on, four train, the newcomer from the others' state, all bit for bit."""
+    store = tmp_path / "store"
+    store.mkdir()
+    env = {"GRADSYNC_TIMEOUT_SECONDS": "60", "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")}
+    procs = [_start((store, "member", -1, 101, 3, 2), env, r) for r in range(3)]
+    procs.append(_start((store, "newcomer", -1, 101, 3, 2), env, 3))
+    outs = _finish(procs)
+    got = _results(procs, outs, (0, 1, 2, 3))
+    history = got[0]["history"]
+    assert history == [[0, 1, 2]] * 3 + [[0, 1, 2, 3]] * (STEPS - 3), history
+    assert all(got[r]["w"] == got[0]["w"] and got[r]["history"] == history for r in (1, 2, 3))
+    assert bytes.fromhex(got[0]["w"]) == _reference(history, 101).tobytes()
+
+
+@one_rank
+def test_a_replacement_brings_the_world_back_to_four(tmp_path):
+    """Rank 2 of 4 dies before step 1; the survivors train on as three; a
+    replacement started after the loss joins at the commit after step 3."""
+    store = tmp_path / "store"
+    store.mkdir()
+    env = {"GRADSYNC_TIMEOUT_SECONDS": "60", "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")}
+    procs = [_start((store, "replace", 1, 101, 4, 3), env, r) for r in range(4)]
+    procs[2].wait(timeout=120)
+    assert procs[2].returncode == -9
+    procs.append(_start((store, "newcomer", -1, 101, 4, 3), env, 4))
+    outs = _finish(procs)
+    got = _results(procs, outs, (0, 1, 3, 4))
+    history = got[0]["history"]
+    assert history == [[0, 1, 2, 3]] + [[0, 1, 3]] * 3 + [[0, 1, 3, 4]] * (STEPS - 4), history
+    assert all(got[r]["w"] == got[0]["w"] and got[r]["history"] == history for r in (1, 3, 4))
+    assert bytes.fromhex(got[0]["w"]) == _reference(history, 101).tobytes()
