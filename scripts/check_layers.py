@@ -82,7 +82,8 @@ PY_LAYERS = [
     ("binding", "the Cython extension and what it needs: MPI start-up, gradsync's world (MPI's "
      "or joined from singletons, shrunk to its survivors, grown by newcomers), argument "
      "helpers, ops",
-     ["gradsync._core", "gradsync._mpi", "gradsync._world", "gradsync._shrink", "gradsync._grow",
+     ["gradsync._core", "gradsync._mpi", "gradsync._filestore", "gradsync._members",
+      "gradsync._rendezvous", "gradsync._world", "gradsync._shrink", "gradsync._grow",
       "gradsync._args",
       "gradsync.ops"]),
     ("compose", "classes over the binding: Communicator, its exchange collectives, arenas, "

@@ -18,53 +18,14 @@ readable, as the C side's watch, or /proc has no such process). A member on
 another host cannot be seen from here: it counts as lost when it has not
 registered by the timeout.
 """
-import os
-import select
-import socket
 import time
 
 from mpi4py import MPI  # gradsync/__init__ loads it first, at gradsync's thread level
 
-from gradsync import _core, _world
+from gradsync import _core, _members, _world
 
 _POLL_SECONDS = 0.005
 _RETRIES = 8  # agreements one shrink() tries while members keep failing
-
-
-class _Member:
-    """A member of the old world: where it lives and a handle on its process."""
-
-    def __init__(self, text):
-        host, pid = text.split()
-        self.host, self.pid = host, int(pid)
-        self.pidfd = None
-        if self.host == socket.gethostname():
-            try:  # the process itself, not whoever gets its number next
-                self.pidfd = os.pidfd_open(self.pid)
-            except ProcessLookupError:
-                self.pidfd = -1  # already gone
-            except (AttributeError, OSError):
-                self.pidfd = None  # no pidfd (old kernel): /proc answers
-
-    def gone(self):
-        """Whether its process has ended (a zombie included); False when it
-        lives on another host (nothing here can tell)."""
-        if self.host != socket.gethostname():
-            return False
-        if self.pidfd == -1:
-            return True
-        if self.pidfd is not None:
-            return bool(select.select([self.pidfd], [], [], 0)[0])
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-        except OSError:
-            return True
-
-    def close(self):
-        if self.pidfd is not None and self.pidfd >= 0:
-            os.close(self.pidfd)
-            self.pidfd = None
 
 
 class _Agreement:
@@ -107,21 +68,6 @@ class _Agreement:
         return [int(r) for r in bytes(self.store.get(self.key("members"))).decode().split(",")]
 
 
-def _members(store, generation, size):
-    return [_Member(bytes(store.get(f"gradsync/join/{generation}/proc/{r}")).decode())
-            for r in range(size)]
-
-
-def _watch(members, ranks):
-    """A join's watch: names the first of ``ranks`` whose process is gone."""
-    def gone():
-        for r in ranks:
-            if members[r].gone():
-                return f"rank {r} (pid {members[r].pid} on {members[r].host}) exited"
-        return None
-    return gone
-
-
 def _check_store(store):
     if not callable(getattr(store, "compare_set", None)):
         raise _core.UnsupportedError(
@@ -142,7 +88,7 @@ def shrink_world(lost=()):
             "from it (docs/GUIDE.md, 'Losing a rank')")
     store, generation, rank, size, timeout = _world._joined
     _check_store(store)
-    members = _members(store, generation, size)
+    members = _members.of_world(store, generation, size)
     lost = {int(r) for r in lost}
     old = _world._world
     try:
@@ -157,7 +103,7 @@ def shrink_world(lost=()):
             try:
                 world = _world.join(store, chosen.index(rank), len(chosen), timeout,
                                     generation=f"{generation}.{attempt}",
-                                    watch=_watch(members, chosen))
+                                    watch=_members.watch(members, chosen))
             except (_world.JoinError, MPI.Exception):
                 lost.update(r for r in chosen if members[r].gone())
                 continue  # another survivor left during the join: agree again

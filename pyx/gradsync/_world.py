@@ -21,19 +21,19 @@ import time
 
 from mpi4py import MPI  # gradsync/__init__ loads it first, at gradsync's thread level
 
-from gradsync import _core
+from gradsync import _core, _members
+from gradsync._filestore import FileStore
+from gradsync._rendezvous import JoinError, _Rendezvous
 
 # Environment variables an MPI launcher (Hydra, Open MPI, Slurm's PMI/PMIx)
 # sets in its processes: with one of them the process is not a singleton.
 LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMI_FD", "PMIX_RANK", "PMIX_NAMESPACE",
                  "OMPI_COMM_WORLD_SIZE", "MPI_LOCALNRANKS", "HYDRA_CONTROL_FD")
-_POLL_SECONDS = 0.005
-_WATCH_SECONDS = 0.05  # how often a join's waits ask whether a member is gone
-
 
 _world = None          # the joined intracommunicator, or None: MPI_COMM_WORLD
 _generation = 0        # joins started in this process: a retry uses fresh keys
 _joined = None         # how _world was joined: (store, generation, rank, size, timeout)
+_admitted = 0          # newcomers' tickets admitted into this world so far (_grow)
 
 
 def mpi_launched():
@@ -52,145 +52,9 @@ def joined():
     return _world is not None
 
 
-class JoinError(_core.Error):
-    """Joining singleton processes into one world failed (every rank raises it)."""
-
-
 def _timeout():
     env = os.environ.get("GRADSYNC_TIMEOUT_SECONDS")
     return float(env) if env else 300.0
-
-
-class _Rendezvous:
-    """The store's side of one join: keys under ``gradsync/join/<gen>/``,
-    every wait against one deadline, and an abort key that fails the others
-    fast once one rank knows the join cannot finish."""
-
-    def __init__(self, store, rank, size, timeout, generation, watch=None):
-        self.store, self.rank, self.size = store, rank, size
-        self.timeout = timeout
-        self.deadline = time.monotonic() + timeout
-        self.prefix = f"gradsync/join/{generation}/"
-        self.watch = watch  # None, or a call naming a member that is gone (else None)
-        self.watched = 0.0
-
-    def key(self, name):
-        return self.prefix + name
-
-    def set(self, name, value):
-        try:
-            self.store.set(self.key(name), value)
-        except Exception as e:  # noqa: BLE001 (the store is the user's: any error)
-            raise JoinError(self._gone(e)) from e
-
-    def _gone(self, e):
-        return (f"gradsync join: rank {self.rank} of {self.size} lost the rendezvous store "
-                f"({type(e).__name__}: {e}); is the store's host (MASTER_ADDR/MASTER_PORT, "
-                "rank 0 or the torchrun agent) still up?")
-
-    def _has(self, name):
-        try:
-            return self.store.check([self.key(name)])
-        except Exception as e:  # noqa: BLE001
-            raise JoinError(self._gone(e)) from e
-
-    def get(self, name, waiting_for):
-        """The value of ``name`` once set; JoinError at the deadline (naming
-        ``waiting_for`` and the ranks that never arrived) or on an abort."""
-        while True:
-            if self._has("abort"):  # first: a port published before an abort is stale
-                raise JoinError(bytes(self.store.get(self.key("abort"))).decode())
-            if self._has(name):
-                return bytes(self.store.get(self.key(name)))
-            now = time.monotonic()
-            if now > self.deadline:
-                raise JoinError(self._late(waiting_for))
-            if self.watch is not None and now - self.watched > _WATCH_SECONDS:
-                self.watched = now
-                gone = self.watch()
-                if gone:  # the join cannot finish: say so to the others too
-                    message = f"gradsync join: waiting for {waiting_for}: {gone}"
-                    self.abort(message)
-                    raise JoinError(message)
-            time.sleep(_POLL_SECONDS)
-
-    def same_size(self, peer):
-        """JoinError when rank ``peer`` was told another WORLD_SIZE."""
-        theirs = int(self.get(f"arrived/{peer}", f"rank {peer}'s arrival"))
-        if theirs != self.size:
-            raise JoinError(f"gradsync join: WORLD_SIZE differs between ranks: rank {self.rank} "
-                            f"has {self.size}, rank {peer} has {theirs}; every process must be "
-                            "given the same WORLD_SIZE")
-
-    def claim(self):
-        """Counts this rank's arrival under its number (the store's atomic
-        add): a second claim of one number means two jobs share this
-        rendezvous (one MASTER_ADDR/MASTER_PORT, or a store file left from an
-        earlier run), and every rank of either job is told to fail rather
-        than be joined to the other job's processes. A store without add
-        (not torch's) skips the check."""
-        add = getattr(self.store, "add", None)
-        if add is None:
-            return
-        try:
-            claims = int(add(self.key(f"claimed/{self.rank}"), 1))
-        except Exception as e:  # noqa: BLE001
-            raise JoinError(self._gone(e)) from e
-        if claims != 1:
-            message = (f"gradsync join: rank {self.rank} of WORLD_SIZE={self.size} arrived "
-                       f"{claims} times at one rendezvous: two jobs (or a store left from an "
-                       "earlier run) share one MASTER_ADDR/MASTER_PORT or store; give each job "
-                       "its own port (or store file)")
-            self.abort(message)
-            raise JoinError(message)
-
-    def missing(self):
-        return [r for r in range(self.size) if not self._has(f"arrived/{r}")]
-
-    def _late(self, waiting_for):
-        try:
-            missing = self.missing()
-        except JoinError:
-            missing = None
-        said = self._sizes()
-        msg = (f"gradsync join: rank {self.rank} waited {self.timeout:g} s "
-               f"(GRADSYNC_TIMEOUT_SECONDS or the group's timeout) for {waiting_for}")
-        if missing:
-            msg += (f"; rank(s) {_ranges(missing)} of WORLD_SIZE={self.size} never arrived at "
-                    "the rendezvous: are all processes started, with the same MASTER_ADDR/"
-                    "MASTER_PORT (or store) and WORLD_SIZE?")
-        if said and len(set(said.values())) > 1:
-            msg += f"; the ranks disagree on WORLD_SIZE: {said}"
-        return msg
-
-    def _sizes(self):
-        said = {}
-        for r in range(self.size):
-            try:
-                if self._has(f"arrived/{r}"):
-                    said[r] = int(self.store.get(self.key(f"arrived/{r}")))
-            except (JoinError, ValueError):
-                pass
-        return said
-
-    def abort(self, message):
-        try:
-            if not self._has("abort"):
-                self.store.set(self.key("abort"), message.encode())
-        except JoinError:
-            pass
-
-
-def _ranges(ranks):
-    """[0, 1, 2, 5] as "0-2, 5"."""
-    out, start = [], None
-    for i, r in enumerate(ranks):
-        if start is None:
-            start = r
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out.append(str(r) if r == start else f"{start}-{r}")
-            start = None
-    return ", ".join(out)
 
 
 def check_can_join():
@@ -331,6 +195,42 @@ def join(store, rank, size, timeout=None, *, generation=None, watch=None):
     return comm
 
 
+def join_running(store, timeout=None):
+    """Joins the world the processes at ``store`` train in (a replacement,
+    more capacity): takes a ticket (the store's add), says where it lives,
+    waits until its members admit it at a step boundary (_grow, at each
+    commit inside gradsync.elastic.run), then joins with them; returns
+    gradsync's world. JoinError when nobody admits it within ``timeout``."""
+    global _admitted
+    if _world is not None:
+        raise ValueError("this process is in a world already (gs.init or a join)")
+    if not callable(getattr(store, "add", None)):
+        raise _core.UnsupportedError(
+            f"joining a running world needs a rendezvous store with add (torch's TCPStore and "
+            f"FileStore, gradsync's GRADSYNC_STORE_DIR have it); {type(store).__name__} has not")
+    timeout = _timeout() if timeout is None else float(timeout)
+    ticket = int(store.add(_members.TICKETS, 1))
+    store.set(f"gradsync/grow/want/{ticket}", f"{socket.gethostname()} {os.getpid()}".encode())
+    key, deadline = f"gradsync/grow/admit/{ticket}", time.monotonic() + timeout
+    while not store.check([key]):
+        if time.monotonic() > deadline:
+            raise JoinError(f"gradsync grow: ticket {ticket} waited {timeout:g} s and no member "
+                            "admitted it: are the members training in gradsync.elastic.run "
+                            "(which admits newcomers at each commit)?")
+        time.sleep(0.005)
+    generation, rank, size, first, upto, old_generation, old_size = (
+        bytes(store.get(key)).decode().split())
+    everyone = _members.of_world(store, old_generation, int(old_size)) + _members.newcomers(
+        store, int(first), int(upto), timeout)
+    _admitted = int(upto)
+    try:
+        return join(store, int(rank), int(size), timeout, generation=generation,
+                    watch=_members.watch(everyone, range(len(everyone))))
+    finally:
+        for m in everyone:
+            m.close()
+
+
 def env_store(rank, size, timeout):
     """A torch TCPStore at MASTER_ADDR/MASTER_PORT, made as torch's env://
     rendezvous makes it: a client of torchrun's agent store (a new one for
@@ -397,14 +297,20 @@ def _no_rendezvous(world_size):
 def init(store=None, *, rank=None, world_size=None, timeout=None):
     """gradsync's world for this process, made once: under an MPI launcher
     MPI_COMM_WORLD; for MPI singletons with a rendezvous (``store``, else
-    MASTER_ADDR/MASTER_PORT) the joined world, ranked by ``rank`` (else
-    RANK) of ``world_size`` (else WORLD_SIZE). Returns the mpi4py communicator."""
+    GRADSYNC_STORE_DIR's folder, else MASTER_ADDR/MASTER_PORT) the joined
+    world, ranked by ``rank`` (else RANK) of ``world_size`` (else
+    WORLD_SIZE); with GRADSYNC_JOIN_RUNNING=1 (gradsyncrun's replacements)
+    the running world at the store, joined as a newcomer (join_running).
+    Returns the mpi4py communicator."""
     if _world is not None:
         if (rank is not None and int(rank) != _world.Get_rank()) or (
                 world_size is not None and int(world_size) != _world.Get_size()):
             raise ValueError(f"gradsync's world is already joined as rank {_world.Get_rank()} of "
                              f"{_world.Get_size()}, not rank {rank} of {world_size}")
         return _world
+    store = _dir_store() if store is None and not mpi_launched() else store
+    if store is not None and os.environ.get("GRADSYNC_JOIN_RUNNING") == "1":
+        return join_running(store, timeout)  # a newcomer (gradsyncrun's replacement)
     rank, world_size = _singleton_numbering(rank, world_size)
     if mpi_launched() or (world_size in (None, 1) and store is None):
         _check_mpi_world(rank, world_size)
@@ -419,6 +325,12 @@ def init(store=None, *, rank=None, world_size=None, timeout=None):
             raise _no_rendezvous(world_size)
         store = env_store(rank, world_size, _timeout() if timeout is None else timeout)
     return join(store, rank, world_size, timeout)
+
+
+def _dir_store():
+    """GRADSYNC_STORE_DIR's folder store (gradsyncrun's elastic mode), or None."""
+    path = os.environ.get("GRADSYNC_STORE_DIR")
+    return FileStore(path) if path else None
 
 
 def _check_mpi_world(rank, size):
@@ -439,8 +351,11 @@ def auto_world():
     a world of 1 and train on its own."""
     if _world is None and not mpi_launched():
         _rank, size = _singleton_numbering(None, None)
+        if os.environ.get("GRADSYNC_JOIN_RUNNING") == "1" and _dir_store() is not None:
+            return init()
         if (size or 1) > 1:
-            if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
+            if (os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT")) or \
+                    _dir_store() is not None:
                 return init()
             if _slurm_step() is not None:
                 raise _no_rendezvous(size)

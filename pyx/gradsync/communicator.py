@@ -94,7 +94,7 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
         """How many processes wait to join this world (gs.elastic.join_running):
         the most any rank has seen. Collective (one small allreduce)."""
         self._check_world_ranks("grow")
-        return max(0, _grow.pending(self) - _grow._admitted)
+        return max(0, _grow.pending(self) - _world._admitted)
 
     def grow(self):
         """A new Communicator over this one's ranks and the processes waiting
@@ -104,7 +104,7 @@ class Communicator(_core.CommunicatorBase, ExchangeCollectives):
         join_running. Needs a world joined from singletons, as shrink."""
         self._check_world_ranks("grow")
         upto = _grow.pending(self)
-        if upto <= _grow._admitted:
+        if upto <= _world._admitted:
             return self
         return self._remade(_grow.grow_world(upto))
 

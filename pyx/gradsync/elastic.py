@@ -25,7 +25,7 @@ import pickle
 
 import numpy as np
 
-from gradsync import _core, _grow
+from gradsync import _core, _world
 from gradsync.communicator import default_communicator
 
 
@@ -123,7 +123,7 @@ def join_running(store, timeout=None):
     Then call ``run`` as they do: it starts with their state. JoinError
     when nobody admits it within ``timeout`` s (default
     GRADSYNC_TIMEOUT_SECONDS, else 300)."""
-    return _grow.join_running(store, timeout)
+    return _world.join_running(store, timeout)
 
 
 def run(train, state, comm=None, *, on_change=None, max_losses=None, grow=True):

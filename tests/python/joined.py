@@ -1,69 +1,15 @@
 """Helpers for tests that start processes of their own and join them into
 one world with gs.init (no launcher: a killed process does not take the
-others down with it). Imported by those processes, so it imports no MPI."""
-import contextlib
+others down with it)."""
 import ctypes
 import os
 import struct
-import time
 
+from gradsync._filestore import FileStore
 
-class DirStore:
-    """The rendezvous gs.init needs (set, get, check), as files in a folder."""
-
-    def __init__(self, path):
-        self.path = path
-
-    def _file(self, key):
-        return os.path.join(self.path, key.replace("/", "%"))
-
-    def set(self, key, value):
-        tmp = self._file(key) + ".%d.tmp" % os.getpid()
-        with open(tmp, "wb") as f:
-            f.write(value if isinstance(value, bytes) else str(value).encode())
-        os.replace(tmp, self._file(key))
-
-    def get(self, key):
-        with open(self._file(key), "rb") as f:
-            return f.read()
-
-    def check(self, keys):
-        return all(os.path.exists(self._file(k)) for k in keys)
-
-    def compare_set(self, key, expected, desired):
-        """torch's Store.compare_set: ``desired`` is set when the value is
-        ``expected`` (b"" also when there is none); returns the value after."""
-        with self._locked(key):
-            current = self.get(key) if os.path.exists(self._file(key)) else b""
-            if current == expected:
-                self.set(key, desired)
-                current = desired
-            return current
-
-    def add(self, key, amount):
-        """torch's Store.add: the integer value (0 when none) plus ``amount``,
-        stored and returned."""
-        with self._locked(key):
-            value = int(self.get(key)) if os.path.exists(self._file(key)) else 0
-            value += int(amount)
-            self.set(key, str(value).encode())
-            return value
-
-    @contextlib.contextmanager
-    def _locked(self, key):
-        """Atomic across processes: a lock file made with O_EXCL."""
-        lock = self._file(key) + ".lock"
-        while True:
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-                break
-            except FileExistsError:
-                time.sleep(0.001)
-        try:
-            yield
-        finally:
-            os.close(fd)
-            os.unlink(lock)
+# The rendezvous gs.init needs (set, get, check; add and compare_set for
+# shrink and grow), as files in a folder: gradsync's own.
+DirStore = FileStore
 
 
 def deny_process_vm_readv():

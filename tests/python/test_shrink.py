@@ -15,6 +15,7 @@ survivors agree (rank 3, after it registered) leaves two. Under mpiexec,
 shrink raises UnsupportedError on every rank.
 """
 import json
+import os
 import subprocess
 import sys
 
@@ -39,11 +40,15 @@ rank, store, mode, kill_step, n, size, grow_step = (
     int(sys.argv[1]), DirStore(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
     int(sys.argv[6]), int(sys.argv[7]))
 STEPS = %(steps)d
-if mode == "newcomer":  # joins the others' world at their commit after step grow_step
-    while not store.check(["test/at-grow-step"]):
+if mode == "launched":  # by gradsyncrun --min-np: the world from the environment
+    store = DirStore(os.environ["GRADSYNC_STORE_DIR"])
+    rank = int(os.environ.get("RANK", 4))  # a replacement has no RANK: it is the fifth
+if mode == "newcomer" or os.environ.get("GRADSYNC_JOIN_RUNNING") == "1":
+    while not store.check(["test/at-grow-step"]):  # joins at the commit after grow_step
         time.sleep(0.01)
+if mode == "newcomer":
     gs.elastic.join_running(store)
-else:
+elif mode != "launched":
     gs.init(store, rank=rank, world_size=size)
 gs.set_timeout(60.0)  # far away: only the watch on the peers ends a wait soon
 
@@ -59,12 +64,12 @@ def train(state, comm):
     members = [int(r) for r in comm.allgather(np.array([rank], np.int64))]
     while state.step < STEPS:
         g = grad(state.step, rank)
-        if state.step == grow_step and mode != "newcomer":  # a newcomer is on its way
+        if state.step == grow_step and mode != "newcomer" and comm.size < 4:  # one is on its way
             store.set("test/at-grow-step", b"1")
             while not store.check(["gradsync/grow/want/1"]):
                 time.sleep(0.01)
         if rank == 2 and state.step == kill_step:
-            if mode in ("between", "second", "replace"):
+            if mode in ("between", "second", "replace", "launched"):
                 os.kill(os.getpid(), signal.SIGKILL)
             threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
         elif state.step == kill_step and mode.startswith("inside"):
@@ -78,8 +83,8 @@ def train(state, comm):
 
 state = gs.elastic.State(w=np.zeros(n, np.float32), step=0, history=[])
 w = gs.elastic.run(train, state, gs.Communicator(stall_seconds=0))
-print("RESULT " + json.dumps({"rank": rank, "w": w.tobytes().hex(), "history": state.history}),
-      flush=True)
+result = {"rank": rank, "w": w.tobytes().hex(), "history": state.history}
+os.write(1, ("RESULT " + json.dumps(result) + "\n").encode())  # one write: ranks share stdout
 os._exit(0)  # MPI_Finalize would wait for the lost ranks
 """ % {"steps": STEPS}
 
@@ -213,3 +218,37 @@ def test_a_replacement_brings_the_world_back_to_four(tmp_path):
     assert history == [[0, 1, 2, 3]] + [[0, 1, 3]] * 3 + [[0, 1, 3, 4]] * (STEPS - 4), history
     assert all(got[r]["w"] == got[0]["w"] and got[r]["history"] == history for r in (1, 3, 4))
     assert bytes.fromhex(got[0]["w"]) == _reference(history, 101).tobytes()
+
+
+GRADSYNCRUN = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))), "scripts", "gradsyncrun")]
+
+
+@one_rank
+@pytest.mark.parametrize("replacements", [0, 1])
+def test_gradsyncrun_min_np_keeps_the_survivors(tmp_path, replacements):
+    """gradsyncrun -np 4 --min-np 3: rank 2 dies before step 1, the job goes
+    on as three and gradsyncrun returns 0, naming the loss; with
+    --replacements 1 a fifth process takes its place at the commit after
+    step 3 (the survivors wait there for its ticket)."""
+    grow_step = 3 if replacements else -1
+    cmd = GRADSYNCRUN + ["-np", "4", "--min-np", "3", "--replacements", str(replacements),
+                         sys.executable, "-c", JOB, "-1", "-", "launched", "1", "101", "4",
+                         str(grow_step)]
+    env = child_env()
+    env.update(GRADSYNC_TIMEOUT_SECONDS="60", GRADSYNC_FLIGHT_DIR=str(tmp_path / "flight"),
+               TMPDIR=str(tmp_path))
+    run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=180)
+    out = run.stdout + run.stderr
+    assert run.returncode == 0, out[-4000:]
+    assert "gradsyncrun: rank 2 ended with signal 9 (SIGKILL); 3 still running" in out, out[-4000:]
+    results = [json.loads(ln[len("RESULT "):]) for ln in run.stdout.splitlines()
+               if ln.startswith("RESULT ")]
+    assert sorted(r["rank"] for r in results) == ([0, 1, 3, 4] if replacements else [0, 1, 3])
+    history = results[0]["history"]
+    after = [[0, 1, 3]] * (STEPS - 1) if not replacements else \
+        [[0, 1, 3]] * 3 + [[0, 1, 3, 4]] * (STEPS - 4)
+    assert history == [[0, 1, 2, 3]] + after, history
+    assert all(r["w"] == results[0]["w"] and r["history"] == history for r in results)
+    assert bytes.fromhex(results[0]["w"]) == _reference(history, 101).tobytes()
+    assert not list(tmp_path.glob("gradsyncrun-store-*"))  # its store folder is gone

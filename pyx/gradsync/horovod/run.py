@@ -7,7 +7,9 @@ stands for (gradsync launches nothing itself)::
 
 Horovod's tuning flags become the HOROVOD_* variables gradsync.horovod reads
 at init(), passed to every rank (-genv / -x). ``--dry-run`` prints the
-command instead of running it.
+command instead of running it. With ``--min-np``/``--max-np`` it launches
+the processes itself instead (elastic_launch.py: a lost rank does not end
+the job).
 """
 import argparse
 import os
@@ -17,6 +19,8 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+
+from gradsync.horovod import elastic_launch
 
 # horovodrun flag -> (HOROVOD_* variable, how its value is written)
 _ENV_FLAGS = {
@@ -49,6 +53,12 @@ def parser():
     p.add_argument("--stall-check-warning-time-seconds", type=float)
     p.add_argument("--stall-check-shutdown-time-seconds", type=float)
     p.add_argument("--log-level")
+    p.add_argument("--min-np", type=int, help="elastic: keep the job running while at least "
+                   "this many processes do (this host; gradsync.elastic shrinks the world)")
+    p.add_argument("--max-np", type=int, help="elastic: never more than this many running")
+    p.add_argument("--replacements", type=int, default=0,
+                   help="elastic: start up to this many processes in place of lost ones (they "
+                   "join the running world at its next commit)")
     p.add_argument("--mpi-args", default="", help="more arguments for mpiexec")
     p.add_argument("--mpi", action="store_true", help="accepted (gradsync always runs on MPI)")
     p.add_argument("--gloo", action="store_true", help="refused: gradsync runs on MPI")
@@ -125,6 +135,11 @@ def command(args, kind):
 
 def main(argv=None):
     args = parser().parse_args(argv)
+    if args.min_np is not None or args.max_np is not None:  # elastic: no mpiexec
+        if args.verbose or args.dry_run:
+            print(f"gradsyncrun: elastic, {args.num_proc} singleton processes on this host "
+                  f"joined through a folder store: {shlex.join(args.command)}", flush=True)
+        return 0 if args.dry_run else elastic_launch.launch(args, environment(args))
     mpiexec = args.mpiexec or find_mpiexec()
     args.mpiexec = mpiexec
     cmd = command(args, flavour(mpiexec))
