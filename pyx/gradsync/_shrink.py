@@ -75,6 +75,25 @@ def _check_store(store):
             f"have it); {type(store).__name__} has not")
 
 
+def lost_members():
+    """The ranks of gradsync's joined world whose processes (on this host)
+    are gone; empty when the world is not a joined one. What tells a loss
+    wrapped by a framework (DDP's reducer re-raises a collective's error
+    as a RuntimeError) from any other error."""
+    if _world._joined is None:
+        return []
+    store, generation, _rank, size, _timeout = _world._joined
+    try:
+        members = _members.of_world(store, generation, size)
+    except Exception:  # noqa: BLE001 (the store is gone: nothing to tell from it)
+        return []
+    try:
+        return [r for r, m in enumerate(members) if m.gone()]
+    finally:
+        for m in members:
+            m.close()
+
+
 def shrink_world(lost=()):
     """Agrees with the other survivors on who is left and joins them into a
     new world; returns it (an mpi4py intracommunicator, also gradsync's

@@ -14,7 +14,9 @@ docs/DESIGN.md section 16).
 
     weights = gs.elastic.run(train, state)
 
-When a peer is lost (``gs.PeerLostError``), ``run`` shrinks the
+When a peer is lost (``gs.PeerLostError``, or any error raised while a
+member of the joined world is gone: DDP re-raises a collective's error as a
+RuntimeError), ``run`` shrinks the
 communicator to the survivors (``Communicator.shrink``), puts the state back
 to its last commit, makes every survivor hold the lowest-ranked one's
 (a rank that completed the lost step and committed it and one that did not
@@ -25,7 +27,7 @@ import pickle
 
 import numpy as np
 
-from gradsync import _core, _world
+from gradsync import _core, _shrink, _world
 from gradsync.communicator import default_communicator
 
 
@@ -151,7 +153,10 @@ def run(train, state, comm=None, *, on_change=None, max_losses=None, grow=True):
             return train(state, comm)
         except _Grows:
             comm = comm.grow()
-        except _core.PeerLostError as lost:
+        except Exception as exc:  # noqa: BLE001 (a loss, however a framework wrapped it)
+            lost = exc if isinstance(exc, _core.PeerLostError) else _shrink.lost_members()
+            if not lost:
+                raise
             losses += 1
             if max_losses is not None and losses > max_losses:
                 raise

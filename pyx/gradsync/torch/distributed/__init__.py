@@ -35,7 +35,7 @@ import gradsync as gs
 from gradsync import _world
 from gradsync.torch.distributed._backend import ProcessGroupGradsync
 
-__all__ = ["ProcessGroupGradsync", "BACKEND", "mpi_launched", "init"]
+__all__ = ["ProcessGroupGradsync", "BACKEND", "mpi_launched", "init", "remake_default_group"]
 
 BACKEND = "gradsync"
 # the module (torch.distributed.rendezvous is also the name of a function)
@@ -76,7 +76,12 @@ class _NoStore(dist.Store):
 
 
 def _mpi_numbering():
-    """MPI's rank and world size; RANK/WORLD_SIZE, when set, must agree."""
+    """gradsync's world's rank and size: a joined world's (gs.init, and after
+    a shrink or a grow, when RANK/WORLD_SIZE tell of the launch, not of the
+    world as it is now), else MPI's, with which RANK/WORLD_SIZE, when set,
+    must agree."""
+    if _world.joined():
+        return _world.world().Get_rank(), _world.world().Get_size()
     rank, size = gs.MPI.COMM_WORLD.Get_rank(), gs.MPI.COMM_WORLD.Get_size()
     for var, mpi_value in (("RANK", rank), ("WORLD_SIZE", size)):
         given = os.environ.get(var)
@@ -255,6 +260,19 @@ def init(**kwargs):
             "RANK", "WORLD_SIZE")):
         kwargs["init_method"] = "gradsync://"  # no launcher: a world of one
     dist.init_process_group(BACKEND, **kwargs)
+    return dist.group.WORLD
+
+
+def remake_default_group(**kwargs):
+    """torch's default process group again, over gradsync's world as it is
+    now: after ``Communicator.shrink()`` or ``grow()`` (in gradsync.elastic's
+    ``on_change``), before rebuilding DDP or FSDP on it. Destroys the old
+    group (a broken one's communicator is abandoned, not waited on);
+    ``kwargs`` go to ``dist.init_process_group`` (``timeout=``). Returns the
+    new default group."""
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    dist.init_process_group(BACKEND, init_method="gradsync://", **kwargs)
     return dist.group.WORLD
 
 
