@@ -112,6 +112,29 @@ class State:
             object.__setattr__(self, "_after_commit", hook)
 
 
+def can_change():
+    """Whether gradsync's world can shrink and grow: it was joined from MPI
+    singletons through a rendezvous store (torchrun, gradsyncrun --min-np,
+    gs.init(store)); MPI's own world (mpiexec, srun) cannot."""
+    return _world.joined()
+
+
+def lost_ranks():
+    """The ranks of gradsync's world whose processes, on this host, are gone
+    (empty on MPI's world): how a loss is told from another error when a
+    framework re-raised it as something else."""
+    return _shrink.lost_members()
+
+
+def shrink_world(lost=()):
+    """Shrinks gradsync's world to the processes still alive, as
+    ``Communicator.shrink`` does, for a layer whose communicators are
+    already closed (the Horovod drop-in's reset); returns the new world (an
+    mpi4py intracommunicator). ``lost``: ranks known to be gone (a hint).
+    Collective over the survivors."""
+    return _shrink.shrink_world(lost)
+
+
 def shard(items, comm):
     """This rank's share of ``items`` (every size-th from its rank): what it
     trains on in the world as it is now."""
@@ -154,7 +177,7 @@ def run(train, state, comm=None, *, on_change=None, max_losses=None, grow=True):
         except _Grows:
             comm = comm.grow()
         except Exception as exc:  # noqa: BLE001 (a loss, however a framework wrapped it)
-            lost = exc if isinstance(exc, _core.PeerLostError) else _shrink.lost_members()
+            lost = exc if isinstance(exc, _core.PeerLostError) else lost_ranks()
             if not lost:
                 raise
             losses += 1

@@ -40,6 +40,9 @@ void gs_clear_error(void);
 enum { GS_LOG_ERROR = 0, GS_LOG_WARNING = 1, GS_LOG_INFO = 2, GS_LOG_DEBUG = 3 };
 int gs_log_level(void);
 void gs_log(int level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The rank log lines name (gs_comm_set_world's; -1: MPI_COMM_WORLD's): in a
+ * world joined from singletons every process is rank 0 of its own. */
+void gs_log_set_rank(int rank);
 
 /* ---- environment knobs (env.c): the only file that calls getenv --------- */
 

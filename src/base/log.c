@@ -25,13 +25,17 @@ int gs_log_level(void) {
   return level;
 }
 
+static int named_rank = -1;
+
+void gs_log_set_rank(int rank) { named_rank = rank; }
+
 void gs_log(int level, const char *fmt, ...) {
   if (level > gs_log_level()) return;
   static const char *const tags[] = {"ERROR", "WARNING", "INFO", "DEBUG"};
-  int init = 0, fin = 0, rank = -1;
+  int init = 0, fin = 0, rank = named_rank;
   MPI_Initialized(&init);
   MPI_Finalized(&fin);
-  if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank < 0 && init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   char line[2048];
   int n = snprintf(line, sizeof line, "[gradsync rank %d] %s: ", rank, tags[level]);
   va_list ap;

@@ -56,6 +56,9 @@ gs_status_t gs_comm_set_world(MPI_Comm world) {
   if (world == MPI_COMM_NULL)
     return gs_fail(GS_ERR_INVALID_ARGUMENT, "gs_comm_set_world: world is MPI_COMM_NULL");
   named_world = world;
+  int rank = -1;
+  MPI_Comm_rank(world, &rank);
+  gs_log_set_rank(rank);
   return GS_SUCCESS;
 }
 
@@ -211,7 +214,9 @@ static void abandoned_keep(struct gs_comm *c) {
  * included): keep them (a bounded leak) rather than risk writes into freed
  * memory; only the handle dies. */
 static void keep_abandoned(gs_comm_t c, gs_comm_t *comm) {
-  gs_log(GS_LOG_WARNING,
+  /* a lost peer is already said by the error every survivor got, and a
+   * shrink abandons such a communicator on purpose: no warning for it */
+  gs_log(c->fate.broken == GS_ERR_PEER_LOST ? GS_LOG_INFO : GS_LOG_WARNING,
          "freeing a communicator abandoned after %s: its MPI "
          "communicators and buffers are kept",
          gs_status_string(c->fate.broken));

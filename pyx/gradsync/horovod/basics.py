@@ -72,8 +72,10 @@ def _knobs():
 
 def _world_comm(comm, settings):
 
-    if comm is None:
-        return gs.Communicator(MPI.COMM_WORLD, **settings)
+    if comm is None:  # gradsync's world: MPI's, or the one joined from singletons
+        return gs.Communicator(**settings)
+    if isinstance(comm, gs.Communicator):  # an elastic reset's new world (elastic.py)
+        return comm
     if isinstance(comm, MPI.Comm):
         return gs.Communicator(comm, **settings)
     ranks = sorted(int(r) for r in comm)  # global ranks of MPI_COMM_WORLD
@@ -103,7 +105,9 @@ def _topology(comm):
 
 
 def init(comm=None, process_sets=None):
-    """Starts gradsync.horovod: ``comm`` None (MPI_COMM_WORLD), a list of
+    """Starts gradsync.horovod: ``comm`` None (gradsync's world: MPI_COMM_WORLD,
+    or the world joined from singletons under gradsyncrun --min-np or
+    torchrun), a list of
     MPI_COMM_WORLD ranks, or an mpi4py communicator (duplicated);
     ``process_sets``: ProcessSets to register now, or "dynamic" (accepted:
     sets can always be added later). MPI itself is mpi4py's (initialized on
@@ -157,18 +161,19 @@ def _shutdown_at_exit():
         log.warning("gradsync.horovod: shutdown at exit: %s", exc)
 
 
-def shutdown():
+def shutdown(announce=True):
     """Shuts gradsync.horovod down on this rank and tells the other ranks,
     as Horovod does: operations still pending here and there raise
     HorovodInternalError (one already running gets a moment to finish).
-    init() may be called again (on every rank)."""
+    init() may be called again (on every rank). ``announce=False``: tell
+    nobody (an elastic reset after a lost rank: no message goes to it)."""
     if not state.initialized():
         return
     world = state.world_engine()
     notices = state.notices()
     why = (f"Horovod has been shut down: rank {state.world_rank()} called shutdown() (or "
            "exited); collectives cannot complete without it")
-    if notices is not None:
+    if notices is not None and announce:
         notices.announce(why)
     for ps in state.process_sets():
         if ps is not global_process_set:

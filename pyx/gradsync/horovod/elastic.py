@@ -2,30 +2,33 @@
 (commit/restore/sync, reset callbacks), ObjectState and the run()
 decorator that restores and re-forms the world after a HorovodInternalError.
 
-gradsync runs on MPI's fixed world: the processes are the ones mpiexec
-started. What Horovod's elastic driver adds on top of that (host discovery,
-horovodrun --min-np/--max-np/--host-discovery-script, starting processes on
-new hosts, a world of another size after a reset) is not there: a reset
-re-forms the same world (hvd.shutdown() then hvd.init() on every rank, the
-state restored to its last commit and synchronized from rank 0), and a
-world that would need other processes raises NotImplementedError naming
-what is missing.
+On a world joined from singletons (``gradsyncrun -np N --min-np M``,
+``horovod.run(min_np=...)``, torchrun) the world changes as Horovod's
+elastic driver changes it: a reset after a lost rank shrinks it to the
+survivors (gradsync's Communicator.shrink), and ``commit()`` admits the
+processes waiting to join (gradsyncrun's replacements: HostsUpdatedInterrupt
+on every rank at the same commit, then a reset that grows the world). On
+MPI's fixed world (mpiexec) a reset re-forms the same world, and a world
+that would need other processes raises NotImplementedError naming what is
+missing. Host discovery scripts are not there.
 """
 import copy
 import functools
 
+import gradsync as gs
 from gradsync.horovod import basics
+from gradsync.horovod import state as _state
 from gradsync.horovod.errors import HorovodInternalError
 
 __all__ = ["HostsUpdatedInterrupt", "ObjectState", "State", "run_fn"]
 
-MISSING = ("Horovod's elastic driver (host discovery and horovodrun --min-np/--max-np, which "
-           "start and stop processes): gradsync runs on the fixed world mpiexec started")
+MISSING = ("a world joined from singletons (gradsyncrun --min-np, horovod.run(min_np=...), "
+           "torchrun): gradsync runs on the fixed world mpiexec started")
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod raises this from commit() when hosts were added or removed;
-    gradsync's world never changes, so it is never raised by gradsync."""
+    """Raised from commit() on every rank when processes wait to join the
+    world (a joined world's newcomers); the reset that follows admits them."""
 
     def __init__(self, skip_sync=False):
         super().__init__("hosts updated")
@@ -52,16 +55,21 @@ class State:
             callback()
 
     def on_hosts_updated(self, timestamp, update_res):
-        """Host updates never come on gradsync (MPI's world is fixed)."""
+        """Horovod's driver calls this; gradsync asks the store at commit()."""
 
     def commit(self):
         """Saves the state (the point restore() goes back to), then checks
-        for host updates (none on gradsync)."""
+        for processes waiting to join."""
         self.save()
         self.check_host_updates()
 
     def check_host_updates(self):
-        """Nothing to check: the world mpiexec started does not change."""
+        """HostsUpdatedInterrupt when processes wait to join this joined
+        world (collective: one small allreduce, so every rank raises at the
+        same commit); nothing on MPI's fixed world."""
+        if gs.elastic.can_change() and basics.is_initialized() and \
+                _state.world_engine().comm.newcomers_waiting():
+            raise HostsUpdatedInterrupt(skip_sync=False)
 
     def save(self):
         raise NotImplementedError()
@@ -126,10 +134,26 @@ def run_fn(func, reset):
 
 
 def reset_world(expected_size=None):
-    """Re-forms the world after a failure: shutdown() then init() on every
-    rank. The world is MPI's: a reset to another size is not possible."""
-    if expected_size is not None and expected_size != basics.size():
+    """Re-forms the world after a failure or a host update: shutdown() and
+    init() on every rank, in between, on a joined world, a shrink to the
+    survivors (a member is gone: nothing is sent to it) or a grow by the
+    processes waiting to join. On MPI's world only the same world can be
+    re-formed."""
+    lost = gs.elastic.lost_ranks()
+    if lost:
+        if not gs.elastic.can_change():
+            raise NotImplementedError(f"going on without a lost rank needs {MISSING}")
+        basics.shutdown(announce=False)  # nothing goes to the lost rank
+        gs.elastic.shrink_world(lost)
+        basics.init()
+        return
+    comm = _state.world_engine().comm if basics.is_initialized() else None
+    new = None
+    if gs.elastic.can_change() and comm is not None:
+        new = comm.grow()  # the waiting newcomers, if any (collective)
+        new = None if new is comm else new
+    elif expected_size is not None and expected_size != basics.size():
         raise NotImplementedError(f"a world of {expected_size} processes (this one has "
                                   f"{basics.size()}) needs {MISSING}")
     basics.shutdown()
-    basics.init()
+    basics.init(comm=new)

@@ -179,13 +179,15 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
     """Horovod's ``horovod.run``: calls ``func(*args, **kwargs)`` on ``np``
     processes under mpiexec and returns their results as a list in rank
     order (func and its results are pickled: cloudpickle when installed).
-    ``hosts``/``hostfile``/``mpi_args`` are gradsyncrun's; elastic arguments
-    (min_np, max_np, reset_limit) and Gloo raise NotImplementedError: the
-    world is the one mpiexec starts."""
-    if min_np is not None or max_np is not None or reset_limit is not None:
-        raise NotImplementedError("horovod.run(min_np=, max_np=, reset_limit=): elastic runs need "
-                                  "Horovod's elastic driver; gradsync runs on the fixed world "
-                                  "mpiexec starts")
+    ``hosts``/``hostfile``/``mpi_args`` are gradsyncrun's. With ``min_np``
+    or ``max_np`` the run is elastic (gradsyncrun --min-np: this host, a
+    lost process does not end it, hvd.elastic shrinks the world): the
+    results are those of the processes that finished, in their final rank
+    order. ``reset_limit`` and Gloo raise NotImplementedError."""
+    if reset_limit is not None:
+        raise NotImplementedError("horovod.run(reset_limit=): gradsync's elastic runs have no "
+                                  "reset limit; use min_np")
+    elastic = min_np is not None or max_np is not None
     if use_gloo:
         raise NotImplementedError("horovod.run(use_gloo=True): gradsync runs on MPI only")
     folder = tempfile.mkdtemp(prefix="gradsync-run-")
@@ -205,6 +207,10 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
             argv += ["--mpi-args", mpi_args]
         if verbose:
             argv += ["--verbose"]
+        if min_np is not None:
+            argv += ["--min-np", str(min_np)]
+        if max_np is not None:
+            argv += ["--max-np", str(max_np)]
         argv += [executable or sys.executable, "-m", "gradsync.horovod.run_worker", folder]
         env = dict(os.environ)
         horovod = sys.modules.get("horovod")
@@ -215,6 +221,12 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
             paths.insert(0, alias_folder())
         env["PYTHONPATH"] = os.pathsep.join(paths)
         args_ns = parser().parse_args(argv)
+        if elastic:
+            rc = elastic_launch.launch(args_ns, dict(environment(args_ns),
+                                                     PYTHONPATH=env["PYTHONPATH"]))
+            done = sorted(int(n.split(".")[1]) for n in os.listdir(folder)
+                          if n.startswith("result."))
+            return _results(folder, done, rc)
         args_ns.mpiexec = args_ns.mpiexec or find_mpiexec()
         cmd = command(args_ns, flavour(args_ns.mpiexec))
         out = None if output_filename is None else open(output_filename, "w")
@@ -223,17 +235,21 @@ def run(func, args=(), kwargs=None, np=1, min_np=None, max_np=None, slots=None,
         finally:
             if out is not None:
                 out.close()
-        results = []
-        for rank in range(np):
-            path = os.path.join(folder, f"result.{rank}")
-            if not os.path.exists(path):
-                raise RuntimeError(f"horovod.run: rank {rank} returned no result (mpiexec exit "
-                                   f"{rc})")
-            with open(path, "rb") as f:
-                ok, value = _pickler().load(f)
-            if not ok:
-                raise RuntimeError(f"horovod.run: rank {rank} raised:\n{value}")
-            results.append(value)
-        return results
+        return _results(folder, range(np), rc)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _results(folder, ranks, rc):
+    """What each rank's run_worker wrote, in rank order."""
+    results = []
+    for rank in ranks:
+        path = os.path.join(folder, f"result.{rank}")
+        if not os.path.exists(path):
+            raise RuntimeError(f"horovod.run: rank {rank} returned no result (launcher exit {rc})")
+        with open(path, "rb") as f:
+            ok, value = _pickler().load(f)
+        if not ok:
+            raise RuntimeError(f"horovod.run: rank {rank} raised:\n{value}")
+        results.append(value)
+    return results

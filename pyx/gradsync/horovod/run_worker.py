@@ -5,7 +5,7 @@ import sys
 import traceback
 import types
 
-from gradsync import MPI
+import gradsync as gs
 from gradsync.horovod.run import _pickler
 
 
@@ -30,7 +30,6 @@ def _load_callers_main(folder):
 
 
 def main(folder):
-    rank = MPI.COMM_WORLD.Get_rank()
     _load_callers_main(folder)
     with open(os.path.join(folder, "func.pkl"), "rb") as f:
         func, args, kwargs = _pickler().load(f)
@@ -38,6 +37,11 @@ def main(folder):
         outcome = (True, func(*args, **kwargs))
     except BaseException:  # noqa: BLE001 - reported to the caller
         outcome = (False, traceback.format_exc())
+    # gradsync's world as it is now: MPI's, or in an elastic run the one
+    # the survivors (and newcomers) ended in
+    world = gs.world()
+    rank = world.Get_rank() if world.Get_size() > 1 or "RANK" not in os.environ else \
+        int(os.environ["RANK"])
     with open(os.path.join(folder, f"result.{rank}"), "wb") as f:
         _pickler().dump(outcome, f)
     return 0 if outcome[0] else 1
