@@ -18,6 +18,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -252,3 +253,51 @@ def test_gradsyncrun_min_np_keeps_the_survivors(tmp_path, replacements):
     assert all(r["w"] == results[0]["w"] and r["history"] == history for r in results)
     assert bytes.fromhex(results[0]["w"]) == _reference(history, 101).tobytes()
     assert not list(tmp_path.glob("gradsyncrun-store-*"))  # its store folder is gone
+
+
+MPIEXEC_JOB = r"""
+import os, signal, sys, time
+import numpy as np
+import gradsync as gs
+comm = gs.Communicator(stall_seconds=0)
+out = open(os.path.join(sys.argv[1], "rank%d.txt" % comm.rank), "w", buffering=1)
+x = np.ones(10, np.float32)
+comm.allreduce_(x)
+if comm.rank == 2:
+    os.kill(os.getpid(), signal.SIGKILL)
+try:
+    comm.allreduce_(x)
+except gs.PeerLostError as e:
+    out.write("PeerLostError %s\n" % (e.ranks,))
+    try:
+        comm.shrink(e)
+    except gs.UnsupportedError:
+        out.write("shrink: UnsupportedError\n")
+time.sleep(1.0)  # mpiexec has returned by now
+out.write("still running\n")
+os._exit(0)
+"""
+
+
+def _mpiexec():
+    near = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return os.environ.get("MPIEXEC") or (near if os.path.exists(near) else "mpiexec")
+
+
+@one_rank
+def test_mpiexec_ends_every_rank_when_one_dies(tmp_path):
+    """MPICH's mpiexec (Hydra) ends the other ranks when one dies: no
+    survivor gets to train on (what docs/GUIDE.md section 2.16 says; its
+    -disable-auto-cleanup leaves them running only sometimes, and MPI's
+    world cannot shrink anyway: gradsyncrun --min-np is the launcher for
+    that)."""
+    version = subprocess.run([_mpiexec(), "--version"], capture_output=True, text=True)
+    if "HYDRA" not in version.stdout.upper():
+        pytest.skip("not MPICH's Hydra")
+    env = {k: v for k, v in child_env().items() if not k.startswith("MPIR_CVAR")}
+    run = subprocess.run([_mpiexec(), "-n", "3", sys.executable, "-c", MPIEXEC_JOB,
+                          str(tmp_path)], env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0  # a rank was killed: mpiexec says so
+    time.sleep(2.0)  # a survivor left running would have written "still running" by now
+    files = [tmp_path / f"rank{r}.txt" for r in (0, 1)]
+    assert all("still running" not in f.read_text() for f in files if f.exists())

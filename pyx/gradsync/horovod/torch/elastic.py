@@ -3,10 +3,9 @@
 ``@hvd.elastic.run`` wraps a training function: ``state.sync()`` first (rank
 0's model, optimizer and attributes everywhere); on HorovodInternalError the
 state goes back to its last ``commit()``, the world is re-formed (shutdown
-and init on every rank: the same MPI world, module gradsync.horovod.elastic
-says why) and the function runs again. Horovod's elastic driver (processes
-added or removed while training, --min-np/--max-np, host discovery) is not
-there: asking for it raises NotImplementedError naming it.
+and init on every rank: shrunk after a lost rank or grown by newcomers on a
+world joined from singletons, the same MPI world under mpiexec; module
+gradsync.horovod.elastic says how) and the function runs again.
 """
 import copy
 
