@@ -399,7 +399,10 @@ cluster-smoke: build
 	$(SIMCLUSTER) --hosts 2 --ranks-per-host 2 -- $(PYTEST) $(CLUSTER_SMOKE) || exit 1; \
 	echo "== cluster 2 hosts x 2 ranks: a link taken down, and the doctor's verdict"; \
 	timeout $(TEST_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider \
-	    tests/cluster/test_cluster_faults.py -k "link_down and 2x2-default"
+	    tests/cluster/test_cluster_faults.py -k "link_down and 2x2-default" || exit 1; \
+	echo "== cluster 2 hosts x 2 ranks: a host lost, the other trains on (gradsync.elastic)"; \
+	timeout $(TEST_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider \
+	    tests/cluster/test_cluster_elastic.py
 
 # srun on a one-node Slurm of this machine (scripts/slurmlocal: root, and
 # Debian's slurm-wlm and munge, which only `make slurm-install` installs:
@@ -442,7 +445,7 @@ cluster-test: build
 	$(SIMCLUSTER) --hosts 2 --ranks-per-host 2,1 -- $(PYTEST) tests/cluster/test_topology.py \
 	    tests/python/test_hierarchical.py tests/python/test_adasum_hierarchical.py || exit 1; \
 	echo "== cluster network faults"; \
-	timeout $(TEST_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider tests/cluster/test_cluster_faults.py
+	timeout $(TEST_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider tests/cluster/test_cluster_faults.py tests/cluster/test_cluster_elastic.py
 
 # Allreduce across 2 simulated hosts x 2 ranks at 10 and 1 Gbit/s: time and
 # bytes per host link, gradsync flat / hierarchical / default against mpi4py

@@ -3,6 +3,8 @@
 a poll of the store against one deadline, an abort key that fails the
 other ranks fast once one knows the join cannot finish, and a watch that
 names a member whose process is gone."""
+import queue
+import threading
 import time
 
 from gradsync import _core
@@ -144,3 +146,65 @@ def _ranges(ranks):
             out.append(str(r) if r == start else f"{start}-{r}")
             start = None
     return ", ".join(out)
+
+
+class BoundedStore:
+    """A rendezvous store whose every call ends within ``seconds``: a store
+    across a network that went down (a host cut off) can block a call for
+    as long as TCP retransmits (minutes), which no store timeout bounds.
+    The calls run on one daemon thread of its own; one that does not answer
+    in time raises JoinError, and so does every later call (the thread may
+    still be blocked in the store)."""
+
+    def __init__(self, store, seconds):
+        self.store, self.seconds = store, float(seconds)
+        self._requests = queue.SimpleQueue()
+        self._stuck = None
+        self._thread = None
+        for optional in ("add", "compare_set"):  # what the store lacks, this one lacks
+            if not callable(getattr(store, optional, None)):
+                setattr(self, optional, None)
+
+    def _serve(self):
+        while True:
+            call, args, box, done = self._requests.get()
+            try:
+                box.append((True, call(*args)))
+            except BaseException as e:  # noqa: BLE001 (the caller's thread raises it)
+                box.append((False, e))
+            done.set()
+
+    def _call(self, name, *args):
+        if self._stuck:
+            raise JoinError(self._stuck)
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="gradsync-store",
+                                            daemon=True)
+            self._thread.start()
+        box, done = [], threading.Event()
+        self._requests.put((getattr(self.store, name), args, box, done))
+        if not done.wait(self.seconds):
+            self._stuck = (f"gradsync: the rendezvous store did not answer ({name}) in "
+                           f"{self.seconds:g} s (GRADSYNC_TIMEOUT_SECONDS or the group's "
+                           "timeout): is its host (MASTER_ADDR, rank 0 or the launcher's "
+                           "agent) still reachable from this one?")
+            raise JoinError(self._stuck)
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    def set(self, key, value):
+        return self._call("set", key, value)
+
+    def get(self, key):
+        return self._call("get", key)
+
+    def check(self, keys):
+        return self._call("check", keys)
+
+    def add(self, key, amount):
+        return self._call("add", key, amount)
+
+    def compare_set(self, key, expected, desired):
+        return self._call("compare_set", key, expected, desired)

@@ -23,7 +23,7 @@ from mpi4py import MPI  # gradsync/__init__ loads it first, at gradsync's thread
 
 from gradsync import _core, _members
 from gradsync._filestore import FileStore
-from gradsync._rendezvous import JoinError, _Rendezvous
+from gradsync._rendezvous import BoundedStore, JoinError, _Rendezvous
 
 # Environment variables an MPI launcher (Hydra, Open MPI, Slurm's PMI/PMIx)
 # sets in its processes: with one of them the process is not a singleton.
@@ -190,6 +190,8 @@ def join(store, rank, size, timeout=None, *, generation=None, watch=None):
         comm.Free()
         raise
     _world = comm
+    if not isinstance(store, BoundedStore):  # shrink and grow use it while training
+        store = BoundedStore(store, timeout)
     _joined = (store, generation, rank, size, timeout)
     _core.Comm.set_world(comm)  # flight records name ranks of this world, not of a singleton's
     return comm

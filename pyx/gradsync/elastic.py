@@ -153,7 +153,9 @@ def join_running(store, timeout=None):
 
 def run(train, state, comm=None, *, on_change=None, max_losses=None, grow=True):
     """Calls ``train(state, comm)`` until it returns, and returns what it
-    returns. When a peer is lost: shrinks ``comm`` to the survivors,
+    returns. When a peer is lost (PeerLostError; an error raised while a
+    member is gone; a gs.TimeoutError on a joined world, which may be a
+    member lost on another host): shrinks ``comm`` to the survivors,
     restores ``state`` to its last commit, syncs it from the new rank 0,
     calls ``on_change(comm)`` (rebuild what depends on the world: a DDP
     model, a sampler) and calls ``train`` again. ``max_losses``: how many
@@ -178,7 +180,9 @@ def run(train, state, comm=None, *, on_change=None, max_losses=None, grow=True):
             comm = comm.grow()
         except Exception as exc:  # noqa: BLE001 (a loss, however a framework wrapped it)
             lost = exc if isinstance(exc, _core.PeerLostError) else lost_ranks()
-            if not lost:
+            # a peer on another host cannot be seen to die: a wait that ran out
+            # of time may be one lost there (the survivors' agreement tells)
+            if not lost and not (isinstance(exc, _core.TimeoutError) and can_change()):
                 raise
             losses += 1
             if max_losses is not None and losses > max_losses:
