@@ -9,8 +9,10 @@ after each. The last rank SIGKILLs itself at step 3, between steps; the
 survivors catch gs.PeerLostError, shrink, restore, sync and train on. Per
 trial: seconds from the kill (the killed rank's clock, CLOCK_MONOTONIC: one
 host) to the slowest survivor's first step completed in the new world, and
-the steps the survivors ran twice (lost work). Prints each trial and the
-median. A benchmark, not a test.
+the steps the survivors ran twice (lost work), and how much rank 0's
+resident memory grew from the step before the loss to its end (what the
+abandoned communicator keeps). Prints each trial and the median. A
+benchmark, not a test.
 """
 import argparse
 import os
@@ -28,11 +30,17 @@ from joined import DirStore
 rank, size, store, n = int(sys.argv[1]), int(sys.argv[2]), DirStore(sys.argv[3]), int(sys.argv[4])
 STEPS, KILL = 6, 3
 gs.init(store, rank=rank, world_size=size)
-runs = 0
+runs, before = 0, 0
+
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 def train(state, comm):
-    global runs
+    global runs, before
     while state.step < STEPS:
+        if state.step == KILL - 1 and comm.size == size:
+            before = rss()
         if rank == size - 1 and state.step == KILL:
             print("KILL %.6f" % time.monotonic(), flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
@@ -49,6 +57,8 @@ def train(state, comm):
 state = gs.elastic.State(w=np.zeros(n, np.float32), step=0, first=False)
 gs.elastic.run(train, state, gs.Communicator(stall_seconds=0))
 print("RERUN %d" % (runs - STEPS), flush=True)
+if rank == 0:
+    print("RSS %d" % (rss() - before), flush=True)
 os._exit(0)
 """
 
@@ -73,9 +83,10 @@ def trial(ranks, elements):
     killed = values("KILL", outs[-1])
     firsts = [v for out in outs[:-1] for v in values("FIRST", out)]
     reruns = [v for out in outs[:-1] for v in values("RERUN", out)]
+    grown = values("RSS", outs[0])
     if not killed or len(firsts) != ranks - 1:
         raise RuntimeError("a trial did not finish:\n" + "\n---\n".join(o[-2000:] for o in outs))
-    return max(firsts) - killed[0], max(reruns)
+    return max(firsts) - killed[0], max(reruns), grown[0] if grown else float("nan")
 
 
 def main():
@@ -86,10 +97,11 @@ def main():
     args = ap.parse_args()
     times = []
     for t in range(args.trials):
-        seconds, rerun = trial(args.ranks, args.elements)
+        seconds, rerun, grown = trial(args.ranks, args.elements)
         times.append(seconds)
         print(f"trial {t}: {seconds:.3f} s from the kill to the survivors' first step; "
-              f"steps run twice: {int(rerun)}", flush=True)
+              f"steps run twice: {int(rerun)}; rank 0's memory grew {grown / 2**20:.1f} MiB "
+              "from the step before the loss to the end", flush=True)
     print(f"median of {len(times)}: {statistics.median(times):.3f} s ({args.ranks} ranks, "
           f"{args.elements} float32 a step)")
 
