@@ -24,6 +24,7 @@ def rank_main(out, rank):
     import faulthandler
 
     import numpy as np
+    from joined import train_step
 
     import gradsync as gs
 
@@ -33,12 +34,7 @@ def rank_main(out, rank):
             if rank == 2 and state.step == LINK_STEP and comm.size == 4:
                 subprocess.run(["ip", "link", "set", os.environ["SIMCLUSTER_DATA_IFACE"], "down"],
                                check=True)
-            g = ((state.step + 1) * (rank + 1) + np.arange(N) % 7).astype(np.float32)
-            comm.allreduce_(g)
-            state.w -= g
-            state.history.append(members)
-            state.step += 1
-            state.commit()
+            train_step(state, comm, rank, members)
         return state.w
 
     # a rank still running long after the fault says where it is
@@ -57,8 +53,10 @@ def rank_main(out, rank):
 
 def host_main(out, port):
     host = int(os.environ["SIMCLUSTER_HOST_INDEX"])
+    tests_python = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python")
     env = dict(os.environ, WORLD_SIZE="4", MASTER_ADDR=os.environ["SIMCLUSTER_HOST0_ADDR"],
-               MASTER_PORT=str(port))
+               MASTER_PORT=str(port),
+               PYTHONPATH=os.pathsep.join([tests_python, os.environ.get("PYTHONPATH", "")]))
     procs = [subprocess.Popen([sys.executable, __file__, out, str(port), "--rank", str(r)],
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r % 2)))
              for r in (2 * host, 2 * host + 1)]

@@ -17,25 +17,16 @@ import socket
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-SIMCLUSTER = os.path.join(ROOT, "scripts", "simcluster")
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import elastic_job  # noqa: E402
+from joined import replay  # noqa: E402
+from simcluster_skip import HERE, ROOT, SIMCLUSTER, needs_simcluster  # noqa: E402
 
 TIMEOUT = 5.0
-
-
-def _cluster_possible():
-    r = subprocess.run([sys.executable, SIMCLUSTER, "--check"], capture_output=True, text=True)
-    return r.returncode == 0, r.stderr.strip()
-
-
-POSSIBLE, WHY = _cluster_possible()
-pytestmark = pytest.mark.skipif(not POSSIBLE, reason=WHY)
+pytestmark = needs_simcluster
 
 
 def _free_port():
@@ -70,8 +61,4 @@ def test_a_host_lost_the_other_trains_on(tmp_path):
     k = elastic_job.LINK_STEP
     assert history in ([[0, 1, 2, 3]] * s + [[0, 1]] * (elastic_job.STEPS - s)
                        for s in (k, k + 1)), history
-    w = np.zeros(elastic_job.N)
-    for step, members in enumerate(history):
-        for who in members:
-            w -= (step + 1) * (who + 1) + np.arange(elastic_job.N) % 7
-    assert bytes.fromhex(recs[0]["w"]) == w.astype(np.float32).tobytes()
+    assert bytes.fromhex(recs[0]["w"]) == replay(history, elastic_job.N).tobytes()

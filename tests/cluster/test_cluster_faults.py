@@ -19,24 +19,15 @@ import sys
 import time
 
 import pytest
+from simcluster_skip import HERE, ROOT, SIMCLUSTER, needs_simcluster
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
-SIMCLUSTER = os.path.join(ROOT, "scripts", "simcluster")
 JOB = os.path.join(HERE, "fault_job.py")
 TIMEOUT = 5.0     # GRADSYNC_TIMEOUT_SECONDS in the link-down runs
 SLACK = 20.0      # seconds past it a rank may take to report (a call in flight,
                   # a loaded machine): the bound tells a timeout from a hang
 FAULT_AFTER = 3.0
 
-
-def _cluster_possible():
-    r = subprocess.run([sys.executable, SIMCLUSTER, "--check"], capture_output=True, text=True)
-    return r.returncode == 0, r.stderr.strip()
-
-
-POSSIBLE, WHY = _cluster_possible()
-pytestmark = pytest.mark.skipif(not POSSIBLE, reason=WHY)
+pytestmark = needs_simcluster
 
 
 def run_faulty_job(tmp_path, mode, hosts, ranks, **env):

@@ -483,15 +483,18 @@ def run_child(script, env_extra=None, timeout=180, args=()):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def run_joined(script, nprocs, env_extra, args=(), timeout=180):
-    """Starts ``python -c script RANK *args`` nprocs times at once (processes
-    that join one world through gs.init), each with its output merged;
-    returns (processes, outputs), a hung one killed and marked "<hung>"."""
+def start_joined(script, label, env_extra, args=()):
+    """Starts ``python -c script LABEL *args`` as a singleton MPI process (one
+    of those that join one world through gs.init), its output merged."""
     env = child_env()
     env.update(env_extra)
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(r), *map(str, args)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(nprocs)]
+    return subprocess.Popen([sys.executable, "-c", script, str(label), *map(str, args)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def finish(procs, timeout=180):
+    """Each process's output once it has ended; a hung one killed and
+    marked "<hung>"."""
     outs = []
     for p in procs:
         try:
@@ -499,7 +502,14 @@ def run_joined(script, nprocs, env_extra, args=(), timeout=180):
         except subprocess.TimeoutExpired:
             p.kill()
             outs.append(p.communicate()[0] + "<hung>")
-    return procs, outs
+    return outs
+
+
+def run_joined(script, nprocs, env_extra, args=(), timeout=180):
+    """Starts ``python -c script RANK *args`` nprocs times at once
+    (start_joined); returns (processes, outputs), as finish() gives them."""
+    procs = [start_joined(script, r, env_extra, args) for r in range(nprocs)]
+    return procs, finish(procs, timeout)
 
 
 def shm_entries():

@@ -5,11 +5,43 @@ import ctypes
 import os
 import struct
 
+import numpy as np
+
 from gradsync._filestore import FileStore
 
 # The rendezvous gs.init needs (set, get, check; add and compare_set for
 # shrink and grow), as files in a folder: gradsync's own.
 DirStore = FileStore
+
+
+# ---- the elastic tests' training (test_shrink.py, tests/cluster/elastic_job.py):
+# whole-number gradients, so every order of summation gives the same float32
+# bits, and the survivors' weights can be replayed from the members of each step
+
+def gradient(step, who, n):
+    """Process ``who``'s gradient at ``step``."""
+    return ((step + 1) * (who + 1) + np.arange(n) % 7).astype(np.float32)
+
+
+def train_step(state, comm, who, members):
+    """One step on gradsync.elastic.State(w=..., step=..., history=[]): the
+    members' gradients summed, subtracted; the members noted; committed."""
+    g = gradient(state.step, who, state.w.size)
+    comm.allreduce_(g)
+    state.w -= g
+    state.history.append(members)
+    state.step += 1
+    state.commit()
+
+
+def replay(history, n):
+    """The weights train_step leaves after ``history`` (each step's members),
+    computed in float64 (exact: whole numbers)."""
+    w = np.zeros(n)
+    for step, members in enumerate(history):
+        for who in members:
+            w -= gradient(step, who, n)
+    return w.astype(np.float32)
 
 
 def deny_process_vm_readv():

@@ -20,12 +20,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
+from joined import replay
 from mpi4py import MPI
 
 import gradsync as gs
-from gsutil import child_env, collectively, run_joined, shm_entries
+from gsutil import child_env, collectively, finish, run_joined, shm_entries, start_joined
 
 WORLD = MPI.COMM_WORLD
 STEPS = 6
@@ -35,7 +35,7 @@ import json, os, signal, sys, threading, time
 import numpy as np
 import gradsync as gs
 from gradsync import _shrink
-from joined import DirStore
+from joined import DirStore, train_step
 
 rank, store, mode, kill_step, n, size, grow_step = (
     int(sys.argv[1]), DirStore(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]),
@@ -58,13 +58,9 @@ if mode == "second" and rank == 3:  # dies once it has registered with the survi
         os.kill(os.getpid(), signal.SIGKILL)
     _shrink._Agreement.decide = decide_and_die
 
-def grad(step, who):  # whole numbers: exact sums in float32, whatever the order
-    return ((step + 1) * (who + 1) + np.arange(n) %% 7).astype(np.float32)
-
 def train(state, comm):
     members = [int(r) for r in comm.allgather(np.array([rank], np.int64))]
     while state.step < STEPS:
-        g = grad(state.step, rank)
         if state.step == grow_step and mode != "newcomer" and comm.size < 4:  # one is on its way
             store.set("test/at-grow-step", b"1")
             while not store.check(["gradsync/grow/want/1"]):
@@ -75,11 +71,7 @@ def train(state, comm):
             threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
         elif state.step == kill_step and mode.startswith("inside"):
             time.sleep(0.3)  # rank 2 waits inside the allreduce when it dies
-        comm.allreduce_(g)
-        state.w -= g
-        state.history.append(members)
-        state.step += 1
-        state.commit()
+        train_step(state, comm, rank, members)
     return state.w
 
 state = gs.elastic.State(w=np.zeros(n, np.float32), step=0, history=[])
@@ -100,16 +92,6 @@ def _results(procs, outs, survivors):
         assert line, f"rank {r}:\n{outs[r][-4000:]}"
         got[r] = json.loads(line[-1][len("RESULT "):])
     return got
-
-
-def _reference(history, n):
-    """The weights the history says: minus the sum over committed steps of
-    every member's gradient, in float64 (exact: whole numbers)."""
-    w = np.zeros(n)
-    for step, members in enumerate(history):
-        for who in members:
-            w -= (step + 1) * (who + 1) + np.arange(n) % 7
-    return w.astype(np.float32)
 
 
 @one_rank
@@ -133,7 +115,7 @@ def test_survivors_train_on_after_a_kill(tmp_path, mode, kill_step, n):
     # contribution had reached every survivor before it died; every step trained
     assert history in ([[0, 1, 2, 3]] * k + [[0, 1, 3]] * (STEPS - k)
                        for k in (kill_step, kill_step + 1)), history
-    want = _reference(history, n)
+    want = replay(history, n)
     assert bytes.fromhex(got[0]["w"]) == want.tobytes()
     assert shm_entries() - before == set()
 
@@ -150,7 +132,7 @@ def test_a_second_loss_while_agreeing_leaves_two(tmp_path):
     history = got[0]["history"]
     assert got[1] == {**got[0], "rank": 1}
     assert history == [[0, 1, 2, 3]] * 2 + [[0, 1]] * (STEPS - 2), history
-    assert bytes.fromhex(got[0]["w"]) == _reference(history, 33).tobytes()
+    assert bytes.fromhex(got[0]["w"]) == replay(history, 33).tobytes()
 
 
 def test_shrink_under_an_mpi_launcher_raises_on_every_rank():
@@ -165,24 +147,6 @@ def test_shrink_under_an_mpi_launcher_raises_on_every_rank():
         comm.close()
 
 
-def _start(script_args, env_extra, who):
-    env = child_env()
-    env.update(env_extra)
-    return subprocess.Popen([sys.executable, "-c", JOB, str(who), *map(str, script_args)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-
-
-def _finish(procs, timeout=120):
-    outs = []
-    for p in procs:
-        try:
-            outs.append(p.communicate(timeout=timeout)[0])
-        except subprocess.TimeoutExpired:
-            p.kill()
-            outs.append(p.communicate()[0] + "<hung>")
-    return outs
-
-
 @one_rank
 def test_a_newcomer_joins_at_a_commit(tmp_path):
     """Three ranks train; a fourth process, started beside them, calls
@@ -192,14 +156,14 @@ def test_a_newcomer_joins_at_a_commit(tmp_path):
     store = tmp_path / "store"
     store.mkdir()
     env = {"GRADSYNC_TIMEOUT_SECONDS": "60", "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")}
-    procs = [_start((store, "member", -1, 101, 3, 2), env, r) for r in range(3)]
-    procs.append(_start((store, "newcomer", -1, 101, 3, 2), env, 3))
-    outs = _finish(procs)
+    procs = [start_joined(JOB, r, env, (store, "member", -1, 101, 3, 2)) for r in range(3)]
+    procs.append(start_joined(JOB, 3, env, (store, "newcomer", -1, 101, 3, 2)))
+    outs = finish(procs)
     got = _results(procs, outs, (0, 1, 2, 3))
     history = got[0]["history"]
     assert history == [[0, 1, 2]] * 3 + [[0, 1, 2, 3]] * (STEPS - 3), history
     assert all(got[r]["w"] == got[0]["w"] and got[r]["history"] == history for r in (1, 2, 3))
-    assert bytes.fromhex(got[0]["w"]) == _reference(history, 101).tobytes()
+    assert bytes.fromhex(got[0]["w"]) == replay(history, 101).tobytes()
 
 
 @one_rank
@@ -209,16 +173,16 @@ def test_a_replacement_brings_the_world_back_to_four(tmp_path):
     store = tmp_path / "store"
     store.mkdir()
     env = {"GRADSYNC_TIMEOUT_SECONDS": "60", "GRADSYNC_FLIGHT_DIR": str(tmp_path / "flight")}
-    procs = [_start((store, "replace", 1, 101, 4, 3), env, r) for r in range(4)]
+    procs = [start_joined(JOB, r, env, (store, "replace", 1, 101, 4, 3)) for r in range(4)]
     procs[2].wait(timeout=120)
     assert procs[2].returncode == -9
-    procs.append(_start((store, "newcomer", -1, 101, 4, 3), env, 4))
-    outs = _finish(procs)
+    procs.append(start_joined(JOB, 4, env, (store, "newcomer", -1, 101, 4, 3)))
+    outs = finish(procs)
     got = _results(procs, outs, (0, 1, 3, 4))
     history = got[0]["history"]
     assert history == [[0, 1, 2, 3]] + [[0, 1, 3]] * 3 + [[0, 1, 3, 4]] * (STEPS - 4), history
     assert all(got[r]["w"] == got[0]["w"] and got[r]["history"] == history for r in (1, 3, 4))
-    assert bytes.fromhex(got[0]["w"]) == _reference(history, 101).tobytes()
+    assert bytes.fromhex(got[0]["w"]) == replay(history, 101).tobytes()
 
 
 GRADSYNCRUN = [sys.executable, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(
@@ -251,7 +215,7 @@ def test_gradsyncrun_min_np_keeps_the_survivors(tmp_path, replacements):
         [[0, 1, 3]] * 3 + [[0, 1, 3, 4]] * (STEPS - 4)
     assert history == [[0, 1, 2, 3]] + after, history
     assert all(r["w"] == results[0]["w"] and r["history"] == history for r in results)
-    assert bytes.fromhex(results[0]["w"]) == _reference(history, 101).tobytes()
+    assert bytes.fromhex(results[0]["w"]) == replay(history, 101).tobytes()
     assert not list(tmp_path.glob("gradsyncrun-store-*"))  # its store folder is gone
 
 
