@@ -15,6 +15,7 @@ abandoned communicator keeps). Prints each trial and the median. A
 benchmark, not a test.
 """
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -89,12 +90,58 @@ def trial(ranks, elements):
     return max(firsts) - killed[0], max(reruns), grown[0] if grown else float("nan")
 
 
+def soak(trials, seed):
+    """--soak: random kill points through test_shrink.py's job."""
+    import random
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                    "python"))
+    import test_shrink
+    from joined import replay
+
+    from gsutil import run_joined
+
+    rng = random.Random(seed)
+    points = {"between": 1001, "inside-small": 1001, "inside-large": 600001,
+              "inside-wire": 300001, "second": 33}
+    passed = 0
+    for t in range(trials):
+        mode = rng.choice(sorted(points))
+        step, n = rng.randint(1, test_shrink.STEPS - 2), points[mode]
+        with tempfile.TemporaryDirectory() as store:
+            procs, outs = run_joined(test_shrink.JOB, 4, {"GRADSYNC_TIMEOUT_SECONDS": "60"},
+                                     args=(store, mode, step, n, 4, -1), timeout=120)
+        left = [0, 1] if mode == "second" else [0, 1, 3]
+        results = []
+        for r in left:
+            line = [ln for ln in outs[r].splitlines() if ln.startswith("RESULT ")]
+            results.append(json.loads(line[-1][7:]) if procs[r].returncode == 0 and line else None)
+        ok = all(results) and all((x["w"], x["history"]) == (results[0]["w"],
+                                                              results[0]["history"])
+                                  for x in results)
+        history = results[0]["history"] if ok else []
+        ok = ok and history in ([[0, 1, 2, 3]] * k + [left] * (test_shrink.STEPS - k)
+                                for k in (step, step + 1))
+        ok = ok and bytes.fromhex(results[0]["w"]) == replay(history, n).tobytes()
+        passed += ok
+        print(f"trial {t}: rank 2 lost at step {step}, {mode}: {'ok' if ok else 'FAILED'}",
+              flush=True)
+        if not ok:
+            print("\n---\n".join(o[-1500:] for o in outs), flush=True)
+    print(f"{passed} of {trials} trials: the survivors trained every step, bit for bit")
+    return 0 if passed == trials else 1
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=10)
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--elements", type=int, default=1000)
+    ap.add_argument("--soak", type=int, default=0, help="random kill points, N trials")
+    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.soak:
+        return soak(args.soak, args.seed)
     times = []
     for t in range(args.trials):
         seconds, rerun, grown = trial(args.ranks, args.elements)
@@ -107,4 +154,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -23,11 +23,13 @@ def gradient(step, who, n):
     return ((step + 1) * (who + 1) + np.arange(n) % 7).astype(np.float32)
 
 
-def train_step(state, comm, who, members):
+def train_step(state, comm, who, members, wire=None):
     """One step on gradsync.elastic.State(w=..., step=..., history=[]): the
-    members' gradients summed, subtracted; the members noted; committed."""
+    members' gradients summed (on ``wire``: bfloat16 holds these whole
+    numbers and their sums exactly), subtracted; the members noted;
+    committed."""
     g = gradient(state.step, who, state.w.size)
-    comm.allreduce_(g)
+    comm.allreduce_(g, wire=wire)
     state.w -= g
     state.history.append(members)
     state.step += 1

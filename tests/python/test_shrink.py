@@ -71,7 +71,7 @@ def train(state, comm):
             threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGKILL)).start()
         elif state.step == kill_step and mode.startswith("inside"):
             time.sleep(0.3)  # rank 2 waits inside the allreduce when it dies
-        train_step(state, comm, rank, members)
+        train_step(state, comm, rank, members, "bfloat16" if mode == "inside-wire" else None)
     return state.w
 
 state = gs.elastic.State(w=np.zeros(n, np.float32), step=0, history=[])
@@ -99,6 +99,7 @@ def _results(procs, outs, survivors):
     ("between", 2, 1001),         # rank 2 dies before its step's allreduce
     ("inside-small", 3, 1001),    # ... while it waits in a shared-region allreduce
     ("inside-large", 1, 600001),  # ... in a cross-memory one (2.4 MB: past the slot)
+    ("inside-wire", 2, 300001),   # ... in a bfloat16 wire allreduce
 ])
 def test_survivors_train_on_after_a_kill(tmp_path, mode, kill_step, n):
     store = tmp_path / "store"
