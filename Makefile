@@ -172,7 +172,8 @@ c-tests: build $(C_TESTS) $(C_EXAMPLES) tests/c/bin/test_cuda_pieces
 # since 3 and 4 ranks would repeat them on the same two cores (about 100 s
 # of make test).
 PROCESS_LOCAL_TESTS = test_kernels test_gpu_session test_gpu_visible test_import_check \
-    test_no_shadowing test_nccl_bundle test_dlpack test_timeline test_tmp_dirs test_object_cache
+    test_no_shadowing test_nccl_bundle test_dlpack test_timeline test_tmp_dirs test_object_cache \
+    test_stores test_shrink
 py-tests: build
 	@for n in $(NP_LIST); do \
 	    echo "== pytest at $$n ranks"; \
