@@ -35,7 +35,7 @@ feedback (``residual``) is refused, and an error raised by a collective
 reaches Python as JAX's runtime error naming gradsync's status:
 ``gsj.checked(step)`` re-raises it as gradsync's error class. jax.grad
 works through allreduce and reduce_scatter with op sum or average,
-broadcast and allgather (docs/GUIDE.md, JAX). ``comm`` defaults to one
+broadcast, allgather and alltoall (docs/GUIDE.md, JAX). ``comm`` defaults to one
 gs.Communicator over COMM_WORLD shared with gradsync.torch. Every
 collective is collective: every rank calls it, with the same pytree
 structure, in the same order.
@@ -54,6 +54,7 @@ from gradsync.jax.collectives import (  # noqa: E402
     adasum,
     allgather,
     allreduce,
+    alltoall,
     broadcast,
     checked,
     gradsync_error,
@@ -63,4 +64,5 @@ from gradsync.jax.collectives import (  # noqa: E402
 from gradsync.jax.kernels import accumulate, all_finite, scale  # noqa: E402
 
 __all__ = ["SUPPORTED_JAX", "adasum", "accumulate", "all_finite", "allgather", "allreduce",
-           "broadcast", "checked", "gradsync_error", "jit_available", "reduce_scatter", "scale"]
+           "alltoall", "broadcast", "checked", "gradsync_error", "jit_available", "reduce_scatter",
+           "scale"]

@@ -213,6 +213,26 @@ ffi::Error reduce_scatter(const Where &w, ffi::RemainingArgs args, ffi::Remainin
   return s == GS_SUCCESS ? ffi::Error::Success() : failed("reduce_scatter", s);
 }
 
+// Block r of dim 0 of each array to rank r, the blocks received in rank
+// order: equal blocks (gradsync.jax checked at trace time that dim 0 divides
+// by the rank count), so every count is known without an exchange.
+ffi::Error alltoall(const Where &w, ffi::RemainingArgs args, ffi::RemainingRets rets,
+                    int64_t comm) {
+  std::vector<gs_tensor_t> in, out;
+  std::vector<int64_t> rows;
+  ffi::Error e = tensors("alltoall", w, args, rets, &in, &out, &rows);
+  if (e.failure()) return e;
+  int size = 0;
+  gs_status_t s = gs_comm_size(comm_of(comm), &size);
+  if (s != GS_SUCCESS) return failed("alltoall", s);
+  int64_t n = static_cast<int64_t>(in.size());
+  std::vector<int64_t> counts(static_cast<size_t>(size) * n);
+  for (int r = 0; r < size; r++)
+    for (int64_t i = 0; i < n; i++) counts[r * n + i] = in[i].count / size;
+  s = gs_alltoallv(comm_of(comm), in.data(), out.data(), n, counts.data(), counts.data());
+  return s == GS_SUCCESS ? ffi::Error::Success() : failed("alltoall", s);
+}
+
 // The two entry points of each collective: host buffers, and CUDA buffers on
 // XLA's stream of device `ordinal`.
 template <auto Impl, typename... Attrs>
@@ -260,6 +280,7 @@ GS_JAX_HANDLERS(GsJaxAllreduce, allreduce,
 GS_JAX_HANDLERS(GsJaxBroadcast, broadcast, .Attr<int64_t>("comm").Attr<int64_t>("root"), int64_t,
                 int64_t);
 GS_JAX_HANDLERS(GsJaxAllgather, allgather, .Attr<int64_t>("comm"), int64_t);
+GS_JAX_HANDLERS(GsJaxAlltoall, alltoall, .Attr<int64_t>("comm"), int64_t);
 GS_JAX_HANDLERS(
     GsJaxReduceScatter, reduce_scatter,
     .Attr<int64_t>("comm").Attr<int64_t>("op").Attr<double>("prescale").Attr<double>("postscale"),

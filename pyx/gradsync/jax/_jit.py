@@ -7,7 +7,7 @@ JAX has no public API for ordered effects, custom calls that take tokens or
 a primitive's eager implementation: those come from ``jax._src`` here and
 nowhere else in gradsync, which is why gradsync.jax checks the JAX version at
 import (SUPPORTED_JAX). The primitive is linear in its inputs for the sum and
-average reductions, broadcast, allgather and reduce_scatter; gradsync.jax's
+average reductions, broadcast, allgather, reduce_scatter and alltoall; gradsync.jax's
 custom_vjp rules use that, the primitive itself has no JVP.
 """
 import ctypes
@@ -22,7 +22,8 @@ from jax.interpreters import batching, mlir
 
 LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "libgradsync_jax.so")
 TARGETS = {"allreduce": "GsJaxAllreduce", "broadcast": "GsJaxBroadcast",
-           "allgather": "GsJaxAllgather", "reduce_scatter": "GsJaxReduceScatter"}
+           "allgather": "GsJaxAllgather", "reduce_scatter": "GsJaxReduceScatter",
+           "alltoall": "GsJaxAlltoall"}
 
 
 class GradsyncEffect(effects.Effect):
@@ -127,7 +128,7 @@ def _batch(args, dims, *, kind, **params):
     broadcast over the batch."""
     import jax.numpy as jnp
     size = next(x.shape[d] for x, d in zip(args, dims) if d is not None)
-    at = 1 if kind in ("allgather", "reduce_scatter") else 0
+    at = 1 if kind in ("allgather", "reduce_scatter", "alltoall") else 0
     moved = []
     for x, d in zip(args, dims):
         if d is None:

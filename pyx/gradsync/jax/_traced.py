@@ -8,7 +8,10 @@ call), wrapped in a custom_vjp that says what each collective's transpose is
 - broadcast: the cotangents summed over ranks, kept on the root, zero elsewhere;
 - allgather: reduce_scatter (sum) of the cotangents;
 - reduce_scatter, op sum or average: allgather of the cotangents, scaled
-  (every rank's block of one size: dim 0 a multiple of the rank count).
+  (every rank's block of one size: dim 0 a multiple of the rank count);
+- alltoall (equal blocks): the same alltoall of the cotangents (block s of
+  rank r's result is block r of rank s's input: the permutation is its own
+  transpose).
 
 min, max, prod, Adasum and wire formats have no gradient here: jax.grad
 through them raises.
@@ -64,7 +67,7 @@ def leaves_of(tree, what, kind):
         if leaf.dtype not in DTYPES:
             raise TypeError(f"gradsync.jax.{kind}: {where} has dtype {leaf.dtype}, which "
                             "gradsync does not reduce")
-        if kind in ("allgather", "reduce_scatter") and leaf.ndim == 0:
+        if kind in ("allgather", "reduce_scatter", "alltoall") and leaf.ndim == 0:
             raise ValueError(f"gradsync.jax.{kind}: {where} is a scalar; it needs a dim 0")
         leaves.append(leaf)
     return leaves, treedef
@@ -125,6 +128,8 @@ def _bwd(sp, _, cts):
         summed = _bind(("allreduce", handle, size, rank, (("op", LINEAR_OPS[0]),
                         ("postscale", 1.0), ("prescale", 1.0), ("wire", 0))), cts)
         return tuple(s if rank == a["root"] else jnp.zeros_like(s) for s in summed)
+    if kind == "alltoall":
+        return _bind(sp, cts)
     if kind == "allgather":
         return _bind(("reduce_scatter", handle, size, rank,
                       (("op", LINEAR_OPS[0]), ("postscale", 1.0), ("prescale", 1.0))), cts)

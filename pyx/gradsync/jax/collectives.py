@@ -98,6 +98,25 @@ def allgather(x, comm=None):
     return _answer(treedef, outs)
 
 
+def alltoall(x, comm=None):
+    """Block r of dim 0 of each array of ``x`` goes to rank r; each result
+    holds the blocks it got, in rank order, with the array's shape. Dim 0
+    must divide by the rank count (equal blocks: the shapes are known where
+    jax.jit traces); inside jit every rank's arrays must have one shape."""
+    comm = default_communicator(comm)
+    for path, leaf in jax.tree_util.tree_flatten_with_path(x)[0]:
+        shape = tuple(getattr(leaf, "shape", ()))
+        if not shape or shape[0] % comm.size:
+            raise ValueError(f"gradsync.jax.alltoall: x{jax.tree_util.keystr(path)} has shape "
+                             f"{shape}: dim 0 must be a multiple of the rank count ({comm.size})")
+    if _is_traced(x):
+        return _lowered(x, comm, "alltoall")
+    leaves, treedef, paths = _leaves(x, "x")
+    outs = [_empty_like(leaf, leaf.shape) for leaf in leaves]
+    _named(paths, lambda: comm.alltoall(leaves, out=outs) if leaves else None)
+    return _answer(treedef, outs)
+
+
 def reduce_scatter(x, comm=None, op="sum", *, prescale=1.0, postscale=1.0):
     """Rank r's block of dim 0 of each array's reduction: ``n // size +
     (r < n % size)`` rows."""
