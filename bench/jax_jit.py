@@ -10,9 +10,12 @@ outside jit, jit(update). Three cases: 16 float32 (latency), ResNet-50's
 gradient list (161 float32 tensors, 25.6 M elements, gsbench's shapes); and
 the 16 floats' step ten times, under lax.scan in one jitted call against ten
 split steps (times per ten steps). Each
-call is timed to its results being ready, the slowest rank's time; the two
-ways alternate per repeat. Prints medians and inside/split. A benchmark,
-not a test; mpi4jax and JAX's own collectives are not installed here.
+call is timed to its results being ready, the slowest rank's time; the
+ways alternate per repeat. Prints medians and inside/split. Where mpi4jax
+is importable (not installed by the project: ``pip install mpi4jax``), a
+third way: the same step inside jit with mpi4jax's allreduce, one call per
+array (mpi4jax has no fused list), then divided by the rank count; printed
+as mpi4jax/inside. A benchmark, not a test.
 """
 import argparse
 import time
@@ -51,6 +54,21 @@ def main(argv=None):
         return update(prm, gsj.allreduce(grad_of(prm), comm, op="average")), None
 
     scanned = jax.jit(lambda prm: jax.lax.scan(one_step, prm, None, length=10)[0])
+    try:
+        import mpi4jax
+    except ImportError:
+        mpi4jax = None
+
+    def m4j_average(grads):
+        return jax.tree_util.tree_map(
+            lambda g: mpi4jax.allreduce(g, op=gs.MPI.SUM, comm=world) / world.size, grads)
+
+    def m4j_step(prm, _):
+        return update(prm, m4j_average(grad_of(prm))), None
+
+    with_m4j = {} if mpi4jax is None else {
+        "mpi4jax": jax.jit(lambda prm: update(prm, m4j_average(grad_of(prm)))),
+        "mpi4jax scan": jax.jit(lambda prm: jax.lax.scan(m4j_step, prm, None, length=10)[0])}
 
     def split_ten(prm):
         for _ in range(10):
@@ -70,9 +88,11 @@ def main(argv=None):
              ("resnet50 list", [jnp.zeros(s, jnp.float32) for s in shapes], 1)]
     cases.insert(1, ("16 float32, 10 steps under lax.scan", cases[0][1], args.latency_iters // 10))
     for label, params, iters in cases:
-        times = {"inside": [], "split": []}
         ways = {"inside": scanned, "split": split_ten} if "scan" in label else \
             {"inside": inside, "split": split}
+        if with_m4j:
+            ways["mpi4jax"] = with_m4j["mpi4jax scan" if "scan" in label else "mpi4jax"]
+        times = {name: [] for name in ways}
         results = {}
         for name, fn in ways.items():  # compile and warm up
             results[name] = timed(fn, params, max(1, iters // 10))[1]
@@ -87,7 +107,10 @@ def main(argv=None):
             print(f"{comm.size} ranks, {label}: inside jit {1e6 * med['inside']:.1f} us, "
                   f"split around gradsync {1e6 * med['split']:.1f} us, inside/split "
                   f"{med['inside'] / med['split']:.2f} (median of {args.repeats}; "
-                  f"results bitwise equal: {same})", flush=True)
+                  f"results bitwise equal: {same})"
+                  + (f"; mpi4jax inside jit {1e6 * med['mpi4jax']:.1f} us, mpi4jax/inside "
+                     f"{med['mpi4jax'] / med['inside']:.2f}" if "mpi4jax" in med else ""),
+                  flush=True)
     comm.close()
 
 
