@@ -5,9 +5,10 @@ left by a holder that died is broken; _rendezvous.BoundedStore ends every
 call within its time (a store across a downed link blocks for minutes),
 passes errors through, and lacks what the store lacks. Process-local: no
 communication."""
-import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -16,6 +17,7 @@ import pytest
 from gradsync import JoinError
 from gradsync._filestore import FileStore
 from gradsync._rendezvous import BoundedStore
+from gsutil import child_env
 
 
 def test_file_store_calls_as_torch_has_them(tmp_path):
@@ -37,22 +39,37 @@ def test_file_store_calls_as_torch_has_them(tmp_path):
     assert (s.get("x%2Fy"), s.get("x/y")) == (b"1", b"2")
 
 
-def _adder(path, n):
-    s = FileStore(path)
-    for _ in range(n):
-        s.add("count", 1)
-    s.compare_set("winner", b"", str(os.getpid()).encode())
+# Child processes are started afresh (python -c), not forked: the pytest
+# process may hold threads (JAX's, MPI's), and a fork copies their locks.
+ADDER = """
+import os, sys
+from gradsync._filestore import FileStore
+s = FileStore(sys.argv[1])
+for _ in range(int(sys.argv[2])):
+    s.add("count", 1)
+s.compare_set("winner", b"", str(os.getpid()).encode())
+"""
+
+HOLDER = """
+import os, signal, sys
+from gradsync._filestore import FileStore
+s = FileStore(sys.argv[1])
+fd = os.open(s._file("n") + ".lock", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+os.write(fd, str(os.getpid()).encode())
+os.kill(os.getpid(), signal.SIGKILL)  # dies holding the lock
+"""
+
+
+def _python(script, *args):
+    return subprocess.Popen([sys.executable, "-c", script, *map(str, args)], env=child_env())
 
 
 def test_file_store_add_and_compare_set_are_atomic_across_processes(tmp_path):
     path = tmp_path / "store"
-    ctx = multiprocessing.get_context("fork")
-    procs = [ctx.Process(target=_adder, args=(path, 200)) for _ in range(4)]
+    FileStore(path)
+    procs = [_python(ADDER, path, 200) for _ in range(4)]
     for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    assert all(p.exitcode == 0 for p in procs)
+        assert p.wait(120) == 0
     s = FileStore(path)
     assert s.add("count", 0) == 800
     assert int(s.get("winner")) in {p.pid for p in procs}  # one of them, whole
@@ -61,13 +78,7 @@ def test_file_store_add_and_compare_set_are_atomic_across_processes(tmp_path):
 def test_file_store_breaks_the_lock_of_a_holder_that_died(tmp_path):
     s = FileStore(tmp_path / "store")
     s.add("n", 1)
-    pid = os.fork()
-    if pid == 0:  # the holder: takes the lock and dies holding it
-        lock = s._file("n") + ".lock"
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        os.write(fd, str(os.getpid()).encode())
-        os.kill(os.getpid(), signal.SIGKILL)
-    os.waitpid(pid, 0)
+    assert _python(HOLDER, tmp_path / "store").wait(120) == -signal.SIGKILL
     assert os.path.exists(s._file("n") + ".lock")
     t0 = time.monotonic()
     assert s.add("n", 1) == 2  # not a wait for ever
