@@ -171,33 +171,48 @@ ffi::Error broadcast(const Where &w, ffi::RemainingArgs args, ffi::RemainingRets
   return s == GS_SUCCESS ? ffi::Error::Success() : failed("broadcast", s);
 }
 
+// A call whose counts are per rank and per array (allgather, alltoall): its
+// tensors, the communicator's size and a size x n table of counts (zeros).
+struct PerRank {
+  std::vector<gs_tensor_t> in, out;
+  std::vector<int64_t> rows, counts;
+  int size = 0;
+  int64_t n = 0;
+};
+
+ffi::Error per_rank(const char *call, const Where &w, ffi::RemainingArgs args,
+                    ffi::RemainingRets rets, int64_t comm, PerRank *p) {
+  ffi::Error e = tensors(call, w, args, rets, &p->in, &p->out, &p->rows);
+  if (e.failure()) return e;
+  gs_status_t s = gs_comm_size(comm_of(comm), &p->size);
+  if (s != GS_SUCCESS) return failed(call, s);
+  p->n = static_cast<int64_t>(p->in.size());
+  p->counts.assign(static_cast<size_t>(p->size) * p->n, 0);
+  return ffi::Error::Success();
+}
+
 // Every rank's arrays concatenated along dim 0. The results' shapes were fixed
 // when JAX traced the call (every rank's dim 0 equal to this rank's): the
 // counts are exchanged first, and a rank whose dim 0 differs fails every rank.
 ffi::Error allgather(const Where &w, ffi::RemainingArgs args, ffi::RemainingRets rets,
                      int64_t comm) {
-  std::vector<gs_tensor_t> in, out;
-  std::vector<int64_t> rows;
-  ffi::Error e = tensors("allgather", w, args, rets, &in, &out, &rows);
+  PerRank p;
+  ffi::Error e = per_rank("allgather", w, args, rets, comm, &p);
   if (e.failure()) return e;
-  int size = 0;
-  gs_status_t s = gs_comm_size(comm_of(comm), &size);
+  int64_t n = p.n;
+  gs_status_t s = gs_allgather_counts(comm_of(comm), p.in.data(), n, nullptr, p.counts.data());
   if (s != GS_SUCCESS) return failed("allgather", s);
-  int64_t n = static_cast<int64_t>(in.size());
-  std::vector<int64_t> counts(static_cast<size_t>(size) * n);
-  s = gs_allgather_counts(comm_of(comm), in.data(), n, nullptr, counts.data());
-  if (s != GS_SUCCESS) return failed("allgather", s);
-  for (int r = 0; r < size; r++) {
+  for (int r = 0; r < p.size; r++) {
     for (int64_t i = 0; i < n; i++) {
-      if (counts[r * n + i] == in[i].count) continue;
+      if (p.counts[r * n + i] == p.in[i].count) continue;
       return ffi::Error(ffi::ErrorCode::kInvalidArgument,
                         "[gradsync status=3] allgather inside jax.jit: rank " + std::to_string(r) +
-                            " has " + std::to_string(counts[r * n + i]) + " elements in x[" +
-                            std::to_string(i) + "], this rank " + std::to_string(in[i].count) +
+                            " has " + std::to_string(p.counts[r * n + i]) + " elements in x[" +
+                            std::to_string(i) + "], this rank " + std::to_string(p.in[i].count) +
                             " (inside jit every rank's arrays must have one shape)");
     }
   }
-  s = gs_allgatherv(comm_of(comm), in.data(), out.data(), n, counts.data());
+  s = gs_allgatherv(comm_of(comm), p.in.data(), p.out.data(), n, p.counts.data());
   return s == GS_SUCCESS ? ffi::Error::Success() : failed("allgather", s);
 }
 
@@ -218,18 +233,13 @@ ffi::Error reduce_scatter(const Where &w, ffi::RemainingArgs args, ffi::Remainin
 // by the rank count), so every count is known without an exchange.
 ffi::Error alltoall(const Where &w, ffi::RemainingArgs args, ffi::RemainingRets rets,
                     int64_t comm) {
-  std::vector<gs_tensor_t> in, out;
-  std::vector<int64_t> rows;
-  ffi::Error e = tensors("alltoall", w, args, rets, &in, &out, &rows);
+  PerRank p;
+  ffi::Error e = per_rank("alltoall", w, args, rets, comm, &p);
   if (e.failure()) return e;
-  int size = 0;
-  gs_status_t s = gs_comm_size(comm_of(comm), &size);
-  if (s != GS_SUCCESS) return failed("alltoall", s);
-  int64_t n = static_cast<int64_t>(in.size());
-  std::vector<int64_t> counts(static_cast<size_t>(size) * n);
-  for (int r = 0; r < size; r++)
-    for (int64_t i = 0; i < n; i++) counts[r * n + i] = in[i].count / size;
-  s = gs_alltoallv(comm_of(comm), in.data(), out.data(), n, counts.data(), counts.data());
+  for (int r = 0; r < p.size; r++)
+    for (int64_t i = 0; i < p.n; i++) p.counts[r * p.n + i] = p.in[i].count / p.size;
+  gs_status_t s =
+      gs_alltoallv(comm_of(comm), p.in.data(), p.out.data(), p.n, p.counts.data(), p.counts.data());
   return s == GS_SUCCESS ? ffi::Error::Success() : failed("alltoall", s);
 }
 
